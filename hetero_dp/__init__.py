@@ -1,0 +1,33 @@
+"""hetero-dp: Kubernetes device plugins in Python.
+
+A plugin author imports from here only::
+
+    from hetero_dp import hookimpl, Device, DeviceNode
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+from .device import HEALTHY, UNHEALTHY, Device, DeviceNode, Link, Mount
+from .errors import AllocationError, ConfigError
+from .events import EventSink
+from .response import ContainerResponse
+
+hookimpl = pluggy.HookimplMarker("hetero_dp")
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "HEALTHY",
+    "UNHEALTHY",
+    "AllocationError",
+    "ConfigError",
+    "ContainerResponse",
+    "Device",
+    "DeviceNode",
+    "EventSink",
+    "Link",
+    "Mount",
+    "hookimpl",
+]

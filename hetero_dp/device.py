@@ -1,0 +1,149 @@
+"""The device record: the one thing a backend hands to the framework.
+
+Every answer to the kubelet (the device list, health, topology, the Allocate
+response, CDI specs, node labels, metrics, DRA slices) follows from these
+records. Records are immutable; a change is a new record (``dataclasses.replace``
+or :meth:`Device.with_health`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Union
+
+AttributeValue = Union[str, int, float, bool]
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    """A device node the container gets, e.g. ``/dev/accel0``.
+
+    ``shared`` marks a node that every allocation of the resource gets
+    whatever devices it holds (``/dev/kfd``, ``/dev/nvidiactl``); CDI puts
+    such nodes in the spec-wide container edits.
+    """
+
+    host_path: str
+    container_path: str = ""
+    permissions: str = "rw"
+    shared: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.container_path:
+            object.__setattr__(self, "container_path", self.host_path)
+        if not self.permissions or set(self.permissions) - set("rwm"):
+            raise ValueError(
+                f"device node {self.host_path}: permissions must be made of r, w, m, "
+                f"got {self.permissions!r}"
+            )
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A bind mount into the container."""
+
+    host_path: str
+    container_path: str = ""
+    read_only: bool = True
+    shared: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.container_path:
+            object.__setattr__(self, "container_path", self.host_path)
+
+
+def _freeze_map(value: Mapping[str, object] | None) -> dict[str, object]:
+    return dict(value or {})
+
+
+@dataclass(frozen=True, eq=True)
+class Device:
+    """One allocatable unit of a resource.
+
+    id
+        The ID the kubelet sees (at most 63 characters is safe).
+    resource
+        Fully qualified extended resource name, ``vendor.com/name``.
+    healthy, reason
+        Health; the reason says why a device is unhealthy (or why it recovered).
+    numa_nodes
+        Host NUMA node numbers; empty means "no NUMA affinity".
+    nodes, mounts, env, annotations
+        What a container gets when it is allocated this device. Env values of
+        several allocated devices under the same key are joined with commas
+        (first-seen order, de-duplicated), the way ``*_VISIBLE_DEVICES`` works.
+    parent
+        ID of the physical device this one is carved from (a MIG slice's GPU);
+        health events on the parent reach it, and topology uses the parent.
+    index
+        The vendor's index (``nvidia-smi`` index, card number), if any.
+    attributes
+        Facts about the device (product, memory in MiB, PCI address, UUID ...)
+        used for labels, DRA attributes and ``hetero-dp list``.
+    """
+
+    id: str
+    resource: str
+    healthy: bool = True
+    reason: str = ""
+    numa_nodes: tuple[int, ...] = ()
+    nodes: tuple[DeviceNode, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    parent: str | None = None
+    index: int | None = None
+    attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise ValueError(f"device ID must be a non-empty string, got {self.id!r}")
+        numa: Iterable[int]
+        if isinstance(self.numa_nodes, int):
+            numa = () if self.numa_nodes < 0 else (self.numa_nodes,)
+        else:
+            numa = tuple(n for n in self.numa_nodes if n is not None and int(n) >= 0)
+        object.__setattr__(self, "numa_nodes", tuple(int(n) for n in numa))
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        object.__setattr__(self, "mounts", tuple(self.mounts))
+        object.__setattr__(self, "env", {str(k): str(v) for k, v in _freeze_map(self.env).items()})
+        object.__setattr__(
+            self, "annotations", {str(k): str(v) for k, v in _freeze_map(self.annotations).items()}
+        )
+        object.__setattr__(self, "attributes", _freeze_map(self.attributes))
+
+    __hash__ = None  # type: ignore[assignment]  # records hold dicts; compare, don't hash
+
+    @property
+    def health(self) -> str:
+        """The kubelet's word for the health: ``Healthy`` or ``Unhealthy``."""
+        return HEALTHY if self.healthy else UNHEALTHY
+
+    @property
+    def physical_id(self) -> str:
+        """The ID of the physical device (the parent's, for a slice)."""
+        return self.parent or self.id
+
+    def with_health(self, healthy: bool, reason: str = "") -> Device:
+        """A copy with another health."""
+        return dataclasses.replace(self, healthy=healthy, reason=reason)
+
+
+@dataclass(frozen=True)
+class Link:
+    """How two devices connect, for topology-aware allocation.
+
+    ``score`` is higher-is-better (NVIDIA's weights: 100 per NVLink, 60 same
+    board ... 10 across CPUs); ``kind`` is a short label for ``hetero-dp topo``
+    (``NV4``, ``PIX``, ``SYS`` ...).
+    """
+
+    a: str
+    b: str
+    score: int
+    kind: str = ""

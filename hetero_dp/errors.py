@@ -1,0 +1,34 @@
+"""Errors a backend or a user meets, each with a message that says what to fix."""
+
+from __future__ import annotations
+
+
+class HeteroDPError(Exception):
+    """Base of every error hetero-dp raises on purpose."""
+
+
+class ConfigError(HeteroDPError):
+    """A configuration problem: names the file, the field and the reason."""
+
+    def __init__(self, reason: str, *, field: str = "", source: str = "") -> None:
+        self.reason = reason
+        self.field = field
+        self.source = source
+        where = ", ".join(p for p in (source, f"field {field!r}" if field else "") if p)
+        super().__init__(f"{where}: {reason}" if where else reason)
+
+
+class AllocationError(HeteroDPError):
+    """A refused Allocate or GetPreferredAllocation; the message names the device IDs.
+
+    ``code`` is the gRPC status name to answer with (``INVALID_ARGUMENT`` or
+    ``FAILED_PRECONDITION``).
+    """
+
+    def __init__(self, message: str, *, code: str = "INVALID_ARGUMENT") -> None:
+        self.code = code
+        super().__init__(message)
+
+
+class BackendError(HeteroDPError):
+    """A backend hook raised, timed out or returned garbage."""

@@ -1,0 +1,122 @@
+"""Every hook a backend can implement: the whole plugin contract on one screen.
+
+A backend is a module (or object) with functions marked ``@hetero_dp.hookimpl``
+whose names match the specifications below. Only :func:`discover` is required.
+Hooks may be plain functions (run in a worker thread, so they may block) or
+``async def`` coroutines (run on the event loop, so they must not block).
+A hook may take any subset of its arguments, by name.
+
+The framework calls each backend's hooks on their own, so a backend that
+raises or hangs only harms the devices it covers: they turn Unhealthy with
+the error as the reason, and the daemon keeps serving everything else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from .device import Device, Link
+    from .events import EventSink
+    from .response import ContainerResponse
+
+hookspec = pluggy.HookspecMarker("hetero_dp")
+
+
+@hookspec
+def configure(options: Mapping[str, Any]) -> None:
+    """Receive this backend's options before anything else runs.
+
+    ``options`` is the ``backends.<name>`` section of the config file merged
+    with the backend's environment and flags. Raise ``hetero_dp.ConfigError``
+    (or ``ValueError``) to stop start-up; the message names the field.
+    """
+
+
+@hookspec
+def discover() -> Iterable[Device]:
+    """Return (or yield) every device this backend sees now. Required.
+
+    Called at start, on every rediscovery interval and whenever the backend
+    asks for it through :meth:`EventSink.rediscover`. Each call returns the
+    whole set: devices left out are removed from the kubelet's view.
+    """
+
+
+@hookspec
+def check_health(device: Device) -> bool | str | None:
+    """Probe one device; polled every ``healthInterval`` seconds.
+
+    Return ``True`` or ``None`` for healthy, ``False`` or a string (the reason)
+    for unhealthy. A device that passes again turns Healthy again.
+    """
+
+
+@hookspec
+def watch(events: EventSink) -> None:
+    """Run for the life of the daemon, pushing events as they happen.
+
+    Report health with ``events.set_health(device_id, healthy, reason)`` and
+    device-set changes with ``events.rediscover()``. A plain function runs in
+    its own thread and should return once ``events.stopping`` is set (wait on
+    it, or poll it between blocking calls with a short timeout); an ``async``
+    one runs on the loop and is cancelled at shutdown.
+    """
+
+
+@hookspec
+def allocate(devices: list[Device], response: ContainerResponse) -> None:
+    """Adjust the Allocate response built from the devices' records.
+
+    ``devices`` are the physical devices of one container request (replicas
+    already mapped back and de-duplicated). ``response`` is mutable: add or
+    change envs, mounts, device specs, annotations or CDI names. Raise
+    ``hetero_dp.AllocationError`` to refuse the request with a clear message.
+    """
+
+
+@hookspec
+def pre_start_container(devices: list[Device]) -> None:
+    """Prepare devices before a container starts (reset, firmware load ...).
+
+    Implementing this hook makes the framework register with
+    ``pre_start_required``; the kubelet then calls it before each container
+    that holds devices of the backend, with a 30 s budget.
+    """
+
+
+@hookspec(firstresult=True)
+def preferred_allocation(
+    available: list[Device], must_include: list[Device], size: int
+) -> list[str] | None:
+    """Choose ``size`` device IDs out of ``available``, containing ``must_include``.
+
+    Return ``None`` to leave the choice to the framework's engine, which
+    maximises the pair scores from :func:`links` and keeps NUMA locality.
+    """
+
+
+@hookspec
+def links(devices: list[Device]) -> Iterable[Link]:
+    """Describe how pairs of physical devices connect (NVLink, PCIe, XGMI ...).
+
+    Scores are higher-is-better; pairs left out score 0. The framework caches
+    the answer until the device set changes.
+    """
+
+
+@hookspec
+def labels(devices: list[Device]) -> Mapping[str, str]:
+    """Node labels (``key -> value``) for the devices this backend serves.
+
+    Written to a Node Feature Discovery feature file and refreshed when
+    devices change. Keys should carry the vendor's prefix (``nvidia.com/``).
+    """
+
+
+@hookspec
+def shutdown() -> None:
+    """Release what :func:`configure` or :func:`watch` acquired. Called once at exit."""
