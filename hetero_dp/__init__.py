@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pluggy
 
-from .device import HEALTHY, UNHEALTHY, Device, DeviceNode, Link, Mount
+from .device import HEALTHY, UNHEALTHY, Check, Device, DeviceNode, Link, Mount, Sample
 from .errors import AllocationError, ConfigError
 from .events import EventSink
 from .response import ContainerResponse
@@ -22,6 +22,7 @@ __all__ = [
     "HEALTHY",
     "UNHEALTHY",
     "AllocationError",
+    "Check",
     "ConfigError",
     "ContainerResponse",
     "Device",
@@ -29,5 +30,6 @@ __all__ = [
     "EventSink",
     "Link",
     "Mount",
+    "Sample",
     "hookimpl",
 ]

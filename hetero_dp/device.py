@@ -147,3 +147,28 @@ class Link:
     b: str
     score: int
     kind: str = ""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One metric value a backend reports (exported as a Prometheus gauge).
+
+    ``name`` without a prefix of ours (``DCGM_FI_DEV_GPU_TEMP`` style names are
+    kept as they are); ``labels`` identify the device (``gpu``, ``UUID`` ...).
+    """
+
+    name: str
+    value: float
+    labels: Mapping[str, str] = field(default_factory=dict)
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One step of ``hetero-dp doctor``: ``status`` is ``pass``, ``warn`` or ``fail``;
+    ``fix`` says what to do about a warn or fail."""
+
+    name: str
+    status: str
+    message: str
+    fix: str = ""

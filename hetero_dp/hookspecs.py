@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from .device import Device, Link
+    from .device import Check, Device, Link, Sample
     from .events import EventSink
     from .response import ContainerResponse
 
@@ -114,6 +114,35 @@ def labels(devices: list[Device]) -> Mapping[str, str]:
 
     Written to a Node Feature Discovery feature file and refreshed when
     devices change. Keys should carry the vendor's prefix (``nvidia.com/``).
+    """
+
+
+@hookspec
+def metrics(devices: list[Device]) -> Iterable[Sample]:
+    """Extra metric samples for the devices (memory, utilisation, temperature ...).
+
+    Called on every scrape of ``/metrics``, in a worker thread; keep it cheap.
+    """
+
+
+@hookspec
+def doctor(options: Mapping[str, Any]) -> Iterable[Check]:
+    """Backend checks for ``hetero-dp doctor``: driver loads, devices answer ...
+
+    ``options`` are the backend's options (paths may point into a fake root).
+    Checks come first in the troubleshooting chain: hardware and driver
+    before runtime and plugin.
+    """
+
+
+@hookspec(firstresult=True)
+def resource_defaults(resource: str) -> Mapping[str, Any] | None:
+    """Defaults for a resource's section of the config (``resources.<name>``).
+
+    Lets a backend map its own options onto framework settings, e.g. the
+    NVIDIA backend turns ``deviceListStrategy: cdi-cri`` into
+    ``{"deliver": ["cdi-cri"], "cdiKind": "k8s.device-plugin.nvidia.com/gpu"}``.
+    The config file's ``resources`` section wins over these defaults.
     """
 
 

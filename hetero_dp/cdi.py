@@ -1,0 +1,4 @@
+"""CDI spec generation from device records.
+
+PLACEHOLDER on main until the cdi branch lands (it owns this file).
+"""
