@@ -1,0 +1,224 @@
+"""Run every benchmark module and write docs/benchmarks.md.
+
+    python3 -m benchmarks                  # all modules, writes docs/benchmarks.md
+    python3 -m benchmarks bench_core       # only the named modules
+    python3 -m benchmarks --output FILE    # write elsewhere (``-`` prints only)
+
+Each module runs in its own subprocess (a clean interpreter for each, so one
+module's servers and memory never colour another's figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import importlib
+import inspect
+import json
+import math
+import os
+import pkgutil
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from . import ROOT, subprocess_env
+
+MODULE_TIMEOUT = 240.0
+
+
+def discover() -> list[str]:
+    here = Path(__file__).resolve().parent
+    return sorted(m.name for m in pkgutil.iter_modules([str(here)]) if m.name.startswith("bench_"))
+
+
+def _child(name: str, out: str) -> None:
+    module = importlib.import_module(f"benchmarks.{name}")
+    run = getattr(module, "run", None)
+    if run is None:
+        result: Any = {"skipped": "no run() in module"}
+    else:
+        result = run()
+        if inspect.isawaitable(result):
+            result = asyncio.run(result)
+    Path(out).write_text(json.dumps(result, default=str))
+
+
+def run_module(name: str) -> tuple[dict[str, Any] | None, str, float]:
+    """(result or None, error text, seconds) for one module, run in a subprocess."""
+    with tempfile.TemporaryDirectory(prefix="hdp-bench-") as tmp:
+        out = Path(tmp) / "result.json"
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "benchmarks", "--child", name, "--result", str(out)],
+                cwd=ROOT,
+                env=subprocess_env(),
+                capture_output=True,
+                text=True,
+                timeout=MODULE_TIMEOUT,
+            )
+        except subprocess.TimeoutExpired as e:
+            tail = (e.stderr or b"")[-2000:]
+            text = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+            return None, f"timed out after {MODULE_TIMEOUT:.0f}s\n{text}", MODULE_TIMEOUT
+        seconds = time.monotonic() - start
+        if proc.returncode != 0 or not out.exists():
+            return None, f"exit status {proc.returncode}\n{proc.stderr[-3000:]}", seconds
+        return json.loads(out.read_text()), "", seconds
+
+
+# --- the machine ---------------------------------------------------------
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def machine() -> dict[str, str]:
+    return {
+        "CPU": _cpu_model(),
+        "Cores": str(os.cpu_count()),
+        "Kernel": f"{platform.system()} {platform.release()}",
+        "Python": f"{platform.python_implementation()} {platform.python_version()}",
+        "grpcio": _version("grpcio"),
+        "protobuf": _version("protobuf"),
+    }
+
+
+# --- the report ------------------------------------------------------------
+
+
+def _num(value: Any, unit: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        text = f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    else:
+        text = str(value)
+    return f"{text} {unit}".strip()
+
+
+def _ratio(value: Any) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _met(ok: Any) -> str:
+    return {True: "yes", False: "**no**"}.get(ok, "-")
+
+
+def section(name: str, result: dict[str, Any] | None, error: str, seconds: float) -> list[str]:
+    if result is None:
+        return [f"## {name}", "", f"Failed ({seconds:.0f} s):", "", "```", error.strip(), "```", ""]
+    lines = [f"## {result.get('title', name)}", ""]
+    rows = result.get("rows")
+    if isinstance(rows, list):
+        lines += [
+            "| Figure | Measured | Floor | Ratio | Goal | Met |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in rows:
+            unit = r.get("unit", "")
+            label = r.get("name", "?") + (f" ({r['note']})" if r.get("note") else "")
+            lines.append(
+                f"| {label} | {_num(r.get('value'), unit)} | {_num(r.get('floor'), unit)} "
+                f"| {_ratio(r.get('ratio'))} | {r.get('goal', '')} | {_met(r.get('ok'))} |"
+            )
+    else:
+        lines += ["| Figure | Value |", "|---|---|"]
+        lines += [f"| {k} | {_num(v)} |" for k, v in result.items() if k not in ("title", "notes")]
+    notes = result.get("notes") or []
+    if notes:
+        lines.append("")
+        lines += [f"- {n}" for n in notes]
+    lines += ["", f"_Module `{name}` took {seconds:.0f} s._", ""]
+    return lines
+
+
+def report(results: list[tuple[str, dict[str, Any] | None, str, float]]) -> str:
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Benchmarks",
+        "",
+        "Written by `python3 -m benchmarks` (or `make bench`); do not edit by hand.",
+        "Each figure is measured in the same run as its floor, the same work done without",
+        "hetero-dp, where one exists: the ratio is the figure to compare across machines.",
+        "",
+        f"Run on {now}.",
+        "",
+        "| Machine | |",
+        "|---|---|",
+    ]
+    lines += [f"| {k} | {v} |" for k, v in machine().items()]
+    lines.append("")
+    for name, result, error, seconds in results:
+        lines += section(name, result, error, seconds)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m benchmarks", description=__doc__)
+    parser.add_argument("modules", nargs="*", help="bench_* modules to run (default: all)")
+    parser.add_argument("--output", default=str(ROOT / "docs" / "benchmarks.md"))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        _child(args.child, args.result)
+        return 0
+    names = args.modules or discover()
+    unknown = sorted(set(names) - set(discover()))
+    if unknown:
+        parser.error(f"no such benchmark module: {', '.join(unknown)}")
+    results = []
+    failed = False
+    for name in names:
+        print(f"running {name} ...", file=sys.stderr, flush=True)
+        result, error, seconds = run_module(name)
+        failed |= result is None
+        if result is None:
+            print(f"  {name} failed: {error.strip().splitlines()[-1:]}", file=sys.stderr)
+        else:
+            for r in result.get("rows", []) if isinstance(result.get("rows"), list) else []:
+                print(
+                    f"  {r.get('name')}: {_num(r.get('value'), r.get('unit', ''))}"
+                    f" (floor {_num(r.get('floor'), r.get('unit', ''))},"
+                    f" {_ratio(r.get('ratio'))}) met={_met(r.get('ok'))}",
+                    file=sys.stderr,
+                )
+        results.append((name, result, error, seconds))
+    text = report(results)
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(out.suffix + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, out)  # atomic: a reader never sees half a report
+        print(f"wrote {out}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
