@@ -10,10 +10,17 @@ from .response import ContainerResponse
 from .state import ResourceState
 
 MAX_IDS_SHOWN = 8
+MAX_ID_SHOWN = 80  # longer IDs are cut: the message travels in a 16 KiB gRPC trailer
+
+
+def _clip(device_id: str) -> str:
+    if len(device_id) <= MAX_ID_SHOWN:
+        return device_id
+    return f"{device_id[:MAX_ID_SHOWN]}... ({len(device_id)} characters)"
 
 
 def _show(ids: Sequence[str]) -> str:
-    shown = ", ".join(repr(i) for i in ids[:MAX_IDS_SHOWN])
+    shown = ", ".join(repr(_clip(i)) for i in ids[:MAX_IDS_SHOWN])
     more = len(ids) - MAX_IDS_SHOWN
     return shown + (f" and {more} more" if more > 0 else "")
 
