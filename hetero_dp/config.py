@@ -131,6 +131,8 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         text = p.read_text()
     except OSError as e:
         raise ConfigError(f"cannot read config file: {e.strerror}", source=str(p)) from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"not UTF-8 text (bad byte at offset {e.start})", source=str(p)) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -138,11 +140,40 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e)
         raise ConfigError(f"invalid YAML{where}: {problem}", source=str(p)) from e
+    except RecursionError:  # PyYAML composes nested nodes recursively
+        raise ConfigError("invalid YAML: nested too deeply", source=str(p)) from None
+    _reject_cycles(data, str(p))
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"top level must be a mapping, got {type(data).__name__}", source=str(p))
     return data
+
+
+def _reject_cycles(
+    value: Any,
+    source: str,
+    path: str = "",
+    active: set[int] | None = None,
+    done: set[int] | None = None,
+) -> None:
+    """A YAML alias can make a node contain itself; nothing downstream expects a cycle."""
+    if not isinstance(value, dict | list):
+        return
+    active = set() if active is None else active
+    done = set() if done is None else done
+    if id(value) in done:  # shared (aliased) but already checked: keeps this linear
+        return
+    if id(value) in active:
+        raise ConfigError(
+            "a YAML alias refers to itself", field=path or "(top level)", source=source
+        )
+    active.add(id(value))
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, child in items:
+        _reject_cycles(child, source, f"{path}.{key}" if path else str(key), active, done)
+    active.discard(id(value))
+    done.add(id(value))
 
 
 def set_option(overrides: dict[str, Any], assignment: str) -> None:
@@ -155,7 +186,7 @@ def set_option(overrides: dict[str, Any], assignment: str) -> None:
     backend, _, path = key.partition(".")
     try:
         parsed = yaml.safe_load(value) if value else ""
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         parsed = value
     node = overrides.setdefault("backends", {}).setdefault(backend, {})
     parts = path.split(".")
