@@ -44,8 +44,10 @@ async def test_concurrent_allocates_while_health_flips(fake_kubelet, plugin_runn
     rng = random.Random(1234)
     requests = []
     for i in range(CALLS):
-        pool = STABLE + FLIPPING + ([BROKEN] if i % 10 == 0 else [])
-        requests.append(rng.sample(pool, rng.randint(1, 3)))
+        ids = rng.sample(STABLE + FLIPPING, rng.randint(1, 3))
+        if i % 10 == 5:  # some that must fail whatever the flips
+            ids.insert(rng.randint(0, len(ids)), BROKEN)
+        requests.append(ids)
     requests[0] = STABLE[:2]  # at least one that must succeed whatever the flips
 
     async def call(ids):
