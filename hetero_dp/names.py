@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 from .errors import ConfigError
@@ -29,6 +30,13 @@ def resource_name_problem(name: object) -> str | None:
     """
     if not isinstance(name, str) or not name:
         return "a resource name must be a non-empty string"
+    return _name_problem(name)
+
+
+# Every publish checks every device's resource name: with 1,000 devices that was
+# 40% of the publish (benchmarks/bench_core.py). A few names recur; remember them.
+@functools.lru_cache(maxsize=1024)
+def _name_problem(name: str) -> str | None:
     if "/" not in name:
         return f"{name!r} has no vendor prefix: it must look like 'vendor.com/name'"
     if name.startswith("requests."):
