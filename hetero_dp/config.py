@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .errors import ConfigError
 from .names import DEFAULT_DEVICE_PLUGIN_DIR, DEFAULT_PLUGINS_REGISTRY_DIR, validate_resource_name
 from .sharing import SharingConfig, parse_sharing
@@ -133,6 +131,8 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file: {e.strerror}", source=str(p)) from e
     except UnicodeDecodeError as e:
         raise ConfigError(f"not UTF-8 text (bad byte at offset {e.start})", source=str(p)) from None
+    import yaml  # only when there is a file: start-up without one skips ~15 ms of imports
+
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -184,6 +184,8 @@ def set_option(overrides: dict[str, Any], assignment: str) -> None:
             f"expected BACKEND.KEY=VALUE, got {assignment!r}", field="option", source="flag -o"
         )
     backend, _, path = key.partition(".")
+    import yaml
+
     try:
         parsed = yaml.safe_load(value) if value else ""
     except (yaml.YAMLError, RecursionError):
