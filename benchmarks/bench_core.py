@@ -38,7 +38,7 @@ HEALTH_FLIPS = 300
 SNAPSHOT_FLIPS = 60
 RESTARTS = 30
 IDLE_SECONDS = 30.0
-STARTS = 5
+STARTS = int(os.environ.get("HDP_BENCH_STARTS", "5"))
 
 MS = 1000.0
 
@@ -471,7 +471,21 @@ BENCHES: list[tuple[str, Callable[[], Awaitable[list[dict[str, Any]]]]]] = [
 ]
 
 
+def _log_to_file() -> None:
+    """The in-process daemon logs as `hetero-dp run` does (text, info), into a file."""
+    import logging
+    import tempfile
+
+    from hetero_dp.logs import setup_logging
+
+    setup_logging("info")
+    handler = logging.getLogger().handlers[0]
+    assert isinstance(handler, logging.StreamHandler)
+    handler.setStream(tempfile.TemporaryFile("w"))  # noqa: SIM115
+
+
 async def _run(only: set[str] | None = None) -> dict[str, Any]:
+    _log_to_file()
     rows: list[dict[str, Any]] = []
     for name, bench in BENCHES:
         if only and name not in only:
