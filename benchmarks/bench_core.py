@@ -33,7 +33,7 @@ from hetero_dp.testing import FakeKubelet, PluginRunner, short_tempdir
 RES = "hetero-dp.io/sim"
 FLOOR = str(ROOT / "benchmarks" / "_floor.py")
 ALLOCATE_IDS = ["sim0", "sim1"]
-ALLOCATE_ROUNDS, ALLOCATE_BATCH, ALLOCATE_WARMUP = 20, 100, 200
+ALLOCATE_ROUNDS, ALLOCATE_BATCH, ALLOCATE_WARMUP = 400, 5, 200
 HEALTH_FLIPS = 300
 SNAPSHOT_FLIPS = 60
 RESTARTS = 30
@@ -497,7 +497,7 @@ async def _run(only: set[str] | None = None) -> dict[str, Any]:
         "notes": [
             "Allocate: `hetero-dp run simulated` (8 devices, no allocate hook, info logging "
             "to a file) in a subprocess vs benchmarks/_floor.py answering the same bytes; "
-            "one grpc.aio client, calls one at a time, batches interleaved.",
+            "one grpc.aio client, calls one at a time, alternating in batches of 5 so that both see the same machine noise.",
             "Health and snapshot: the daemon in this process (PluginRunner), a ListAndWatch "
             "client on the same loop; the floor is a bare grpc.aio stream poked by an event.",
             "Restart: FakeKubelet.restart() deletes the sockets and recreates kubelet.sock; "
