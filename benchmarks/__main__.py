@@ -103,6 +103,8 @@ def machine() -> dict[str, str]:
         "Python": f"{platform.python_implementation()} {platform.python_version()}",
         "grpcio": _version("grpcio"),
         "protobuf": _version("protobuf"),
+        # others' work on the machine colours absolute figures (ratios much less)
+        "Load average at start (1, 5 min)": "{:.2f}, {:.2f}".format(*os.getloadavg()[:2]),
     }
 
 
@@ -155,7 +157,9 @@ def section(name: str, result: dict[str, Any] | None, error: str, seconds: float
     return lines
 
 
-def report(results: list[tuple[str, dict[str, Any] | None, str, float]]) -> str:
+def report(
+    results: list[tuple[str, dict[str, Any] | None, str, float]], box: dict[str, str]
+) -> str:
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Benchmarks",
@@ -169,7 +173,7 @@ def report(results: list[tuple[str, dict[str, Any] | None, str, float]]) -> str:
         "| Machine | |",
         "|---|---|",
     ]
-    lines += [f"| {k} | {v} |" for k, v in machine().items()]
+    lines += [f"| {k} | {v} |" for k, v in box.items()]
     lines.append("")
     for name, result, error, seconds in results:
         lines += section(name, result, error, seconds)
@@ -186,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         _child(args.child, args.result)
         return 0
+    box = machine()  # before the benchmarks load it
     names = args.modules or discover()
     unknown = sorted(set(names) - set(discover()))
     if unknown:
@@ -207,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
         results.append((name, result, error, seconds))
-    text = report(results)
+    text = report(results, box)
     if args.output == "-":
         sys.stdout.write(text)
     else:

@@ -497,13 +497,24 @@ async def _run(only: set[str] | None = None) -> dict[str, Any]:
         "notes": [
             "Allocate: `hetero-dp run simulated` (8 devices, no allocate hook, info logging "
             "to a file) in a subprocess vs benchmarks/_floor.py answering the same bytes; "
-            "one grpc.aio client, calls one at a time, alternating in batches of 5 so that both see the same machine noise.",
+            "one grpc.aio client, calls one at a time, alternating in batches of 5 so that "
+            "both see the same machine noise.",
             "Health and snapshot: the daemon in this process (PluginRunner), a ListAndWatch "
             "client on the same loop; the floor is a bare grpc.aio stream poked by an event.",
             "Restart: FakeKubelet.restart() deletes the sockets and recreates kubelet.sock; "
             "the clock stops when the new registration's first ListAndWatch message arrives.",
             "Idle: RSS and CPU time from /proc over the window; the floor is a bare grpc.aio "
-            "server with one open ListAndWatch stream.",
+            "server with one open ListAndWatch stream. CPU time moves in clock ticks "
+            f"(1/{os.sysconf('SC_CLK_TCK')} s), so one tick over 30 s reads as 0.033%.",
+            "Start-up: from spawning `python -m hetero_dp run simulated` to the fake "
+            "kubelet's first ListAndWatch message; the floor spawns benchmarks/_floor.py and "
+            "stops at its `ready` line. Python's own start is in both.",
+            "Changed because of these figures (same loaded 2-core machine, before -> after): "
+            "Allocate logs each success at debug, not info (median 1.10-1.20x -> 1.06-1.14x "
+            "the floor); ListAndWatch messages are built in place (1,000 devices: 9.8 -> "
+            "2.6 ms to build, 8.8-10.1 -> 5.6 ms change to update); resource-name checks are "
+            "cached (40% of a 1,000-device publish); PyYAML is imported only when a file or "
+            "-o value needs it (start-up 284-437 -> 248-250 ms).",
         ],
     }
 
