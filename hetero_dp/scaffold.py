@@ -36,8 +36,6 @@ FLAGS = {
     "package_name": "--package",
     "project_name": "--project-name",
     "image": "--image",
-    "project_slug": "--project-slug",
-    "env_var": "--env-var",
 }
 REQUIRED = ("vendor_domain", "resource", "device_glob")
 
@@ -249,8 +247,8 @@ def build_context(values: Mapping[str, str | None], template: Path | None = None
             why = problem(key, value, context)
             if why:
                 raise ConfigError(
-                    f"derived value {why}; give {FLAGS.get(key, key)} explicitly",
-                    field=FLAGS.get(key, key),
+                    f"value derived from the template's default {default!r}: {why}",
+                    field=key,
                     source=SOURCE,
                 )
             context[key] = value
