@@ -2,6 +2,7 @@
 
     python scripts/gen_hook_docs.py          # rewrite docs/hooks.md
     python scripts/gen_hook_docs.py --check  # exit 1 if docs/hooks.md is stale
+    python scripts/gen_hook_docs.py --output FILE [--check]
 
 The hook specifications are the contract; this page is only their rendering, so a test
 (tests/scaffold/test_docs.py) fails when someone edits one without the other.
@@ -9,6 +10,7 @@ The hook specifications are the contract; this page is only their rendering, so 
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import re
 import sys
@@ -80,14 +82,18 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
+    parser.add_argument("--output", type=Path, default=OUTPUT, help="default: docs/hooks.md")
+    args = parser.parse_args(argv)
     text = render()
-    if "--check" in argv:
-        if not OUTPUT.is_file() or OUTPUT.read_text() != text:
-            print(f"{OUTPUT.relative_to(ROOT)} is stale: run python scripts/gen_hook_docs.py")
+    if args.check:
+        if not args.output.is_file() or args.output.read_text() != text:
+            print(f"{args.output} is stale: run python scripts/gen_hook_docs.py")
             return 1
         return 0
-    OUTPUT.write_text(text)
-    print(f"wrote {OUTPUT.relative_to(ROOT)}")
+    args.output.write_text(text)
+    print(f"wrote {args.output}")
     return 0
 
 
