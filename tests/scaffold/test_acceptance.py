@@ -5,6 +5,7 @@ kubelet over real unix sockets."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import signal
 import subprocess
 import sys
@@ -80,6 +81,12 @@ async def test_installed_project_registers_through_its_entry_point(
 ):
     # --without-pip: the venv then uses the outer pip and setuptools (a venv's bundled
     # setuptools may be too old to build an editable wheel without the network).
+    # An editable install without build isolation builds with the outer setuptools:
+    # it needs bdist_wheel, built into setuptools from 70.1 (older ones need `wheel`).
+    setuptools = pytest.importorskip("setuptools")
+    has_wheel = importlib.util.find_spec("wheel") is not None
+    version = tuple(int(p) for p in setuptools.__version__.split(".")[:2])
+    assert version >= (70, 1) or has_wheel, "pip install 'setuptools>=70.1' (or wheel)"
     venv = tmp_path / "venv"
     made = run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)])
     assert made.returncode == 0, made.stderr
