@@ -313,6 +313,8 @@ class CDIWriter:
         Also removes temp files that a killed write left behind. Raises
         ConfigError naming the path otherwise.
         """
+        if self.dir.exists() and not self.dir.is_dir():
+            raise ConfigError(f"CDI spec dir {str(self.dir)!r} is not a directory", field=field)
         try:
             self.dir.mkdir(mode=0o755, parents=True, exist_ok=True)
         except OSError as e:
@@ -321,8 +323,6 @@ class CDIWriter:
                 f"{e.strerror or e}",
                 field=field,
             ) from e
-        if not self.dir.is_dir():
-            raise ConfigError(f"CDI spec dir {str(self.dir)!r} is not a directory", field=field)
         try:
             # A real file, not os.access(): root passes access() on read-only mounts.
             fd, probe = tempfile.mkstemp(prefix=f".{SPEC_FILE_PREFIX}probe.", dir=self.dir)
