@@ -118,8 +118,6 @@ def qualified_name(kind: str, device_id: str) -> str:
 
 # --- spec generation ------------------------------------------------------------------------
 
-_VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0")
-
 
 def _all_edits(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     edits = [d.get("containerEdits") or {} for d in spec.get("devices", ())]
