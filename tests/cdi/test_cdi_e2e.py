@@ -46,7 +46,15 @@ class Acme:
         return list(self.devices)
 
 
-async def start(plugin_runner: Any, backend: object, cdi_dir: Path, settings: dict) -> Daemon:
+async def start(
+    plugin_runner: Any,
+    backend: object,
+    cdi_dir: Path,
+    settings: dict,
+    *,
+    resources: dict | None = None,
+    options: dict | None = None,
+) -> Daemon:
     """Start a daemon like PluginRunner.start, with the CDI publisher wired in.
 
     The core does not wire CDIPublisher yet (see the cdi branch's report); this
@@ -57,7 +65,8 @@ async def start(plugin_runner: Any, backend: object, cdi_dir: Path, settings: di
         "rediscoverInterval": 0,
         "kubeletDir": str(plugin_runner.plugin_dir),
         "cdi": {"enabled": True, "dir": str(cdi_dir)},
-        "resources": {RES: settings},
+        "resources": resources or {RES: settings},
+        "backends": options or {},
     }
     cfg = load_config(raw=raw, env={})
     daemon = Daemon(cfg, load_backends([backend], timeout=cfg.hook_timeout))
@@ -193,3 +202,39 @@ async def test_unwritable_cdi_dir_is_a_start_up_error(plugin_runner, tmp_path):
     with pytest.raises(ConfigError, match="cannot be created") as e:
         await start(plugin_runner, Acme(1), tmp_path / "f" / "cdi", {"deliver": ["cdi-cri"]})
     assert e.value.field == "cdi.dir"
+
+
+async def test_simulated_backend_two_resources(fake_kubelet, plugin_runner, cdi_dir):
+    sim = pytest.importorskip("hetero_dp_simulated.backend")
+    backend = sim.SimulatedBackend()
+    a, b = "hetero-dp.io/sim", "hetero-dp.io/sim-b"
+    daemon = await start(
+        plugin_runner,
+        backend,
+        cdi_dir,
+        {},
+        resources={a: {"deliver": ["cdi-cri"]}, b: {"deliver": ["cdi-annotations"]}},
+        options={"simulated": {"resources": [a, b], "count": 3}},
+    )
+    await fake_kubelet.wait_devices(b, lambda d: len(d) == 3)
+    assert sorted(p.name for p in cdi_dir.iterdir()) == [
+        "hetero-dp_hetero-dp.io_sim-b.json",
+        "hetero-dp_hetero-dp.io_sim.json",
+    ]
+    r = await fake_kubelet.allocate(a, ["sim0", "sim2"])
+    assert [c.name for c in r.cdi_devices] == ["hetero-dp.io/sim=sim0", "hetero-dp.io/sim=sim2"]
+    assert dict(r.envs) == {"SIM_VISIBLE_DEVICES": "0,2"}
+    dev = resolve(cdi_dir, "hetero-dp.io/sim=sim2")
+    assert dev["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/sim2", "hostPath": "/dev/null", "permissions": "rw"}
+    ]
+    r = await fake_kubelet.allocate(b, ["sim1-1"])
+    (value,) = [v for k, v in r.annotations.items() if k.startswith("cdi.k8s.io/")]
+    assert value == "hetero-dp.io/sim-b=sim1-1"
+    resolve(cdi_dir, value)
+    backend.count = 1
+    await daemon.rediscover()
+    for kind, name in ((a, "sim0"), (b, "sim1-0")):
+        spec = assert_valid_cdi_spec(cdi_dir / f"hetero-dp_{kind.replace('/', '_')}.json")
+        assert [d["name"] for d in spec["devices"]] == [name]
+        assert spec["cdiVersion"] == "0.5.0"  # hostPath /dev/null differs from /dev/simN
