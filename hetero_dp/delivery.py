@@ -168,10 +168,14 @@ def apply_delivery(
     ``default`` is built from the device records; ``devices`` are the physical
     devices of the request; ``settings`` is the resource's config section. Returns
     a new response; ``default`` is not changed. Annotations and CDI names already
-    in ``default`` stay.
+    in ``default`` stay. Raises AllocationError (``FAILED_PRECONDITION``) for IDs
+    that are not CDI names and for bad settings.
     """
     resource = devices[0].resource if devices else None
-    delivery = parse_delivery(settings, resource=resource)
+    try:
+        delivery = parse_delivery(settings, resource=resource)
+    except ConfigError as e:  # start-up validation should have caught it
+        raise AllocationError(f"{resource}: {e}", code="FAILED_PRECONDITION") from e
     out = ContainerResponse(
         envs=dict(default.envs),
         mounts=list(default.mounts),

@@ -210,3 +210,12 @@ def test_prefix_with_a_name_start_is_allowed() -> None:
     d = parse_delivery({"deliver": ["cdi-annotations"], "cdiAnnotationPrefix": "cdi.k8s.io/acme-"})
     key = annotation_key(d.annotation_prefix, "acme.com/xx", ["0"])
     assert _ANNOTATION_KEY.match(key) and key.startswith("cdi.k8s.io/acme-hetero-dp_")
+
+
+def test_bad_settings_at_allocate_time_fail_the_allocation() -> None:
+    with pytest.raises(AllocationError, match="unknown delivery strategies") as e:
+        allocate(GPUS, {"deliver": ["volume-mounts"]})
+    assert e.value.code == "FAILED_PRECONDITION"
+    devs = [dataclasses.replace(d, resource="acme.com/3d") for d in GPUS]
+    with pytest.raises(AllocationError, match="set cdiKind"):
+        allocate(devs, {"deliver": ["cdi-cri"]})
