@@ -1,10 +1,10 @@
 """Run a real write in a child process and SIGKILL it at a chosen system call.
 
-The child installs a profiler (``sys.setprofile``) that watches for the call of
-one builtin (``os.fsync`` or ``os.replace``) from ``hetero_dp/atomic.py``, reports "at <call>" on stdout and
-blocks on stdin; the parent checks the files while the child is frozen just
-before that call, then kills it with SIGKILL. Nothing of ours is patched: the
-write runs unchanged, and the process really dies mid-write.
+The child installs a profiler (``sys.setprofile``) that watches for one builtin
+(``os.fsync`` or ``os.replace``) called from ``hetero_dp/atomic.py``, reports
+"at <call>" on stdout and blocks on stdin; the parent checks the files while the
+child is frozen just before that call, then kills it with SIGKILL. Nothing of
+ours is patched: the write runs unchanged, and the process really dies mid-write.
 """
 
 from __future__ import annotations
