@@ -1,0 +1,155 @@
+"""Fixtures for the NVIDIA backend: the fake libnvidia-ml.so.1 and fake host roots.
+
+The fake library (tests/fakenvml/fake_nvml.c) is built once per session with gcc
+and loaded with RTLD_GLOBAL, so pynvml's ``CDLL("libnvidia-ml.so.1")`` resolves
+to it (the dynamic loader matches the already-loaded soname). Each test picks a
+scenario through FAKE_NVML_SCENARIO; the fake re-reads it on the next nvmlInit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shlex
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+FAKE_DIR = Path(__file__).resolve().parents[1] / "fakenvml"
+SCENARIOS = FAKE_DIR / "scenarios"
+
+
+def build_fake(out_dir: Path, extra_flags: tuple[str, ...] = ()) -> Path:
+    """Compile the fake NVML into out_dir/libnvidia-ml.so.1."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is needed to build the fake libnvidia-ml.so.1")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lib = out_dir / "libnvidia-ml.so.1"
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-O2", "-pthread", "-Wall", "-Wno-format-truncation",
+         "-Wl,-soname,libnvidia-ml.so.1", *extra_flags, "-o", str(lib),
+         str(FAKE_DIR / "fake_nvml.c")],
+        check=True,
+    )
+    return lib
+
+
+@pytest.fixture(scope="session")
+def fake_nvml_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    import pynvml
+
+    if pynvml.nvmlLib is not None and not hasattr(pynvml.nvmlLib, "fake_nvml_reset"):
+        pytest.skip("a real libnvidia-ml is already loaded in this process")
+    path = build_fake(tmp_path_factory.mktemp("fakenvml"))
+    lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    lib.fake_nvml_inject_event.argtypes = [
+        ctypes.c_uint, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_uint, ctypes.c_uint]
+    lib.fake_nvml_inject_xid.argtypes = [ctypes.c_uint, ctypes.c_ulonglong]
+    lib.fake_nvml_set_lost.argtypes = [ctypes.c_uint, ctypes.c_int]
+    lib.fake_nvml_wait_waiters.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.fake_nvml_set_value.argtypes = [ctypes.c_uint, ctypes.c_char_p, ctypes.c_long]
+    lib.fake_nvml_call_count.argtypes = [ctypes.c_uint]
+    lib.fake_nvml_call_count.restype = ctypes.c_long
+    lib.fake_nvml_sizeof.argtypes = [ctypes.c_char_p]
+    lib.fake_nvml_sizeof.restype = ctypes.c_uint
+    lib.path = str(path)  # type: ignore[attr-defined]
+    return lib
+
+
+@dataclass
+class FakeNode:
+    """A scenario plus the fake host trees the backend reads (sysfs, /dev, /proc)."""
+
+    lib: ctypes.CDLL
+    root: Path
+    scenario: Path
+    gpus: list[dict[str, str]] = field(default_factory=list)
+    migs: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def options(self) -> dict[str, object]:
+        return {
+            "nvidiaDriverRoot": str(self.root / "driver"),
+            "sysfsRoot": str(self.root / "sys"),
+            "procRoot": str(self.root / "proc"),
+        }
+
+    def uuid(self, index: int) -> str:
+        return self.gpus[index]["uuid"]
+
+    def mig_uuids(self, gpu: int) -> list[str]:
+        return [m["uuid"] for m in self.migs if int(m["gpu"]) == gpu]
+
+
+def parse_scenario(text: str) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    gpus, migs = [], []
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        kind, *rest = shlex.split(line)
+        fields = dict(item.split("=", 1) for item in rest if "=" in item)
+        if kind == "gpu":
+            gpus.append(fields)
+        elif kind == "mig":
+            migs.append(fields)
+    return gpus, migs
+
+
+def make_node(
+    lib: ctypes.CDLL,
+    root: Path,
+    base: str,
+    extra: tuple[str, ...] = (),
+    control_nodes: tuple[str, ...] = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"),
+) -> FakeNode:
+    text = (SCENARIOS / base).read_text() if base else ""
+    text += "".join(line + "\n" for line in extra)
+    scenario = root / "scenario.scn"
+    root.mkdir(parents=True, exist_ok=True)
+    scenario.write_text(text)
+    gpus, migs = parse_scenario(text)
+    dev = root / "driver" / "dev"
+    dev.mkdir(parents=True, exist_ok=True)
+    for name in control_nodes:
+        (dev / name).touch()
+    for g in gpus:
+        (dev / f"nvidia{g.get('minor', '0')}").touch()
+        bus = g["pci"].lower()[4:]
+        pci = root / "sys/bus/pci/devices" / bus
+        pci.mkdir(parents=True, exist_ok=True)
+        (pci / "numa_node").write_text(g.get("numa", "-1") + "\n")
+    for m in migs:
+        minor = gpus[int(m["gpu"])].get("minor", m["gpu"])
+        gi_dir = root / f"proc/driver/nvidia/capabilities/gpu{minor}/mig/gi{m['gi']}"
+        ci_dir = gi_dir / f"ci{m['ci']}"
+        ci_dir.mkdir(parents=True, exist_ok=True)
+        (gi_dir / "access").write_text(f"DeviceFileMinor: {m['gicap']}\nDeviceFileMode: 292\n")
+        (ci_dir / "access").write_text(f"DeviceFileMinor: {m['cicap']}\nDeviceFileMode: 292\n")
+    return FakeNode(lib, root, scenario, gpus, migs)
+
+
+@pytest.fixture
+def fake_node(
+    fake_nvml_lib: ctypes.CDLL, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[object]:
+    """``fake_node("a100-8x-nvlink.scn", extra_lines...)`` -> FakeNode, NVML env set."""
+    for var in ("MIG_STRATEGY", "DEVICE_LIST_STRATEGY", "DEVICE_ID_STRATEGY", "PASS_DEVICE_SPECS",
+                "FAIL_ON_INIT_ERROR", "NVIDIA_DRIVER_ROOT", "DP_DISABLE_HEALTHCHECKS",
+                "DP_ENABLE_HEALTHCHECKS", "CONTAINER_DRIVER_ROOT", "NVIDIA_DEV_ROOT"):
+        monkeypatch.delenv(var, raising=False)
+    counter = iter(range(1000))
+
+    def make(base: str, *extra: str, **kw: object) -> FakeNode:
+        node = make_node(fake_nvml_lib, tmp_path / f"node{next(counter)}", base, extra, **kw)
+        fake_nvml_lib.fake_nvml_reset()
+        monkeypatch.setenv("FAKE_NVML_SCENARIO", str(node.scenario))
+        return node
+
+    yield make
+    fake_nvml_lib.fake_nvml_reset()
+    os.environ.pop("FAKE_NVML_SCENARIO", None)
