@@ -576,7 +576,8 @@ nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *mw) {
     return NVML_SUCCESS;
 }
 
-/* ---- MIG ---- */
+/* ---- MIG (left out with -DFAKE_NO_MIG: an older driver without these symbols) ---- */
+#ifndef FAKE_NO_MIG
 
 nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *cur, unsigned int *pending) {
     ENTER(d);
@@ -640,6 +641,8 @@ nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t d, nvmlDeviceAttributes_t *
     a->memorySizeMB = d->mem_mb;
     return NVML_SUCCESS;
 }
+
+#endif /* FAKE_NO_MIG */
 
 /* ---- topology ---- */
 

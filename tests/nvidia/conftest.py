@@ -153,3 +153,50 @@ def fake_node(
     yield make
     fake_nvml_lib.fake_nvml_reset()
     os.environ.pop("FAKE_NVML_SCENARIO", None)
+
+
+class Watching:
+    """A backend's watch hook running in a thread, reporting into a real EventSink."""
+
+    def __init__(self, backend: object) -> None:
+        import asyncio
+
+        from hetero_dp import EventSink
+
+        self.backend = backend
+        self.health: asyncio.Queue[tuple[str, bool, str]] = asyncio.Queue()
+        self.rediscovered = 0
+        self.sink = EventSink(
+            asyncio.get_running_loop(),
+            lambda i, h, r: self.health.put_nowait((i, h, r)),
+            self._rediscover,
+        )
+        self._task: asyncio.Future[None] | None = None
+
+    def _rediscover(self) -> None:
+        self.rediscovered += 1
+
+    async def __aenter__(self) -> Watching:
+        import asyncio
+
+        self._task = asyncio.ensure_future(asyncio.to_thread(self.backend.watch, self.sink))
+        ready = await asyncio.to_thread(self.backend.monitor.ready.wait, 10)
+        assert ready, "the watch hook never registered its events"
+        return self
+
+    async def next_health(self, timeout: float = 5.0) -> tuple[str, bool, str]:
+        import asyncio
+
+        return await asyncio.wait_for(self.health.get(), timeout)
+
+    async def __aexit__(self, *exc: object) -> None:
+        import asyncio
+
+        self.sink.stopping.set()
+        assert self._task is not None
+        await asyncio.wait_for(self._task, 10)
+
+
+@pytest.fixture
+def watching() -> type[Watching]:
+    return Watching

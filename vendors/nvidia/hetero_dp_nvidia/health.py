@@ -69,6 +69,7 @@ def xid_reason(xid: int, gpu_uuid: str, gi: int = -1, ci: int = -1) -> str:
 class _Bad:
     reason: str
     last_event: float  # monotonic time of the latest critical event
+    probe_failed: bool = False  # logged once per episode
 
 
 Probe = Callable[[str], "str | None"]
@@ -234,12 +235,15 @@ class HealthMonitor:
                 current = self._bad.get(uuid)
                 if current is not bad:
                     continue  # a new event arrived meanwhile
+                first_failure = bool(failure) and not current.probe_failed
                 if failure:
                     current.last_event = time.monotonic()
+                    current.probe_failed = True
                 else:
                     del self._bad[uuid]
             if failure:
-                log.warning("GPU %s still failing its probe: %s", uuid, failure)
+                if first_failure:
+                    log.warning("GPU %s stays Unhealthy, its probe fails: %s", uuid, failure)
                 continue
             reason = f"recovered: no critical event for {quiet:g}s and the probe passed"
             log.warning("GPU %s back to Healthy (%s); earlier: %s", uuid, reason, bad.reason)
