@@ -8,8 +8,9 @@ by container path); ``build_response`` below is that rule, written small.
 
 from __future__ import annotations
 
-from hetero_dp import ContainerResponse, Device
 from hetero_dp_nvidia.backend import NvidiaBackend
+
+from hetero_dp import ContainerResponse, Device
 
 
 def build_response(devices: list[Device]) -> ContainerResponse:
@@ -53,7 +54,9 @@ def test_envvar_index(fake_node):
 
 def test_mig_index_is_gpu_colon_mig(fake_node):
     node = fake_node("a100-mig-mixed.scn")
-    resp = allocate(node, node.mig_uuids(1), {"DEVICE_ID_STRATEGY": "index", "MIG_STRATEGY": "mixed"})
+    resp = allocate(
+        node, node.mig_uuids(1), {"DEVICE_ID_STRATEGY": "index", "MIG_STRATEGY": "mixed"}
+    )
     assert resp.envs == {"NVIDIA_VISIBLE_DEVICES": "1:0,1:1"}
 
 
@@ -78,8 +81,11 @@ def test_volume_mounts(fake_node):
 
 def test_volume_mounts_index(fake_node):
     node = fake_node("h100-8x.scn")
-    resp = allocate(node, [node.uuid(2)], {"DEVICE_LIST_STRATEGY": "volume-mounts",
-                                           "DEVICE_ID_STRATEGY": "index"})
+    resp = allocate(
+        node,
+        [node.uuid(2)],
+        {"DEVICE_LIST_STRATEGY": "volume-mounts", "DEVICE_ID_STRATEGY": "index"},
+    )
     assert [m.container_path for m in resp.mounts] == ["/var/run/nvidia-container-devices/2"]
 
 
@@ -101,7 +107,10 @@ def test_pass_device_specs_with_modeset_present(fake_node):
     node = fake_node("h100-8x.scn", control_nodes=("nvidiactl", "nvidia-modeset"))
     resp = allocate(node, [node.uuid(0)], {"PASS_DEVICE_SPECS": "true"})
     assert {n.container_path for n in resp.devices} == {
-        "/dev/nvidiactl", "/dev/nvidia-modeset", "/dev/nvidia0"}
+        "/dev/nvidiactl",
+        "/dev/nvidia-modeset",
+        "/dev/nvidia0",
+    }
 
 
 def test_pass_device_specs_mig_adds_caps_nodes(fake_node):
@@ -109,7 +118,10 @@ def test_pass_device_specs_mig_adds_caps_nodes(fake_node):
     mig = next(m for m in node.migs if m["gpu"] == "1")
     resp = allocate(node, [mig["uuid"]], {"PASS_DEVICE_SPECS": "true", "MIG_STRATEGY": "mixed"})
     assert {n.container_path for n in resp.devices} == {
-        "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia1",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+        "/dev/nvidia1",
         f"/dev/nvidia-caps/nvidia-cap{mig['gicap']}",
         f"/dev/nvidia-caps/nvidia-cap{mig['cicap']}",
     }
@@ -122,20 +134,26 @@ def test_control_nodes_are_marked_shared(fake_node):
     d = b.discover()[0]
     b.shutdown()
     assert {n.container_path: n.shared for n in d.nodes} == {
-        "/dev/nvidiactl": True, "/dev/nvidia-uvm": True, "/dev/nvidia-uvm-tools": True,
-        "/dev/nvidia0": False}
+        "/dev/nvidiactl": True,
+        "/dev/nvidia-uvm": True,
+        "/dev/nvidia-uvm-tools": True,
+        "/dev/nvidia0": False,
+    }
 
 
 def test_default_driver_root_gives_plain_host_paths(fake_node, tmp_path):
     node = fake_node("h100-8x.scn")
     opts = {k: v for k, v in node.options.items() if k != "nvidiaDriverRoot"}
-    b = NvidiaBackend(environ={"PASS_DEVICE_SPECS": "true",
-                               "CONTAINER_DRIVER_ROOT": str(node.root / "driver")})
+    b = NvidiaBackend(
+        environ={"PASS_DEVICE_SPECS": "true", "CONTAINER_DRIVER_ROOT": str(node.root / "driver")}
+    )
     b.configure(opts)
     d = b.discover()[2]
     b.shutdown()
     assert {(n.container_path, n.host_path) for n in d.nodes} >= {
-        ("/dev/nvidiactl", "/dev/nvidiactl"), ("/dev/nvidia2", "/dev/nvidia2")}
+        ("/dev/nvidiactl", "/dev/nvidiactl"),
+        ("/dev/nvidia2", "/dev/nvidia2"),
+    }
 
 
 def test_cdi_only_has_no_env_or_mounts_but_keeps_nodes_for_the_spec(fake_node):
@@ -155,12 +173,19 @@ def test_resource_defaults_map_list_strategies(fake_node):
         "envvar,cdi-annotations": ["device-specs", "cdi-annotations"],
     }
     for strategy, deliver in cases.items():
-        b = NvidiaBackend(environ={"DEVICE_LIST_STRATEGY": strategy,
-                                   "CDI_ANNOTATION_PREFIX": "nvidia.cdi.k8s.io/"})
+        b = NvidiaBackend(
+            environ={
+                "DEVICE_LIST_STRATEGY": strategy,
+                "CDI_ANNOTATION_PREFIX": "nvidia.cdi.k8s.io/",
+            }
+        )
         b.configure(node.options)
         got = b.resource_defaults("nvidia.com/gpu")
-        assert got == {"deliver": deliver, "cdiKind": "k8s.device-plugin.nvidia.com/gpu",
-                       "cdiAnnotationPrefix": "nvidia.cdi.k8s.io/"}, strategy
+        assert got == {
+            "deliver": deliver,
+            "cdiKind": "k8s.device-plugin.nvidia.com/gpu",
+            "cdiAnnotationPrefix": "nvidia.cdi.k8s.io/",
+        }, strategy
         assert b.resource_defaults("nvidia.com/mig-1g.5gb") == got
         assert b.resource_defaults("amd.com/gpu") is None
         b.shutdown()

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from hetero_dp_nvidia.backend import NvidiaBackend
 
 from hetero_dp import ConfigError
-from hetero_dp_nvidia.backend import NvidiaBackend
 
 
 def backend(node, env=None, **flags):

@@ -10,14 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from hetero_dp_nvidia import nvml
 from hetero_dp_nvidia.backend import NvidiaBackend
 from hetero_dp_nvidia.nvml import NvmlUnavailable
 
+from .support import build_fake, make_node
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).parent))
-from conftest import build_fake, make_node  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -54,8 +53,9 @@ def run_probe(ld_path: str, opts: dict, fail_on_init: str = "true", scenario: st
         "OPTS": json.dumps(opts),
         "FAKE_NVML_SCENARIO": scenario,
     }
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=60
+    )
     return out.stdout + out.stderr
 
 
@@ -120,7 +120,8 @@ def test_gpu_lost_after_n_calls_is_advertised_unhealthy(fake_node, fake_nvml_lib
     # same scenario, GPU 3 lost a few calls into the second discovery
     node = fake_node("h100-8x.scn", *[])
     text = node.scenario.read_text().replace(
-        f"uuid={node.uuid(3)}", f"uuid={node.uuid(3)} lost_after={calls + 3}")
+        f"uuid={node.uuid(3)}", f"uuid={node.uuid(3)} lost_after={calls + 3}"
+    )
     node.scenario.write_text(text)
     b = NvidiaBackend(environ={})
     b.configure(node.options)
@@ -146,8 +147,9 @@ def test_missing_function_reported_by_the_driver(fake_node, caplog):
 
 
 def test_not_supported_on_mig_handle_skips_that_slice_loudly(fake_node, caplog):
-    node = fake_node("a100-8x-nvlink.scn",
-                     "fault fn=nvmlDeviceGetAttributes_v2 dev=0 migdev=1 err=3")
+    node = fake_node(
+        "a100-8x-nvlink.scn", "fault fn=nvmlDeviceGetAttributes_v2 dev=0 migdev=1 err=3"
+    )
     b = NvidiaBackend(environ={"MIG_STRATEGY": "mixed"})
     b.configure(node.options)
     ids = [d.id for d in b.discover()]
@@ -172,7 +174,9 @@ def test_not_supported_metrics_on_mig_are_skipped_quietly(fake_node, caplog):
 
 
 def test_transient_fault_during_discovery_marks_only_that_gpu(fake_node):
-    node = fake_node("h100-8x.scn", "fault fn=nvmlDeviceGetMemoryInfo dev=6 err=999 after=1 times=1")
+    node = fake_node(
+        "h100-8x.scn", "fault fn=nvmlDeviceGetMemoryInfo dev=6 err=999 after=1 times=1"
+    )
     b = NvidiaBackend(environ={})
     b.configure(node.options)  # reads GPU 6 once (after=1 lets that pass)
     first = {d.id: d for d in b.discover()}

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from hetero_dp_nvidia.backend import NvidiaBackend
 
 XID = 0x8
@@ -44,7 +43,10 @@ async def test_xid79_marks_the_gpu_and_reaches_its_mig_slices(fake_node, watchin
     slices = [d for d in devices if d.physical_id == uuid]
     assert sorted(d.id for d in slices) == sorted(node.mig_uuids(0))
     assert {d.resource for d in slices} == {
-        "nvidia.com/mig-1g.5gb", "nvidia.com/mig-2g.10gb", "nvidia.com/mig-3g.20gb"}
+        "nvidia.com/mig-1g.5gb",
+        "nvidia.com/mig-2g.10gb",
+        "nvidia.com/mig-3g.20gb",
+    }
     assert "GPU has fallen off the bus" in (b.check_health(slices[0]) or "")
 
 
@@ -101,7 +103,7 @@ async def test_double_bit_ecc_event(fake_node, watching):
 
 async def test_gpu_lost_during_wait(fake_node, watching):
     node = fake_node("h100-8x.scn")
-    b, devices = started(node)
+    b, _ = started(node)
     async with watching(b) as w:
         await wait_blocked(node.lib)
         node.lib.fake_nvml_set_lost(4, 1)

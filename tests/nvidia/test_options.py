@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from hetero_dp_nvidia.options import DEFAULT_IGNORED_XIDS, parse_options
 
 from hetero_dp import ConfigError
-from hetero_dp_nvidia.options import DEFAULT_IGNORED_XIDS, parse_options
 
 
 def test_defaults_match_nvidia():
@@ -20,8 +20,12 @@ def test_defaults_match_nvidia():
 
 
 def test_nested_and_dotted_names_and_env_wins():
-    flags = {"migStrategy": "mixed", "plugin": {"deviceIDStrategy": "index"},
-             "plugin.passDeviceSpecs": True, "failOnInitError": False}
+    flags = {
+        "migStrategy": "mixed",
+        "plugin": {"deviceIDStrategy": "index"},
+        "plugin.passDeviceSpecs": True,
+        "failOnInitError": False,
+    }
     o = parse_options(flags, {"MIG_STRATEGY": "single", "DEVICE_LIST_STRATEGY": "volume-mounts"})
     assert o.mig_strategy == "single"  # env wins over the file
     assert o.device_id_strategy == "index"
@@ -43,8 +47,11 @@ def test_list_strategy_as_list_and_comma_env():
         ({"migStrategy": "half"}, {}, "migStrategy"),
         ({"plugin": {"deviceIDStrategy": "serial"}}, {}, "plugin.deviceIDStrategy"),
         ({"plugin": {"deviceListStrategy": "tarball"}}, {}, "plugin.deviceListStrategy"),
-        ({"plugin": {"deviceListStrategy": ["envvar", "volume-mounts"]}}, {},
-         "plugin.deviceListStrategy"),
+        (
+            {"plugin": {"deviceListStrategy": ["envvar", "volume-mounts"]}},
+            {},
+            "plugin.deviceListStrategy",
+        ),
         ({"gdsEnabled": True}, {}, "gdsEnabled"),
         ({"mofedEnabled": "true"}, {}, "mofedEnabled"),
         ({"mpsRoot": "/run/nvidia/mps"}, {}, "mpsRoot"),
@@ -64,8 +71,16 @@ def test_unsupported_is_rejected_by_name(flags, env, field):
 
 
 def test_feature_off_values_are_accepted():
-    parse_options({"gdsEnabled": False, "mofedEnabled": False, "mpsRoot": "",
-                   "deviceDiscoveryStrategy": "auto", "plugin": {"nvidiaCTKPath": "/x"}}, {})
+    parse_options(
+        {
+            "gdsEnabled": False,
+            "mofedEnabled": False,
+            "mpsRoot": "",
+            "deviceDiscoveryStrategy": "auto",
+            "plugin": {"nvidiaCTKPath": "/x"},
+        },
+        {},
+    )
 
 
 def test_healthcheck_env_vars():

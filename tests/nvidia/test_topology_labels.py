@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pluggy
 import pytest
+from hetero_dp_nvidia import backend as backend_module
+from hetero_dp_nvidia.backend import NvidiaBackend
 
 import hetero_dp.hookspecs
 from hetero_dp import Device
-from hetero_dp_nvidia import backend as backend_module
-from hetero_dp_nvidia.backend import NvidiaBackend
 
 
 def started(node, env=None, **flags):
@@ -116,7 +116,8 @@ def test_labels_with_time_slicing_replicas(fake_node):
     b, devices = started(node)
     replicas = [
         Device(id=f"{d.id}::{n}", resource=d.resource, attributes=d.attributes)
-        for d in devices for n in range(4)
+        for d in devices
+        for n in range(4)
     ]
     labels = b.labels(replicas)
     b.shutdown()
@@ -160,10 +161,13 @@ def test_doctor_flags_lost_gpu_missing_nodes_and_bad_layout(fake_node):
     node = fake_node("a100-8x-nvlink.scn", control_nodes=())
     node.lib.fake_nvml_reset()
     text = node.scenario.read_text().replace(
-        f"uuid={node.uuid(2)}", f"uuid={node.uuid(2)} lost_after=1")
+        f"uuid={node.uuid(2)}", f"uuid={node.uuid(2)} lost_after=1"
+    )
     node.scenario.write_text(text)
-    checks = {c.name: c for c in
-              NvidiaBackend(environ={}).doctor({**node.options, "migStrategy": "single"})}
+    checks = {
+        c.name: c
+        for c in NvidiaBackend(environ={}).doctor({**node.options, "migStrategy": "single"})
+    }
     assert checks["gpu 2"].status == "fail" and "is lost" in checks["gpu 2"].message
     assert "nvidia-smi -r" in checks["gpu 2"].fix
     assert checks["nvidia device nodes"].status == "warn"
@@ -182,8 +186,17 @@ def test_hookimpls_match_the_contract():
     pm.check_pending()
     implemented = {h.name for h in pm.get_hookcallers(backend_module)}
     assert implemented == {
-        "configure", "discover", "check_health", "watch", "links", "labels", "metrics",
-        "resource_defaults", "doctor", "shutdown"}
+        "configure",
+        "discover",
+        "check_health",
+        "watch",
+        "links",
+        "labels",
+        "metrics",
+        "resource_defaults",
+        "doctor",
+        "shutdown",
+    }
     other = NvidiaBackend(environ={})
     pm.register(other, name="nvidia-instance")
     pm.check_pending()

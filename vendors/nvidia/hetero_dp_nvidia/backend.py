@@ -22,14 +22,17 @@ from .health import HealthMonitor, probe_gpu
 from .labels import node_labels
 from .metrics import node_samples
 from .nvml import NvmlUnavailable, log, log_once
-from .options import Options, parse_options
+from .options import parse_options
 from .topology import compute_links
 
 CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
+hetero_dp_name = "nvidia"  # when this module is passed as an object rather than by name
 
 
 class NvidiaBackend:
     """One configured NVIDIA backend: options, NVML state, topology cache, health."""
+
+    hetero_dp_name = "nvidia"  # the name config sections and NVIDIA's ``flags`` use
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         self._environ = environ
@@ -194,7 +197,9 @@ def run_doctor(options: Mapping[str, Any], environ: Mapping[str, str] | None) ->
         node = read_node(opts)
         cuda = node.cuda_major_minor
         checks.append(
-            Check("nvidia driver", "pass", f"driver {node.driver_version}, CUDA {cuda[0]}.{cuda[1]}")
+            Check(
+                "nvidia driver", "pass", f"driver {node.driver_version}, CUDA {cuda[0]}.{cuda[1]}"
+            )
         )
         gpus = [g for g in node.gpus if g.uuid]
         if not gpus:
@@ -226,8 +231,14 @@ def run_doctor(options: Mapping[str, Any], environ: Mapping[str, str] | None) ->
             check_layout(node, opts.mig_strategy)
             checks.append(Check("mig layout", "pass", f"fits migStrategy {opts.mig_strategy}"))
         except ConfigError as err:
-            checks.append(Check("mig layout", "fail", err.reason.split("; fix:")[0],
-                                err.reason.partition("fix: ")[2]))
+            checks.append(
+                Check(
+                    "mig layout",
+                    "fail",
+                    err.reason.split("; fix:")[0],
+                    err.reason.partition("fix: ")[2],
+                )
+            )
     finally:
         nvml.shutdown()
     return checks

@@ -345,7 +345,10 @@ def _gpu_device(
     env, mounts = _delivery(opts, visible)
     nodes: tuple[DeviceNode, ...] = ()
     if _wants_nodes(opts) and gpu.minor >= 0:
-        nodes = (*shared, DeviceNode(_host(opts, f"/dev/nvidia{gpu.minor}"), f"/dev/nvidia{gpu.minor}"))
+        nodes = (
+            *shared,
+            DeviceNode(_host(opts, f"/dev/nvidia{gpu.minor}"), f"/dev/nvidia{gpu.minor}"),
+        )
     attrs = _common_attributes(node, gpu)
     attrs.update(uuid=gpu.uuid, index=gpu.index, minor=gpu.minor, memoryMiB=gpu.memory_mib)
     attrs["migEnabled"] = gpu.mig_enabled

@@ -51,7 +51,9 @@ XID_FIX = {
     79: nvml.FIX_LOST,
     95: "drain the node and reset the GPU (nvidia-smi -r)",
 }
-DEFAULT_FIX = "check nvidia-smi and the kernel log (dmesg | grep -i xid); reset the GPU if it persists"
+DEFAULT_FIX = (
+    "check nvidia-smi and the kernel log (dmesg | grep -i xid); reset the GPU if it persists"
+)
 
 EVENT_XID = pynvml.nvmlEventTypeXidCriticalError
 EVENT_DBE = pynvml.nvmlEventTypeDoubleBitEccError
@@ -260,5 +262,3 @@ def probe_gpu(uuid: str) -> str | None:
             return None
         return explain(err, "probing", uuid)
     return None
-
-

@@ -43,8 +43,12 @@ def node_labels(devices: Sequence[Device], node: NodeInfo, opts: Options) -> dic
     for d in devices:
         by_resource.setdefault(d.resource, {}).setdefault(_physical(d.id), d)
 
-    gpu_devices = [d for res, devs in by_resource.items() for d in devs.values()
-                   if res.startswith(GPU_RESOURCE)]
+    gpu_devices = [
+        d
+        for res, devs in by_resource.items()
+        for d in devs.values()
+        if res.startswith(GPU_RESOURCE)
+    ]
     if gpus:
         first = gpus[0]
         labels["gpu.family"] = first.family
@@ -75,7 +79,7 @@ def node_labels(devices: Sequence[Device], node: NodeInfo, opts: Options) -> dic
     for resource, devs in sorted(by_resource.items()):
         if not resource.startswith("nvidia.com/mig-"):
             continue
-        name = resource[len(PREFIX):]
+        name = resource[len(PREFIX) :]
         sample = next(iter(devs.values()))
         labels[f"{name}.count"] = str(len(devs))
         labels[f"{name}.memory"] = str(sample.attributes.get("memoryMiB", 0))

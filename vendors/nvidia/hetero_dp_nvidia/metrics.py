@@ -28,36 +28,78 @@ def node_samples(node: NodeInfo, hostname: str = "") -> Iterator[Sample]:
     for g in node.gpus:
         if g.handle is None or not g.uuid:
             continue
-        labels = {"gpu": str(g.index), "UUID": g.uuid, "device": f"nvidia{g.minor}",
-                  "modelName": g.name, "pci_bus_id": g.pci_bus_id}
+        labels = {
+            "gpu": str(g.index),
+            "UUID": g.uuid,
+            "device": f"nvidia{g.minor}",
+            "modelName": g.name,
+            "pci_bus_id": g.pci_bus_id,
+        }
         if hostname:
             labels["Hostname"] = hostname
         mem = _try("memory", g.uuid, pynvml.nvmlDeviceGetMemoryInfo, g.handle)
         if mem is not None:
-            yield Sample("DCGM_FI_DEV_FB_USED", mem.used // MIB, labels,  # type: ignore[attr-defined]
-                         "Framebuffer memory used (in MiB).")
-            yield Sample("DCGM_FI_DEV_FB_FREE", mem.free // MIB, labels,  # type: ignore[attr-defined]
-                         "Framebuffer memory free (in MiB).")
+            yield Sample(
+                "DCGM_FI_DEV_FB_USED",
+                mem.used // MIB,
+                labels,  # type: ignore[attr-defined]
+                "Framebuffer memory used (in MiB).",
+            )
+            yield Sample(
+                "DCGM_FI_DEV_FB_FREE",
+                mem.free // MIB,
+                labels,  # type: ignore[attr-defined]
+                "Framebuffer memory free (in MiB).",
+            )
         util = _try("utilization", g.uuid, pynvml.nvmlDeviceGetUtilizationRates, g.handle)
         if util is not None:
-            yield Sample("DCGM_FI_DEV_GPU_UTIL", util.gpu, labels,  # type: ignore[attr-defined]
-                         "GPU utilization (in %).")
-            yield Sample("DCGM_FI_DEV_MEM_COPY_UTIL", util.memory, labels,  # type: ignore[attr-defined]
-                         "Memory utilization (in %).")
-        temp = _try("temperature", g.uuid, pynvml.nvmlDeviceGetTemperature, g.handle,
-                    pynvml.NVML_TEMPERATURE_GPU)
+            yield Sample(
+                "DCGM_FI_DEV_GPU_UTIL",
+                util.gpu,
+                labels,  # type: ignore[attr-defined]
+                "GPU utilization (in %).",
+            )
+            yield Sample(
+                "DCGM_FI_DEV_MEM_COPY_UTIL",
+                util.memory,
+                labels,  # type: ignore[attr-defined]
+                "Memory utilization (in %).",
+            )
+        temp = _try(
+            "temperature",
+            g.uuid,
+            pynvml.nvmlDeviceGetTemperature,
+            g.handle,
+            pynvml.NVML_TEMPERATURE_GPU,
+        )
         if temp is not None:
-            yield Sample("DCGM_FI_DEV_GPU_TEMP", float(temp), labels,  # type: ignore[arg-type]
-                         "GPU temperature (in C).")
+            yield Sample(
+                "DCGM_FI_DEV_GPU_TEMP",
+                float(temp),
+                labels,  # type: ignore[arg-type]
+                "GPU temperature (in C).",
+            )
         power = _try("power", g.uuid, pynvml.nvmlDeviceGetPowerUsage, g.handle)
         if power is not None:
-            yield Sample("DCGM_FI_DEV_POWER_USAGE", power / 1000.0, labels,  # type: ignore[operator]
-                         "Power draw (in W).")
+            yield Sample(
+                "DCGM_FI_DEV_POWER_USAGE",
+                power / 1000.0,
+                labels,  # type: ignore[operator]
+                "Power draw (in W).",
+            )
         for m in g.migs:
             mlabels = dict(labels, GPU_I_ID=str(m.gi), GPU_I_PROFILE=m.profile, MIG_UUID=m.uuid)
             mmem = _try("memory", m.uuid, pynvml.nvmlDeviceGetMemoryInfo, m.handle)
             if mmem is not None:
-                yield Sample("DCGM_FI_DEV_FB_USED", mmem.used // MIB, mlabels,  # type: ignore[attr-defined]
-                             "Framebuffer memory used (in MiB).")
-                yield Sample("DCGM_FI_DEV_FB_FREE", mmem.free // MIB, mlabels,  # type: ignore[attr-defined]
-                             "Framebuffer memory free (in MiB).")
+                yield Sample(
+                    "DCGM_FI_DEV_FB_USED",
+                    mmem.used // MIB,
+                    mlabels,  # type: ignore[attr-defined]
+                    "Framebuffer memory used (in MiB).",
+                )
+                yield Sample(
+                    "DCGM_FI_DEV_FB_FREE",
+                    mmem.free // MIB,
+                    mlabels,  # type: ignore[attr-defined]
+                    "Framebuffer memory free (in MiB).",
+                )

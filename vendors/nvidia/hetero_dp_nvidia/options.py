@@ -208,7 +208,7 @@ def parse_options(
     for name, (var, kind) in _SUPPORTED.items():
         if var and env.get(var, "") != "":
             values[name] = _convert(var, kind, env[var], "environment")
-    for name, (var, _) in _ONLY_DEFAULT.items():
+    for var, _ in _ONLY_DEFAULT.values():
         if env.get(var, "") != "":
             _check_default(var, env[var], "environment")
 
@@ -230,7 +230,9 @@ def parse_options(
 
 
 def _check_default(name: str, value: Any, source: str) -> None:
-    key = name if name in _ONLY_DEFAULT else next(k for k, v in _ONLY_DEFAULT.items() if v[0] == name)
+    key = (
+        name if name in _ONLY_DEFAULT else next(k for k, v in _ONLY_DEFAULT.items() if v[0] == name)
+    )
     allowed = _ONLY_DEFAULT[key][1]
     if isinstance(allowed, bool):
         ok = _as_bool(name, value, source) is allowed
@@ -248,8 +250,12 @@ def _check_default(name: str, value: Any, source: str) -> None:
 
 
 def _health(env: Mapping[str, str], quiet: float) -> HealthSettings:
-    disable_all, disabled = parse_xid_list(env.get("DP_DISABLE_HEALTHCHECKS", ""), "DP_DISABLE_HEALTHCHECKS")
-    enable_all, enabled = parse_xid_list(env.get("DP_ENABLE_HEALTHCHECKS", ""), "DP_ENABLE_HEALTHCHECKS")
+    disable_all, disabled = parse_xid_list(
+        env.get("DP_DISABLE_HEALTHCHECKS", ""), "DP_DISABLE_HEALTHCHECKS"
+    )
+    enable_all, enabled = parse_xid_list(
+        env.get("DP_ENABLE_HEALTHCHECKS", ""), "DP_ENABLE_HEALTHCHECKS"
+    )
     raw = env.get("DP_DISABLE_HEALTHCHECKS", "").lower()
     everything_off = "all" in [t.strip() for t in raw.split(",")]
     ignored = set() if enable_all else set(DEFAULT_IGNORED_XIDS)
