@@ -154,7 +154,7 @@ def _read_gpu(index: int, opts: Options) -> GpuInfo:
                 device=gpu.uuid,
                 default=(0, 0),
             )
-        )  # type: ignore[assignment]
+        )
         gpu.pci_bus_id = nvml.normalise_bus_id(pynvml.nvmlDeviceGetPciInfo(h).busId)
         gpu.numa = read_numa(opts.sysfs_root, gpu.pci_bus_id)
         mode = _optional(

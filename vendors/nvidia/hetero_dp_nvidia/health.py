@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pynvml
 
@@ -127,7 +128,7 @@ class HealthMonitor:
                 pass
 
     def _register(
-        self, events: EventSink, eventset: object, gpus: list[tuple[str, object]]
+        self, events: EventSink, eventset: Any, gpus: list[tuple[str, Any]]
     ) -> dict[int, str]:
         by_address: dict[int, str] = {}
         for uuid, handle in gpus:
@@ -150,7 +151,7 @@ class HealthMonitor:
             by_address[ctypes.cast(handle, ctypes.c_void_p).value or 0] = uuid
         return by_address
 
-    def _loop(self, events: EventSink, eventset: object, by_address: dict[int, str]) -> None:
+    def _loop(self, events: EventSink, eventset: Any, by_address: dict[int, str]) -> None:
         failures = 0
         while not events.stopping.is_set():
             try:
@@ -181,16 +182,16 @@ class HealthMonitor:
         left = min(due) - time.monotonic()
         return max(1, min(self.wait_ms, int(left * 1000) + 1))
 
-    def _handle(self, events: EventSink, data: object, by_address: dict[int, str]) -> None:
-        address = ctypes.cast(data.device, ctypes.c_void_p).value or 0  # type: ignore[attr-defined]
+    def _handle(self, events: EventSink, data: Any, by_address: dict[int, str]) -> None:
+        address = ctypes.cast(data.device, ctypes.c_void_p).value or 0
         uuid = by_address.get(address)
         if uuid is None:
             try:
-                uuid = nvml.text(pynvml.nvmlDeviceGetUUID(data.device))  # type: ignore[attr-defined]
+                uuid = nvml.text(pynvml.nvmlDeviceGetUUID(data.device))
             except NVMLError:
                 log.warning("event for an unknown GPU handle; ignored")
                 return
-        kind = data.eventType  # type: ignore[attr-defined]
+        kind = data.eventType
         if kind & EVENT_DBE:
             self._mark(
                 events,
@@ -200,8 +201,8 @@ class HealthMonitor:
             return
         if not kind & EVENT_XID:
             return
-        xid = int(data.eventData)  # type: ignore[attr-defined]
-        gi, ci = data.gpuInstanceId, data.computeInstanceId  # type: ignore[attr-defined]
+        xid = int(data.eventData)
+        gi, ci = data.gpuInstanceId, data.computeInstanceId
         gi = -1 if gi == 0xFFFFFFFF else gi
         ci = -1 if ci == 0xFFFFFFFF else ci
         if not self.settings.counts(xid):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pynvml
 
@@ -15,9 +16,9 @@ from .nvml import NVMLError, explain, log_once
 MIB = 1024 * 1024
 
 
-def _try(what: str, uuid: str, call: object, *args: object) -> object | None:
+def _try(what: str, uuid: str, call: Any, *args: object) -> Any:
     try:
-        return call(*args)  # type: ignore[operator]
+        return call(*args)
     except NVMLError as err:
         if err.value != nvml.NOT_SUPPORTED:
             log_once(f"metric:{what}:{uuid}:{err.value}", explain(err, what, uuid))
@@ -42,13 +43,13 @@ def node_samples(node: NodeInfo, hostname: str = "") -> Iterator[Sample]:
             yield Sample(
                 "DCGM_FI_DEV_FB_USED",
                 mem.used // MIB,
-                labels,  # type: ignore[attr-defined]
+                labels,
                 "Framebuffer memory used (in MiB).",
             )
             yield Sample(
                 "DCGM_FI_DEV_FB_FREE",
                 mem.free // MIB,
-                labels,  # type: ignore[attr-defined]
+                labels,
                 "Framebuffer memory free (in MiB).",
             )
         util = _try("utilization", g.uuid, pynvml.nvmlDeviceGetUtilizationRates, g.handle)
@@ -56,13 +57,13 @@ def node_samples(node: NodeInfo, hostname: str = "") -> Iterator[Sample]:
             yield Sample(
                 "DCGM_FI_DEV_GPU_UTIL",
                 util.gpu,
-                labels,  # type: ignore[attr-defined]
+                labels,
                 "GPU utilization (in %).",
             )
             yield Sample(
                 "DCGM_FI_DEV_MEM_COPY_UTIL",
                 util.memory,
-                labels,  # type: ignore[attr-defined]
+                labels,
                 "Memory utilization (in %).",
             )
         temp = _try(
@@ -76,7 +77,7 @@ def node_samples(node: NodeInfo, hostname: str = "") -> Iterator[Sample]:
             yield Sample(
                 "DCGM_FI_DEV_GPU_TEMP",
                 float(temp),
-                labels,  # type: ignore[arg-type]
+                labels,
                 "GPU temperature (in C).",
             )
         power = _try("power", g.uuid, pynvml.nvmlDeviceGetPowerUsage, g.handle)
@@ -84,7 +85,7 @@ def node_samples(node: NodeInfo, hostname: str = "") -> Iterator[Sample]:
             yield Sample(
                 "DCGM_FI_DEV_POWER_USAGE",
                 power / 1000.0,
-                labels,  # type: ignore[operator]
+                labels,
                 "Power draw (in W).",
             )
         for m in g.migs:
@@ -94,12 +95,12 @@ def node_samples(node: NodeInfo, hostname: str = "") -> Iterator[Sample]:
                 yield Sample(
                     "DCGM_FI_DEV_FB_USED",
                     mmem.used // MIB,
-                    mlabels,  # type: ignore[attr-defined]
+                    mlabels,
                     "Framebuffer memory used (in MiB).",
                 )
                 yield Sample(
                     "DCGM_FI_DEV_FB_FREE",
                     mmem.free // MIB,
-                    mlabels,  # type: ignore[attr-defined]
+                    mlabels,
                     "Framebuffer memory free (in MiB).",
                 )

@@ -14,7 +14,7 @@ import pynvml
 
 log = logging.getLogger("hetero_dp.nvidia")
 
-NVMLError = pynvml.NVMLError
+NVMLError: Any = pynvml.NVMLError  # pynvml ships no type hints
 SUCCESS = pynvml.NVML_SUCCESS
 NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
 NOT_FOUND = pynvml.NVML_ERROR_NOT_FOUND
@@ -47,7 +47,7 @@ def text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def explain_init(err: NVMLError) -> tuple[str, str]:
+def explain_init(err: Any) -> tuple[str, str]:
     """(what went wrong, fix) for an nvmlInit failure."""
     code = err.value
     if code == LIBRARY_NOT_FOUND:
@@ -77,7 +77,7 @@ def explain_init(err: NVMLError) -> tuple[str, str]:
     return (f"NVML failed to initialise: {err}", "check the driver with nvidia-smi on the node")
 
 
-def explain(err: NVMLError, what: str, device: str = "") -> str:
+def explain(err: Any, what: str, device: str = "") -> str:
     """One sentence with the fix, for an error from an NVML call on a device."""
     on = f" on {device}" if device else ""
     code = err.value
