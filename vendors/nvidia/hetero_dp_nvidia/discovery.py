@@ -256,18 +256,25 @@ def _ids(gpus: list[GpuInfo]) -> str:
 
 
 _CAP_MINOR = re.compile(r"DeviceFileMinor:\s*(\d+)")
+# The driver fixes each capability file's minor for (GPU minor, GI, CI): cache the reads,
+# which otherwise dominate discovery on a node full of MIG devices.
+_cap_minors: dict[str, str] = {}
 
 
 def _cap_node(opts: Options, gpu: GpuInfo, sub: str) -> DeviceNode | None:
     path = os.path.join(
         opts.proc_root, "driver/nvidia/capabilities", f"gpu{gpu.minor}", "mig", sub, "access"
     )
-    try:
-        with open(path) as f:
-            m = _CAP_MINOR.search(f.read())
-    except OSError:
-        m = None
-    if not m:
+    minor = _cap_minors.get(path)
+    if minor is None:
+        try:
+            with open(path) as f:
+                m = _CAP_MINOR.search(f.read())
+        except OSError:
+            m = None
+        if m:
+            minor = _cap_minors[path] = m.group(1)
+    if minor is None:
         log_once(
             f"cap:{path}",
             f"MIG capability file {path} is missing or unreadable; the MIG device node "
@@ -275,7 +282,7 @@ def _cap_node(opts: Options, gpu: GpuInfo, sub: str) -> DeviceNode | None:
             "or set plugin.passDeviceSpecs to false",
         )
         return None
-    name = f"/dev/nvidia-caps/nvidia-cap{m.group(1)}"
+    name = f"/dev/nvidia-caps/nvidia-cap{minor}"
     return DeviceNode(_host(opts, name), name)
 
 
