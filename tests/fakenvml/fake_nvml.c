@@ -123,7 +123,7 @@ struct fdev {
     int lost;
     long calls, lost_after;
     int max_links;
-    int link_remote[MAXLINK]; /* GPU index or -1 */
+    int link_remote[MAXLINK]; /* GPU index, -1 (inactive) or -2 (an NVSwitch) */
 };
 
 struct fault {
@@ -282,6 +282,9 @@ static int load_scenario(const char *path) {
             d->lost_after = kvl(ntok, toks, "lost_after", 0);
             d->max_links = kvl(ntok, toks, "nvlinks", 0);
             for (int i = 0; i < MAXLINK; i++) d->link_remote[i] = -1;
+            /* switchlinks=N: the first N links go to NVSwitches, not to GPUs */
+            long sw = kvl(ntok, toks, "switchlinks", 0);
+            for (long i = 0; i < sw && i < d->max_links; i++) d->link_remote[i] = -2;
         } else if (!strcmp(k, "mig") && nmigpool < MAXGPU * MAXMIG) {
             long g = kvl(ntok, toks, "gpu", -1);
             if (g < 0 || g >= ngpu || gpus[g].nmig >= MAXMIG) continue;
@@ -664,7 +667,7 @@ nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t d, unsigned int link, unsigne
     ENTER(d);
     if (d->is_mig || d->max_links == 0) return NVML_ERROR_NOT_SUPPORTED;
     if (link >= (unsigned)d->max_links) return NVML_ERROR_INVALID_ARGUMENT;
-    *active = d->link_remote[link] >= 0;
+    *active = d->link_remote[link] != -1;
     return NVML_SUCCESS;
 }
 
@@ -672,7 +675,12 @@ nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t d, unsigned int li
     ENTER(d);
     if (d->is_mig || d->max_links == 0) return NVML_ERROR_NOT_SUPPORTED;
     if (link >= (unsigned)d->max_links) return NVML_ERROR_INVALID_ARGUMENT;
-    if (d->link_remote[link] < 0) return NVML_ERROR_NOT_FOUND;
+    if (d->link_remote[link] == -1) return NVML_ERROR_NOT_FOUND;
+    if (d->link_remote[link] == -2) {
+        static struct fdev nvswitch = {.busid = "00000000:C5:00.0", .pci_device_id = 0x22a310de};
+        fill_pci(&nvswitch, pci);
+        return NVML_SUCCESS;
+    }
     fill_pci(&gpus[d->link_remote[link]], pci);
     return NVML_SUCCESS;
 }

@@ -200,3 +200,20 @@ def test_hookimpls_match_the_contract():
     other = NvidiaBackend(environ={})
     pm.register(other, name="nvidia-instance")
     pm.check_pending()
+
+
+def test_links_through_nvswitches(fake_node):
+    node = fake_node(
+        "",
+        'gpu uuid=GPU-a name="NVIDIA H200" pci=00000000:19:00.0 nvlinks=18 switchlinks=18',
+        'gpu uuid=GPU-b name="NVIDIA H200" pci=00000000:3B:00.0 nvlinks=18 switchlinks=18',
+        'gpu uuid=GPU-c name="NVIDIA H200" pci=00000000:4C:00.0 numa=1',
+    )
+    b, devices = started(node)
+    got = scores(b.links(devices))
+    b.shutdown()
+    assert got[frozenset(("GPU-a", "GPU-b"))] == (
+        18 * 100 + 20,
+        "NV18",
+    )  # 18 links via switches + same CPU
+    assert got[frozenset(("GPU-a", "GPU-c"))] == (10, "SYS")

@@ -56,14 +56,22 @@ def pcie_level(a: GpuInfo, b: GpuInfo) -> int | None:
 
 
 def compute_links(gpus: Sequence[GpuInfo]) -> list[Link]:
-    """One Link per unordered pair of the given GPUs (handles must be live)."""
+    """One Link per unordered pair of the given GPUs (handles must be live).
+
+    Links whose far end is not one of the GPUs go to NVSwitches (HGX/DGX boards):
+    every GPU on the switches reaches every other, so such a pair counts the
+    smaller of the two GPUs' switch-link counts.
+    """
     usable = [g for g in gpus if g.handle is not None and not g.error]
     by_bus = {g.pci_bus_id: g.uuid for g in usable}
     nvlinks: dict[tuple[str, str], int] = {}
+    switch_links: dict[str, int] = {}
     for g in usable:
         for bus, n in nvlink_peers(g).items():
             peer = by_bus.get(bus)
-            if peer and peer != g.uuid:
+            if peer is None:
+                switch_links[g.uuid] = switch_links.get(g.uuid, 0) + n
+            elif peer != g.uuid:
                 # Each side reports the same links; keep the larger count, not the sum.
                 key = (min(g.uuid, peer), max(g.uuid, peer))
                 nvlinks[key] = max(nvlinks.get(key, 0), n)
@@ -72,6 +80,7 @@ def compute_links(gpus: Sequence[GpuInfo]) -> list[Link]:
         for b in usable[i + 1 :]:
             key = (min(a.uuid, b.uuid), max(a.uuid, b.uuid))
             n = nvlinks.get(key, 0)
+            n += min(switch_links.get(a.uuid, 0), switch_links.get(b.uuid, 0))
             level = pcie_level(a, b)
             pcie_score, pcie_kind = PCIE.get(level, (0, "")) if level is not None else (0, "")
             score = n * NVLINK_SCORE + pcie_score
