@@ -187,3 +187,25 @@ def test_check_health_probe(fake_node):
     node.lib.fake_nvml_set_lost(0, 1)
     assert "is lost" in b.check_health(mig)
     b.shutdown()
+
+
+async def test_watch_starts_once_a_late_driver_comes_up(fake_node, watching):
+    node = fake_node("h100-8x.scn", "init_error 9")
+    b = NvidiaBackend(environ={"FAIL_ON_INIT_ERROR": "false"})
+    b.configure(node.options)
+    b.init_retry_s = 0.05
+    assert b.discover() == []
+    w = watching(b)
+    sink_task = asyncio.ensure_future(asyncio.to_thread(b.watch, w.sink))
+    # the driver gets loaded: the same node without the init error
+    node.scenario.write_text(node.scenario.read_text().replace("init_error 9", ""))
+    node.lib.fake_nvml_reset()
+    assert len(b.discover()) == 8
+    assert await asyncio.to_thread(b.monitor.ready.wait, 15)
+    await wait_blocked(node.lib)
+    node.lib.fake_nvml_inject_xid(7, 79)
+    uuid, healthy, _ = await w.next_health()
+    w.sink.stopping.set()
+    await asyncio.wait_for(sink_task, 10)
+    b.shutdown()
+    assert (uuid, healthy) == (node.uuid(7), False)

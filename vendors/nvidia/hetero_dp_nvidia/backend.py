@@ -44,6 +44,7 @@ class NvidiaBackend:
         self._lock = threading.RLock()
         self._links: tuple[frozenset[str], list[Link]] | None = None
         self.monitor = HealthMonitor(self.options.health, probe_gpu)
+        self.init_retry_s = 5.0  # how often watch looks for a driver that came up late
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -113,9 +114,11 @@ class NvidiaBackend:
 
     @hookimpl
     def watch(self, events: EventSink) -> None:
-        if not self._initialised:
-            events.wait()
-            return
+        # Without a driver (failOnInitError=false) wait for a later discover to bring
+        # NVML up; this slow check runs only in that degraded state.
+        while not self._initialised:
+            if events.wait(self.init_retry_s):
+                return
         self.monitor.run(events, self._physical_handles)
 
     def _physical_handles(self) -> list[tuple[str, object]]:
