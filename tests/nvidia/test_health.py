@@ -159,9 +159,12 @@ async def test_recovery_disabled_keeps_gpu_unhealthy(fake_node, watching):
 
 async def test_health_checks_disabled_entirely(fake_node, watching):
     node = fake_node("h100-8x.scn")
-    b, _ = started(node, {"DP_DISABLE_HEALTHCHECKS": "all"})
+    b, devices = started(node, {"DP_DISABLE_HEALTHCHECKS": "all"})
     async with watching(b):
         assert node.lib.fake_nvml_inject_xid(0, 79) == 0  # nobody registered
+    node.lib.fake_nvml_set_lost(0, 1)
+    assert b.check_health(devices[0]) is True  # the poll is off too
+    b.shutdown()
 
 
 async def test_watch_returns_promptly_on_stop(fake_node, watching):

@@ -101,6 +101,8 @@ class NvidiaBackend:
 
     @hookimpl
     def check_health(self, device: Device) -> bool | str | None:
+        if self.options.health.disabled:
+            return True  # DP_DISABLE_HEALTHCHECKS=all: no checks of any kind
         uuid = device.physical_id
         held = self.monitor.reason(uuid)
         if held:

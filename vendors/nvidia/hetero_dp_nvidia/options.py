@@ -163,15 +163,15 @@ def _convert(name: str, kind: object, value: Any, source: str) -> Any:
     return str(value)
 
 
-def parse_xid_list(text: str, var: str) -> tuple[bool, set[int]]:
-    """Parse a DP_*_HEALTHCHECKS value: (all_or_xids, explicit XIDs)."""
-    everything = False
+def parse_xid_list(text: str, var: str) -> tuple[str, set[int]]:
+    """Parse a DP_*_HEALTHCHECKS value: ("all" | "xids" | "", explicit XIDs)."""
+    word = ""
     xids: set[int] = set()
     for item in (t.strip().lower() for t in text.split(",")):
         if not item:
             continue
         if item in ("all", "xids"):
-            everything = True
+            word = "all" if "all" in (word, item) else item
             continue
         try:
             xids.add(int(item))
@@ -181,7 +181,7 @@ def parse_xid_list(text: str, var: str) -> tuple[bool, set[int]]:
                 field=var,
                 source="environment",
             ) from None
-    return everything, xids
+    return word, xids
 
 
 def parse_options(
@@ -250,19 +250,15 @@ def _check_default(name: str, value: Any, source: str) -> None:
 
 
 def _health(env: Mapping[str, str], quiet: float) -> HealthSettings:
-    disable_all, disabled = parse_xid_list(
+    off, disabled = parse_xid_list(
         env.get("DP_DISABLE_HEALTHCHECKS", ""), "DP_DISABLE_HEALTHCHECKS"
     )
-    enable_all, enabled = parse_xid_list(
-        env.get("DP_ENABLE_HEALTHCHECKS", ""), "DP_ENABLE_HEALTHCHECKS"
-    )
-    raw = env.get("DP_DISABLE_HEALTHCHECKS", "").lower()
-    everything_off = "all" in [t.strip() for t in raw.split(",")]
-    ignored = set() if enable_all else set(DEFAULT_IGNORED_XIDS)
-    ignored = (ignored | disabled) - enabled
+    on, enabled = parse_xid_list(env.get("DP_ENABLE_HEALTHCHECKS", ""), "DP_ENABLE_HEALTHCHECKS")
+    # DP_ENABLE_HEALTHCHECKS=all|xids empties NVIDIA's default ignore list.
+    ignored = (set() if on else set(DEFAULT_IGNORED_XIDS)) | disabled
     return HealthSettings(
-        disabled=everything_off,
-        xids_disabled=disable_all and not everything_off,
-        ignored_xids=frozenset(ignored),
+        disabled=off == "all",
+        xids_disabled=off == "xids",
+        ignored_xids=frozenset(ignored - enabled),
         recovery_quiet_s=quiet,
     )
