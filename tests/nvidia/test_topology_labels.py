@@ -215,3 +215,17 @@ def test_links_through_nvswitches(fake_node):
     # 18 links each through the switches, plus the PCIe path (same CPU)
     assert got[frozenset(("GPU-a", "GPU-b"))] == (18 * 100 + 20, "NV18")
     assert got[frozenset(("GPU-a", "GPU-c"))] == (10, "SYS")
+
+
+def test_entry_point_names_the_hookimpl_module():
+    import importlib
+    from pathlib import Path
+
+    import tomllib
+
+    pyproject = Path(__file__).resolve().parents[2] / "vendors/nvidia/pyproject.toml"
+    meta = tomllib.loads(pyproject.read_text())["project"]
+    assert meta["name"] == "hetero-dp-nvidia"
+    target = meta["entry-points"]["hetero_dp"]["nvidia"]
+    module = importlib.import_module(target)
+    assert module is backend_module and module.hetero_dp_name == "nvidia"
