@@ -11,11 +11,7 @@ from typing import Any
 import pytest
 
 from hetero_dp import Device, DeviceNode, Mount, hookimpl
-from hetero_dp.cdi import CDIWriter
-from hetero_dp.config import load_config
 from hetero_dp.daemon import Daemon
-from hetero_dp.delivery import CDIPublisher
-from hetero_dp.plugins import load_backends
 from tests.cdi.schema_check import assert_valid_cdi_spec
 
 RES = "acme.com/accel"
@@ -55,27 +51,13 @@ async def start(
     resources: dict | None = None,
     options: dict | None = None,
 ) -> Daemon:
-    """Start a daemon like PluginRunner.start, with the CDI publisher wired in.
-
-    The core does not wire CDIPublisher yet (see the cdi branch's report); this
-    does what Daemon.start should do when ``cdi.enabled`` is true.
-    """
+    """Start a daemon with ``cdi.enabled``: the core wires the CDI publisher."""
     raw = {
-        "healthInterval": 0,
-        "rediscoverInterval": 0,
-        "kubeletDir": str(plugin_runner.plugin_dir),
         "cdi": {"enabled": True, "dir": str(cdi_dir)},
         "resources": resources or {RES: settings},
         "backends": options or {},
     }
-    cfg = load_config(raw=raw, env={})
-    daemon = Daemon(cfg, load_backends([backend], timeout=cfg.hook_timeout))
-    writer = CDIWriter(cfg.cdi["dir"])
-    writer.check(field="cdi.dir")
-    daemon.publishers.append(CDIPublisher(writer, cfg.resource_settings))
-    plugin_runner.daemons.append(daemon)  # stopped at teardown
-    await daemon.start()
-    return daemon
+    return await plugin_runner.start(backend, config=raw)
 
 
 def resolve(cdi_dir: Path, qualified: str) -> dict:
