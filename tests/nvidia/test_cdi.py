@@ -9,41 +9,21 @@ from pathlib import Path
 
 from hetero_dp_nvidia.backend import NvidiaBackend
 
-from hetero_dp.cdi import CDIWriter
-from hetero_dp.config import load_config
-from hetero_dp.daemon import Daemon
-from hetero_dp.delivery import CDIPublisher
-from hetero_dp.plugins import load_backends
 from tests.cdi.schema_check import assert_valid_cdi_spec
 
 KIND = "k8s.device-plugin.nvidia.com/gpu"
 
 
-async def start(plugin_runner, node, env, cdi_dir: Path) -> tuple[NvidiaBackend, Daemon]:
-    # What the core does with resource_defaults (not wired on main yet): each resource's
-    # settings default to the backend's answer.
-    probe = NvidiaBackend(environ=env)
-    probe.configure(node.options)
-    names = {d.resource for d in probe.discover()}
-    resources = {name: probe.resource_defaults(name) for name in names}
-    probe.shutdown()
-    raw = {
-        "healthInterval": 0,
-        "rediscoverInterval": 0,
-        "kubeletDir": str(plugin_runner.plugin_dir),
-        "cdi": {"enabled": True, "dir": str(cdi_dir)},
-        "resources": resources,
-        "backends": {"nvidia": node.options},
-    }
-    cfg = load_config(raw=raw, env={})
+async def start(plugin_runner, node, env, cdi_dir: Path) -> NvidiaBackend:
+    """Serve with CDI on; each resource's settings come from the backend's
+    resource_defaults (no ``resources`` section in the config)."""
     backend = NvidiaBackend(environ=env)
-    daemon = Daemon(cfg, load_backends([backend], timeout=cfg.hook_timeout))
-    writer = CDIWriter(cfg.cdi["dir"])
-    writer.check(field="cdi.dir")
-    daemon.publishers.append(CDIPublisher(writer, cfg.resource_settings))
-    plugin_runner.daemons.append(daemon)
-    await daemon.start()
-    return backend, daemon
+    await plugin_runner.start(
+        backend,
+        config={"cdi": {"enabled": True, "dir": str(cdi_dir)}},
+        options={"nvidia": node.options},
+    )
+    return backend
 
 
 def spec(cdi_dir: Path) -> dict:
@@ -96,3 +76,19 @@ async def test_cdi_annotations_with_prefix(fake_kubelet, plugin_runner, fake_nod
     assert key.startswith("nvidia.cdi.k8s.io/")
     assert value == f"{KIND}={node.uuid(1)},{KIND}={node.uuid(2)}"
     assert dict(r.envs) == {} and list(r.devices) == []
+
+
+async def test_config_resources_section_wins_over_backend_defaults(
+    fake_kubelet, plugin_runner, fake_node, tmp_path
+):
+    """Using nvidia-ctk's specs: CDI names only, kind nvidia.com/gpu, no specs written."""
+    node = fake_node("h100-8x.scn")
+    await plugin_runner.start(
+        NvidiaBackend(environ={"DEVICE_LIST_STRATEGY": "cdi-cri"}),
+        config={"resources": {"nvidia.com/gpu": {"cdiKind": "nvidia.com/gpu"}}},
+        options={"nvidia": node.options},
+    )
+    await fake_kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 8)
+    r = await fake_kubelet.allocate("nvidia.com/gpu", [node.uuid(0)])
+    assert [c.name for c in r.cdi_devices] == [f"nvidia.com/gpu={node.uuid(0)}"]
+    assert list(r.devices) == []
