@@ -6,6 +6,7 @@ separate so that records can be rebuilt for another strategy without NVML.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -115,7 +116,9 @@ def _optional(call: Any, *args: Any, what: str, device: str, default: Any) -> An
         return call(*args)
     except NVMLError as err:
         if err.value in (nvml.NOT_SUPPORTED, nvml.FUNCTION_NOT_FOUND):
-            log_once(f"{what}:{err.value}:{device[:4]}", explain(err, what, device))
+            # NOT_SUPPORTED is normal (MIG on a GPU without MIG); a missing function is not.
+            level = logging.INFO if err.value == nvml.NOT_SUPPORTED else logging.WARNING
+            log_once(f"{what}:{err.value}:{device[:4]}", explain(err, what, device), level)
             return default
         raise
 
