@@ -129,6 +129,15 @@ def _met(ok: Any) -> str:
     return {True: "yes", False: "**no**"}.get(ok, "-")
 
 
+def _flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(value, dict):
+        out: list[tuple[str, Any]] = []
+        for k, v in value.items():
+            out += _flatten(v, f"{prefix} / {k}" if prefix else str(k))
+        return out
+    return [(prefix, value)]
+
+
 def section(name: str, result: dict[str, Any] | None, error: str, seconds: float) -> list[str]:
     if result is None:
         return [f"## {name}", "", f"Failed ({seconds:.0f} s):", "", "```", error.strip(), "```", ""]
@@ -146,9 +155,10 @@ def section(name: str, result: dict[str, Any] | None, error: str, seconds: float
                 f"| {label} | {_num(r.get('value'), unit)} | {_num(r.get('floor'), unit)} "
                 f"| {_ratio(r.get('ratio'))} | {r.get('goal', '')} | {_met(r.get('ok'))} |"
             )
-    else:
+    else:  # a plain (possibly nested) mapping of figures
         lines += ["| Figure | Value |", "|---|---|"]
-        lines += [f"| {k} | {_num(v)} |" for k, v in result.items() if k not in ("title", "notes")]
+        plain = {k: v for k, v in result.items() if k not in ("title", "notes")}
+        lines += [f"| {k} | {_num(v)} |" for k, v in _flatten(plain)]
     notes = result.get("notes") or []
     if notes:
         lines.append("")
