@@ -41,6 +41,7 @@ from ..names import API_VERSION, CHECKPOINT_FILE, KUBELET_SOCKET, resource_name_
 log = logging.getLogger(__name__)
 
 DIAL_TIMEOUT = 10.0
+_CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
 
 
 @dataclass
@@ -211,7 +212,7 @@ class FakeKubelet:
         request_options: pb.DevicePluginOptions | None,
         mode: str,
     ) -> str | None:
-        channel = grpc.aio.insecure_channel(f"unix://{endpoint_path}")
+        channel = grpc.aio.insecure_channel(f"unix://{endpoint_path}", options=_CHANNEL_OPTIONS)
         try:
             stub = pb_grpc.DevicePluginStub(channel)
             options = await stub.GetDevicePluginOptions(
@@ -302,7 +303,7 @@ class FakeKubelet:
                 return
         except FileNotFoundError:
             return
-        async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
+        async with grpc.aio.insecure_channel(f"unix://{path}", options=_CHANNEL_OPTIONS) as channel:
             stub = reg_grpc.RegistrationStub(channel)
             try:
                 info = await stub.GetInfo(
