@@ -3,6 +3,8 @@ process does not grow (file descriptors, threads, memory) with the restarts."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from .conftest import SIM, simulated, vitals
@@ -51,3 +53,45 @@ async def test_restart_storm_short(fake_kubelet, plugin_runner):
 @pytest.mark.slow
 async def test_restart_storm_200(fake_kubelet, plugin_runner):
     await _storm(fake_kubelet, plugin_runner, 200)
+
+
+async def test_restart_storm_watcher_mode(fake_kubelet, plugin_runner):
+    """The same in watcher mode: the kubelet finds the plugin through plugins_registry."""
+    await plugin_runner.start(
+        simulated(), config={"registration": "watcher"}, options={"simulated": {"count": 2}}
+    )
+    await fake_kubelet.wait_registered(SIM)
+    assert fake_kubelet.registrations == [(SIM, "watcher")]
+    for _ in range(10):
+        await _restart(fake_kubelet, 2)
+    assert {mode for _, mode in fake_kubelet.registrations} == {"watcher"}
+    # the kubelet's first walk of plugins_registry may catch the old registration
+    # socket as the plugin replaces it; the new socket's creation registers it then
+    assert all(r.startswith("GetInfo on") for r in fake_kubelet.rejections)
+
+
+async def test_stream_drop_storm_stays_flat(fake_kubelet, plugin_runner):
+    """Streams dropped over and over: each time the plugin re-registers, and nothing
+    accumulates (servers, channels, watchdog tasks)."""
+    daemon = await plugin_runner.start(
+        simulated(), config={"streamTimeout": 0.05}, options={"simulated": {"count": 2}}
+    )
+    await fake_kubelet.wait_registered(SIM)
+
+    async def drop_and_recover():
+        before = fake_kubelet.registration_count(SIM)
+        await fake_kubelet.drop_stream(SIM)
+        await fake_kubelet.wait_registered(SIM, after=before, timeout=15)
+        await fake_kubelet.wait_devices(SIM, lambda d: len(d) == 2)
+
+    for _ in range(5):
+        await drop_and_recover()
+    base = vitals()
+    tasks_before = len(asyncio.all_tasks())
+    for _ in range(30):
+        await drop_and_recover()
+    end = vitals()
+    assert end.fds <= base.fds + FD_SLACK, (base, end)
+    assert end.threads <= base.threads + THREAD_SLACK, (base, end)
+    assert len(asyncio.all_tasks()) <= tasks_before + 2
+    assert daemon.endpoints[SIM].restarts == 35
