@@ -179,6 +179,8 @@ class PluginEndpoint:
 
     def _registered(self, mode: str) -> None:
         res = self.resource
+        if res.state.closed:  # the answer came as the server stops: it is void
+            return
         res.registered = True
         log.info("registered with the kubelet (%s mode)", mode, extra={"resource": res.name})
         observe.emit("registered", resource=res.name, mode=mode)
@@ -251,12 +253,15 @@ class PluginEndpoint:
             res = self.resource
             res.registered = False
             res.state.close()  # ends every ListAndWatch before the server stops
-            for task in self._tasks:
-                task.cancel()
-            for task in self._tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            self._tasks.clear()
+            # A registration that completes while we wait here starts a stream watchdog;
+            # loop until no task is left, or stopping waits out that watchdog's timeout.
+            while self._tasks:
+                tasks, self._tasks = self._tasks, []
+                for task in tasks:
+                    task.cancel()
+                for task in tasks:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             for server in (self._reg_server, self._server):
                 if server is not None:
                     await server.stop(STOP_GRACE)
