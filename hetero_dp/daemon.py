@@ -174,6 +174,8 @@ class Daemon:
             observe.emit("kubelet_restart", reason="kubelet.sock created")
             for ep in self.endpoints.values():
                 ep.notify_kubelet_appeared()
+                if ep.mode == "classic" and not ep.resource.registered:
+                    continue  # its registration loop is retrying and wakes now: no restart
                 ep.request_restart("kubelet.sock created")
             return
         if kind == "deleted":
