@@ -45,5 +45,8 @@ async def test_repeated_outages_reregister_promptly(fake_kubelet, plugin_runner)
                 ),
                 timeout=5,
             )
+            # once: the retrying registration goes through; nothing restarts on top of it
+            # (a second registration would end the first stream: Unhealthy for a moment)
+            assert fake_kubelet.registration_count(SIM) == before + 1
     finally:
         unsubscribe()
