@@ -174,7 +174,12 @@ class Daemon:
             observe.emit("kubelet_restart", reason="kubelet.sock created")
             for ep in self.endpoints.values():
                 ep.notify_kubelet_appeared()
-                if ep.mode == "classic" and not ep.resource.registered:
+                if (
+                    ep.mode == "classic"
+                    and not ep.resource.registered
+                    and not ep.changing
+                    and ep.socket_path.exists()  # the kubelet can dial back to it
+                ):
                     continue  # its registration loop is retrying and wakes now: no restart
                 ep.request_restart("kubelet.sock created")
             return
