@@ -154,6 +154,10 @@ class PluginEndpoint:
                 )
         finally:
             self._changing = False
+        if self._running and not self.socket_path.exists():
+            # deleted while we bound it: the daemon ignores deletions while we change,
+            # and the kubelet could never dial back to it
+            self.request_restart(f"socket {self.socket_name} deleted while starting")
 
     async def _start_registry_server(self) -> None:
         assert self.registry_socket is not None and self.registry_dir is not None
