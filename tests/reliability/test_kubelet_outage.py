@@ -5,6 +5,7 @@ register meanwhile, registers again at once when kubelet.sock reappears."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import stat
 
 from hetero_dp import observe
@@ -50,3 +51,24 @@ async def test_repeated_outages_reregister_promptly(fake_kubelet, plugin_runner)
             assert fake_kubelet.registration_count(SIM) == before + 1
     finally:
         unsubscribe()
+
+
+async def test_socket_deleted_at_any_point_of_a_restart(fake_kubelet, plugin_runner):
+    """The kubelet deletes the plugin's socket while the plugin is restarting its
+    server, at every point of that restart in turn: the plugin always ends up serving
+    on a socket that exists, registered and streaming."""
+    daemon = await plugin_runner.start(simulated(), config={"streamTimeout": 60})
+    await fake_kubelet.wait_registered(SIM)
+    endpoint = daemon.endpoints[SIM]
+    for step in range(45):
+        before = fake_kubelet.registration_count(SIM)
+        endpoint.request_restart("test")
+        for _ in range(step % 15):  # let the restart run this many loop steps
+            await asyncio.sleep(0)
+        with contextlib.suppress(FileNotFoundError):
+            endpoint.socket_path.unlink()  # as a restarting kubelet does
+        await fake_kubelet.wait_registered(SIM, after=before, timeout=5)
+        await fake_kubelet.wait_for(
+            lambda: fake_kubelet.resources[SIM].stream_open and endpoint.socket_path.exists(),
+            timeout=5,
+        )
