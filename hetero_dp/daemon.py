@@ -16,6 +16,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from . import observe
@@ -26,6 +27,7 @@ from .events import EventSink
 from .inotify import DirectoryWatcher
 from .kubelet.endpoint import PluginEndpoint
 from .names import KUBELET_SOCKET, resource_name_problem
+from .ops import Operations
 from .plugins import Backend
 from .resource import Resource
 from .sharing import advertise
@@ -94,11 +96,16 @@ class Daemon:
         self._started = False
         self._stop_event = asyncio.Event()
         self.ready = asyncio.Event()
+        # --- operations: metrics, probes, labels, reload (hetero_dp/ops.py) ---
+        self.config_path: Path | None = None  # set with config_loader to enable reload
+        self.config_loader: Callable[[], Config] | None = None
+        self.ops = Operations(self)
 
     # --- start-up --------------------------------------------------------
 
     async def start(self) -> None:
         """Configure, discover, validate, then serve and register. ConfigError = bad setup."""
+        await self.ops.start()  # probes first: /readyz says "starting" meanwhile
         for b in self.backends:
             b.timeout = self.config.hook_timeout
             b.options = self.config.backend_options(b.name)
@@ -463,6 +470,14 @@ class Daemon:
             log.info("restarted the health watcher of backend %r", rt.backend.name)
             self._spawn(self._publish(rt))
 
+    # --- reload (hetero_dp/reload.py) ------------------------------------
+
+    async def apply_config(self, new: Config) -> dict[str, list[str]]:
+        """Apply a new config while running; ConfigError (and the old one kept) if it cannot."""
+        from .reload import apply_config
+
+        return await apply_config(self, new)
+
     # --- shutdown --------------------------------------------------------
 
     def request_stop(self) -> None:
@@ -473,6 +488,7 @@ class Daemon:
 
     async def stop(self) -> None:
         """End streams, stop servers, remove own sockets, shut backends down."""
+        await self.ops.stop()
         for rt in self.runtimes.values():
             if rt.sink is not None:
                 rt.sink.stopping.set()

@@ -1,0 +1,292 @@
+"""Hot reload: SIGHUP or a change of the config file applies the new config.
+
+An invalid new config (bad YAML, a bad field, a backend refusing its options)
+is rejected with the reason and the old one stays in force. A valid one is
+applied with the least disturbance: only resources whose settings changed
+restart (stop, serve, re-register); backends whose options changed are
+re-configured and rediscover; every other ListAndWatch stream stays open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import observe
+from .config import Config
+from .errors import BackendError, ConfigError
+from .inotify import DirectoryWatcher
+from .probes import parse_address
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
+    from .plugins import Backend
+
+log = logging.getLogger(__name__)
+
+# Settings that decide where sockets live: changing them needs a restart of the daemon.
+FIXED = {
+    "kubelet_dir": "kubeletDir",
+    "plugins_registry_dir": "pluginsRegistryDir",
+    "registration": "registration",
+    "socket_prefix": "socketPrefix",
+}
+DEBOUNCE = 0.2  # editors write in several steps; read the file once they are done
+CONFIGMAP_DATA = "..data"  # a mounted ConfigMap changes by swapping this symlink
+
+
+async def configure_backend(b: Backend, options: Mapping[str, Any]) -> None:
+    """Call the backend's ``configure`` hook; ConfigError naming the backend on refusal."""
+    try:
+        await b.call("configure", options=options)
+    except ConfigError as e:
+        raise ConfigError(e.reason, field=e.field, source=e.source or f"backend {b.name}") from None
+    except (ValueError, BackendError) as e:
+        raise ConfigError(str(e), source=f"backend {b.name}") from None
+    b.options = options
+
+
+def _sharing_entries(raw: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``sharing.timeSlicing.resources`` by name (NVIDIA's schema), plus the global keys."""
+    if not isinstance(raw, Mapping):
+        return {}
+    ts = raw.get("timeSlicing") or {}
+    if not isinstance(ts, Mapping):
+        return {}
+    out: dict[str, Any] = {}
+    for entry in ts.get("resources") or []:
+        if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
+            out[entry["name"]] = dict(entry)
+    out[""] = {k: v for k, v in ts.items() if k != "resources"}
+    return out
+
+
+def _sharing_affected(old: Config, new: Config) -> set[str] | None:
+    """Resource names whose sharing changed; None means all of them."""
+    if old.sharing == new.sharing:
+        return set()
+    # the sharing schema is NVIDIA's; anything we cannot read restarts every resource
+    a = _sharing_entries(getattr(old.sharing, "raw", None))
+    b = _sharing_entries(getattr(new.sharing, "raw", None))
+    if a.get("") != b.get(""):
+        return None
+    names: set[str] = set()
+    for name in set(a) | set(b):
+        if a.get(name) != b.get(name):
+            for entry in (a.get(name), b.get(name)):
+                names.add(name)
+                names.add(f"{name}.shared")
+                if entry and isinstance(entry.get("rename"), str):
+                    names.add(entry["rename"])
+    if not names:  # the sharing objects differ in a way we cannot attribute: be safe
+        return None
+    return names
+
+
+def _restart_loop_tasks(daemon: Daemon, old: Config, new: Config) -> None:
+    loop = asyncio.get_running_loop()
+    tasks = daemon._tasks
+    if old.health_interval != new.health_interval:
+        for t in [t for t in tasks if t.get_name() == "health poll"]:
+            t.cancel()
+            tasks.remove(t)
+        if new.health_interval > 0:
+            tasks.append(loop.create_task(daemon._health_loop(), name="health poll"))
+    if old.rediscover_interval != new.rediscover_interval:
+        for rt in daemon.runtimes.values():
+            name = f"rediscover {rt.backend.name}"
+            for t in [t for t in tasks if t.get_name() == name]:
+                t.cancel()
+                tasks.remove(t)
+            tasks.append(loop.create_task(daemon._rediscover_loop(rt), name=name))
+
+
+async def apply_config(daemon: Daemon, new: Config) -> dict[str, list[str]]:
+    """Apply ``new`` to a running daemon; ConfigError (old config kept) if it cannot be.
+
+    Returns what was done: ``{"restarted": [resources], "reconfigured": [backends]}``.
+    """
+    old = daemon.config
+    for attr, key in FIXED.items():
+        if getattr(old, attr) != getattr(new, attr):
+            raise ConfigError(
+                f"cannot change while running (was {getattr(old, attr)}, now "
+                f"{getattr(new, attr)}); restart the daemon to apply it",
+                field=key,
+                source=new.source,
+            )
+    if new.metrics.get("address"):
+        try:
+            parse_address(str(new.metrics["address"]))
+        except ConfigError as e:
+            raise ConfigError(e.reason, field=e.field, source=new.source) from None
+
+    # Backends first: the only step a backend can refuse, so roll back on refusal.
+    changed = [
+        b for b in daemon.backends if old.backend_options(b.name) != new.backend_options(b.name)
+    ]
+    done: list[Backend] = []
+    for b in changed:
+        try:
+            await configure_backend(b, new.backend_options(b.name))
+        except ConfigError:
+            for ok in done:
+                try:
+                    await configure_backend(ok, old.backend_options(ok.name))
+                except ConfigError as e:
+                    log.error("restoring the old options of backend %r failed: %s", ok.name, e)
+            raise
+        done.append(b)
+
+    # From here on nothing refuses.
+    daemon.config = new
+    for b in daemon.backends:
+        b.timeout = new.hook_timeout
+    for ep in daemon.endpoints.values():
+        ep.stream_timeout = new.stream_timeout
+    _restart_loop_tasks(daemon, old, new)
+    if (old.log_level, old.log_format) != (new.log_level, new.log_format):
+        from .logs import setup_logging
+
+        setup_logging(new.log_level, new.log_format)
+
+    restart = {
+        name
+        for name in daemon.resources
+        if old.resource_settings(name) != new.resource_settings(name)
+    }
+    affected = _sharing_affected(old, new)
+    if affected is None:
+        affected = set(daemon.resources)
+    for res in daemon.resources.values():
+        res.sharing = new.sharing
+        res.settings = new.resource_settings(res.name)
+    restart |= affected & set(daemon.resources)
+
+    for b in changed:
+        await daemon.rediscover(b.name)
+    if old.sharing != new.sharing or old.cdi != new.cdi:
+        for rt in daemon.runtimes.values():
+            await daemon._publish(rt)
+    for name in sorted(restart):
+        if name in daemon.endpoints:
+            daemon.endpoints[name].request_restart("its configuration changed")
+    await daemon.ops.apply(old, new)
+    summary = {"restarted": sorted(restart), "reconfigured": [b.name for b in changed]}
+    log.info(
+        "applied the new config from %s: restarted %s; re-configured %s",
+        new.source,
+        ", ".join(summary["restarted"]) or "no resources",
+        ", ".join(summary["reconfigured"]) or "no backends",
+    )
+    return summary
+
+
+class ConfigReloader:
+    """Re-reads the config on SIGHUP and when its file changes; applies or rejects it."""
+
+    def __init__(
+        self,
+        daemon: Daemon,
+        path: str | Path,
+        loader: Callable[[], Config],
+        *,
+        handle_sighup: bool = True,
+    ) -> None:
+        self.daemon = daemon
+        self.path = Path(path)
+        self.loader = loader
+        self.handle_sighup = handle_sighup
+        self.results: list[str] = []  # "applied" / "unchanged" / "rejected: why", in order
+        self._wanted = asyncio.Event()
+        self._forced = False
+        self._last = self._read()
+        self._watcher: DirectoryWatcher | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._sighup = False
+        self._done = asyncio.Condition()
+
+    def _read(self) -> bytes | None:
+        try:
+            return self.path.read_bytes()
+        except OSError:
+            return None
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self.handle_sighup and threading.current_thread() is threading.main_thread():
+            loop.add_signal_handler(signal.SIGHUP, self.request, True)
+            self._sighup = True
+        self._watcher = DirectoryWatcher(self.path.parent, self._on_event, modified=True)
+        self._watcher.start()
+        self._task = loop.create_task(self._run(), name="config reload")
+
+    async def stop(self) -> None:
+        if self._sighup:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+            self._sighup = False
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def request(self, force: bool = False) -> None:
+        """Ask for a reload (``force``: even if the file's bytes did not change)."""
+        self._forced = self._forced or force
+        self._wanted.set()
+
+    def _on_event(self, name: str, kind: str) -> None:
+        if kind in ("created", "modified") and name in (self.path.name, CONFIGMAP_DATA):
+            self.request()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wanted.wait()
+            await self.daemon.ready.wait()  # a reload during start-up waits for it
+            while self._wanted.is_set():  # quiet period: coalesce a burst of writes
+                self._wanted.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wanted.wait(), DEBOUNCE)
+            forced, self._forced = self._forced, False
+            await self.reload(force=forced)
+
+    async def reload(self, *, force: bool = False) -> str:
+        """Load and apply the config now; returns ``applied``, ``unchanged`` or ``rejected``."""
+        data = self._read()
+        if data is not None and data == self._last and not force:
+            return await self._record("unchanged", "")
+        try:
+            new = self.loader()
+            summary = await self.daemon.apply_config(new)
+        except ConfigError as e:
+            log.error("config reload rejected, keeping the old config: %s", e)
+            return await self._record("rejected", str(e))
+        self._last = data
+        return await self._record("applied", repr(summary))
+
+    async def _record(self, result: str, detail: str) -> str:
+        observe.emit("config_reload", result=result, reason=detail)
+        self.results.append(f"{result}: {detail}" if detail else result)
+        async with self._done:
+            self._done.notify_all()
+        return result
+
+    async def wait_results(self, count: int, timeout: float = 10.0) -> list[str]:
+        """Wait until ``count`` reloads have finished (for tests and tools)."""
+
+        async def waiter() -> None:
+            async with self._done:
+                await self._done.wait_for(lambda: len(self.results) >= count)
+
+        await asyncio.wait_for(waiter(), timeout)
+        return self.results
