@@ -104,5 +104,5 @@ def test_parse_address(text, expected):
 
 @pytest.mark.parametrize("text", ["9435", "host:", "host:http", ":70000"])
 def test_parse_address_rejects(text):
-    with pytest.raises(ConfigError, match="metrics.address"):
+    with pytest.raises(ConfigError, match=r"metrics\.address"):
         parse_address(text)

@@ -1,0 +1,161 @@
+"""Hot reload: changed resources restart, the others keep their streams; bad configs
+are rejected and the old one stays in force."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import yaml
+from hetero_dp_simulated.backend import SimulatedBackend
+
+from hetero_dp.config import load_config
+from hetero_dp.errors import ConfigError
+from hetero_dp.reload import ConfigReloader
+from tests.core.scripted import Scripted, make_devices
+
+from .helpers import wait_ready
+
+A = "example.com/a"
+B = "example.com/b"
+SIM = "hetero-dp.io/sim"
+
+
+def base_doc(kubelet, **extra):
+    doc = {
+        "kubeletDir": str(kubelet.plugin_dir),
+        "pluginsRegistryDir": str(kubelet.registry_dir),
+        "healthInterval": 0,
+        "rediscoverInterval": 0,
+        "resources": {A: {"preferredAllocation": True}, B: {"preferredAllocation": True}},
+    }
+    doc.update(extra)
+    return doc
+
+
+async def start_two(fake_kubelet, plugin_runner, doc):
+    backend = Scripted(make_devices(A, 2) + make_devices(B, 2, prefix="b"))
+    daemon = await plugin_runner.start(backend, config=doc)
+    await fake_kubelet.wait_registered(A)
+    await fake_kubelet.wait_registered(B)
+    await wait_ready(daemon)
+    return backend, daemon
+
+
+async def test_reload_restarts_only_the_changed_resource(fake_kubelet, plugin_runner):
+    doc = base_doc(fake_kubelet)
+    _, daemon = await start_two(fake_kubelet, plugin_runner, doc)
+    res_b = fake_kubelet.resources[B]
+    updates_b = res_b.updates
+    assert fake_kubelet.resources[A].options.get_preferred_allocation_available is True
+
+    doc["resources"][A] = {"preferredAllocation": False}
+    summary = await daemon.apply_config(load_config(raw=doc, env={}))
+    assert summary == {"restarted": [A], "reconfigured": []}
+
+    res_a = await fake_kubelet.wait_registered(A, after=1)
+    assert res_a.options.get_preferred_allocation_available is False  # new options reached it
+    await wait_ready(daemon)
+    # B never noticed: same registration, same stream, no new device list
+    assert fake_kubelet.registration_count(B) == 1
+    assert fake_kubelet.resources[B] is res_b
+    assert res_b.stream_open and not res_b.stream_ended
+    assert res_b.updates == updates_b
+    assert daemon.resources[A].settings == {"preferredAllocation": False}
+
+
+async def test_reload_with_changed_backend_options_rediscovers_without_restart(
+    fake_kubelet, plugin_runner
+):
+    doc = base_doc(fake_kubelet, backends={"simulated": {"count": 2}})
+    del doc["resources"]
+    daemon = await plugin_runner.start(SimulatedBackend(), config=doc)
+    res = await fake_kubelet.wait_registered(SIM)
+    await fake_kubelet.wait_devices(SIM, lambda d: len(d) == 2)
+
+    doc["backends"]["simulated"]["count"] = 5
+    summary = await daemon.apply_config(load_config(raw=doc, env={}))
+    assert summary == {"restarted": [], "reconfigured": ["simulated"]}
+    await fake_kubelet.wait_devices(SIM, lambda d: len(d) == 5)
+    assert fake_kubelet.registration_count(SIM) == 1 and fake_kubelet.resources[SIM] is res
+
+    # a backend refusing its new options: rejected, old options and devices kept
+    doc["backends"]["simulated"]["count"] = -1
+    old = daemon.config
+    with pytest.raises(ConfigError, match=r"backends.simulated.count"):
+        await daemon.apply_config(load_config(raw=doc, env={}))
+    assert daemon.config is old
+    await daemon.rediscover()
+    assert len(fake_kubelet.resources[SIM].devices) == 5
+
+
+async def test_socket_settings_cannot_change_while_running(fake_kubelet, plugin_runner):
+    doc = base_doc(fake_kubelet)
+    _, daemon = await start_two(fake_kubelet, plugin_runner, doc)
+    old = daemon.config
+    doc["socketPrefix"] = "other"
+    with pytest.raises(ConfigError, match=r"socketPrefix.*restart the daemon"):
+        await daemon.apply_config(load_config(raw=doc, env={}))
+    assert daemon.config is old
+
+
+async def test_file_change_and_sighup_reload_and_invalid_files_are_rejected(
+    fake_kubelet, plugin_runner, tmp_path
+):
+    path = tmp_path / "config.yaml"
+    doc = base_doc(fake_kubelet)
+    path.write_text(yaml.safe_dump(doc))
+    _, daemon = await start_two(fake_kubelet, plugin_runner, load_config(path, env={}).raw)
+    reloader = ConfigReloader(daemon, path, lambda: load_config(path, env={}))
+    reloader.start()
+    try:
+        original = daemon.config
+        res_a, res_b = fake_kubelet.resources[A], fake_kubelet.resources[B]
+
+        path.write_text("resources: [unclosed\n")  # broken YAML
+        results = await reloader.wait_results(1)
+        assert results[0].startswith("rejected: ") and "invalid YAML" in results[0]
+        assert str(path) in results[0]
+        doc_bad = dict(doc, healthInterval="often")  # a bad field
+        path.write_text(yaml.safe_dump(doc_bad))
+        results = await reloader.wait_results(2)
+        assert "healthInterval" in results[1] and "expected a number" in results[1]
+        assert daemon.config is original  # the old config stays in force
+        assert fake_kubelet.resources[A] is res_a and res_a.stream_open
+        assert fake_kubelet.resources[B] is res_b and res_b.stream_open
+
+        doc["resources"][B] = {"preferredAllocation": False}
+        tmp = tmp_path / "config.yaml.new"  # the way editors and ConfigMaps replace files
+        tmp.write_text(yaml.safe_dump(doc))
+        os.replace(tmp, path)
+        results = await reloader.wait_results(3)
+        assert results[2].startswith("applied") and B in results[2]
+        await fake_kubelet.wait_registered(B, after=1)
+        assert fake_kubelet.registration_count(A) == 1 and res_a.stream_open
+        assert daemon.config.resources[B] == {"preferredAllocation": False}
+
+        assert reloader._sighup, "SIGHUP handler must be installed in the main thread"
+        os.kill(os.getpid(), signal.SIGHUP)  # same bytes: SIGHUP still reloads
+        results = await reloader.wait_results(4)
+        assert results[3].startswith("applied")
+        assert "'restarted': []" in results[3]  # nothing changed, nothing restarted
+        assert fake_kubelet.registration_count(B) == 2
+    finally:
+        await reloader.stop()
+
+
+async def test_health_interval_reload_starts_polling(fake_kubelet, plugin_runner):
+    doc = base_doc(fake_kubelet)
+    backend, daemon = await start_two(fake_kubelet, plugin_runner, doc)
+    assert not [t for t in daemon._tasks if t.get_name() == "health poll"]
+    doc["healthInterval"] = 0.05
+    await daemon.apply_config(load_config(raw=doc, env={}))
+    backend.unhealthy["dev1"] = "polled after reload"
+    await fake_kubelet.wait_devices(A, lambda d: not d["dev1"].healthy)
+    assert fake_kubelet.registration_count(A) == 1
+
+    doc["healthInterval"] = 0
+    await daemon.apply_config(load_config(raw=doc, env={}))
+    polls = [t for t in daemon._tasks if t.get_name() == "health poll"]
+    assert polls == []
