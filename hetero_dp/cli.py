@@ -6,6 +6,7 @@ import asyncio
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import click
@@ -66,6 +67,11 @@ def main() -> None:
 @click.option("--rediscover-interval", type=float, help="Seconds between rediscoveries (0: off).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--log-format", type=click.Choice(["text", "json"]))
+@click.option(
+    "--metrics-address",
+    envvar="HETERO_DP_METRICS_ADDRESS",
+    help="Serve /metrics, /healthz, /readyz on HOST:PORT or :PORT (config metrics.address).",
+)
 def run(
     backends: tuple[str, ...],
     config: str | None,
@@ -77,26 +83,33 @@ def run(
     rediscover_interval: float | None,
     log_level: str | None,
     log_format: str | None,
+    metrics_address: str | None,
 ) -> None:
-    """Serve BACKENDS (installed names or .py files) to the kubelet until SIGTERM."""
+    """Serve BACKENDS (installed names or .py files) to the kubelet until SIGTERM.
+
+    With --config, SIGHUP or a change of the file reloads it in place."""
     from .daemon import Daemon
     from .logs import setup_logging
     from .plugins import load_backends
 
+    flags: dict[str, Any] = dict(
+        kubeletDir=kubelet_dir,
+        registration=registration,
+        pluginsRegistryDir=plugins_registry_dir,
+        healthInterval=health_interval,
+        rediscoverInterval=rediscover_interval,
+        logLevel=log_level,
+        logFormat=log_format,
+    )
+    if metrics_address:
+        flags["metrics"] = {"address": metrics_address}
     try:
-        cfg = _config(
-            config,
-            options,
-            kubeletDir=kubelet_dir,
-            registration=registration,
-            pluginsRegistryDir=plugins_registry_dir,
-            healthInterval=health_interval,
-            rediscoverInterval=rediscover_interval,
-            logLevel=log_level,
-            logFormat=log_format,
-        )
+        cfg = _config(config, options, **flags)
         setup_logging(cfg.log_level, cfg.log_format)
         daemon = Daemon(cfg, load_backends(backends, timeout=cfg.hook_timeout))
+        if config:  # hot reload (hetero_dp/reload.py): the same sources, read again
+            daemon.config_path = Path(config)
+            daemon.config_loader = lambda: _config(config, options, **flags)
         asyncio.run(daemon.run())
     except ConfigError as e:
         _fail_config(e)
@@ -131,6 +144,56 @@ def demo(count: int) -> None:
     from .demo import run_demo
 
     sys.exit(asyncio.run(run_demo(count, echo=click.echo)))
+
+
+@main.command()
+@click.argument("backends", nargs=-1)
+@config_option
+@set_option_flag
+@click.option("--root", default="/", show_default=True, help="Read every path under this dir.")
+@click.option("--kubelet-dir", help="Device-plugin dir (default: the config's kubeletDir).")
+@click.option("--containerd-config", default="/etc/containerd/config.toml", show_default=True)
+@click.option("--docker-config", default="/etc/docker/daemon.json", show_default=True)
+@click.option("--cdi-dir", "cdi_dirs", multiple=True, help="CDI spec dirs (repeatable).")
+@click.option("--daemon-address", help="Where to ask /readyz (default: metrics.address).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def doctor(
+    backends: tuple[str, ...],
+    config: str | None,
+    options: tuple[str, ...],
+    root: str,
+    kubelet_dir: str | None,
+    containerd_config: str,
+    docker_config: str,
+    cdi_dirs: tuple[str, ...],
+    daemon_address: str | None,
+    as_json: bool,
+) -> None:
+    """Walk the node's troubleshooting chain: driver, devices, container runtime,
+    kubelet sockets, the running daemon, CDI specs, labels. Exits 1 on any failure."""
+    from .doctor import DoctorSettings, exit_code, render_json, render_text, run_doctor
+    from .plugins import load_backends
+
+    try:
+        cfg = _config(config, options, kubeletDir=kubelet_dir)
+        loaded = load_backends(backends, timeout=cfg.hook_timeout)
+    except ConfigError as e:
+        _fail_config(e)
+        return
+    settings = DoctorSettings(
+        root=Path(root),
+        containerd_config=containerd_config,
+        docker_config=docker_config,
+        cdi_dirs=cdi_dirs,
+        daemon_address=daemon_address or "",
+    )
+    try:
+        findings = asyncio.run(run_doctor(cfg, loaded, settings))
+    finally:
+        for b in loaded:
+            b.close()
+    click.echo(render_json(findings) if as_json else render_text(findings))
+    sys.exit(exit_code(findings))
 
 
 if __name__ == "__main__":

@@ -207,7 +207,13 @@ def load_config(
     cfg.sharing = parse_sharing(raw.get("sharing"), source)
     cfg.resources = _resources(raw.get("resources"), source)
     for section in SECTION_KEYS:
-        setattr(cfg, section, _section(section, raw.get(section), source))
+        value = _section(section, raw.get(section), source)
+        # flags such as --metrics-address override single keys of a section
+        given = {k: v for k, v in _mapping(flags.get(section), section, "flags").items() if v}
+        if given:
+            parsed = _section(section, given, f"flag --{section}")
+            value.update({k: parsed[k] for k in given})
+        setattr(cfg, section, value)
     return cfg
 
 
