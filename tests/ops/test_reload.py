@@ -159,3 +159,46 @@ async def test_health_interval_reload_starts_polling(fake_kubelet, plugin_runner
     await daemon.apply_config(load_config(raw=doc, env={}))
     polls = [t for t in daemon._tasks if t.get_name() == "health poll"]
     assert polls == []
+
+
+async def test_reload_turns_metrics_and_labels_on_without_touching_streams(
+    fake_kubelet, plugin_runner, tmp_path
+):
+    from .helpers import http_get, port_of
+
+    doc = base_doc(fake_kubelet)
+    _, daemon = await start_two(fake_kubelet, plugin_runner, doc)
+    assert daemon.ops.server is None and daemon.ops.labels is None
+    doc["metrics"] = {"address": "127.0.0.1:0"}
+    doc["labels"] = {"enabled": True, "dir": str(tmp_path / "features.d")}
+    summary = await daemon.apply_config(load_config(raw=doc, env={}))
+    assert summary == {"restarted": [], "reconfigured": []}
+    status, body = await http_get(port_of(daemon), "/readyz")
+    assert status == 200 and f"{A}: ready" in body
+    text = (tmp_path / "features.d" / "hetero-dp").read_text()
+    assert f"{A}.count=2\n{B}.count=2\n" == text
+    assert fake_kubelet.registration_count(A) == fake_kubelet.registration_count(B) == 1
+
+    doc["labels"] = {"enabled": False}
+    await daemon.apply_config(load_config(raw=doc, env={}))
+    assert not (tmp_path / "features.d" / "hetero-dp").exists()
+
+
+def test_sharing_changes_are_attributed_to_their_resources():
+    from hetero_dp.reload import _sharing_affected
+
+    def cfg(sharing):
+        return load_config(raw={"sharing": sharing}, env={})
+
+    one = {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}
+    two = {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}
+    renamed = {
+        "timeSlicing": {
+            "resources": [{"name": "nvidia.com/gpu", "replicas": 2, "rename": "nvidia.com/shared"}]
+        }
+    }
+    assert _sharing_affected(cfg(one), cfg(one)) == set()
+    assert _sharing_affected(cfg(one), cfg(two)) == {"nvidia.com/gpu", "nvidia.com/gpu.shared"}
+    assert "nvidia.com/shared" in _sharing_affected(cfg(one), cfg(renamed))
+    strict = {"timeSlicing": {**one["timeSlicing"], "failRequestsGreaterThanOne": True}}
+    assert _sharing_affected(cfg(one), cfg(strict)) is None  # a global change: every resource
