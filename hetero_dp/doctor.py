@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from . import cdi as _cdi
+from .cdi import device_name_problem, kind_problem
 from .config import Config
 from .errors import BackendError, ConfigError
 from .labels import label_problem
@@ -577,8 +577,6 @@ def _daemon(config: Config, settings: DoctorSettings) -> list[Finding]:
 # --- CDI specs -------------------------------------------------------------------------------
 
 _SEMVER = re.compile(r"^\d+\.\d+\.\d+$")
-_KIND = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.:]*[A-Za-z0-9])?$")
 EDIT_KEYS = {
     "env",
     "deviceNodes",
@@ -617,14 +615,9 @@ def spec_problems(doc: Any) -> list[str]:
     version = doc.get("cdiVersion")
     if not isinstance(version, str) or not _SEMVER.match(version):
         out.append(f"cdiVersion {version!r} is not a version like '0.6.0'")
-    kind = doc.get("kind")
-    kind_problem = getattr(_cdi, "kind_problem", None)  # the CDI module's rules when present
-    if kind_problem is not None:
-        problem = kind_problem(kind)
-        if problem:
-            out.append(problem)
-    elif not isinstance(kind, str) or not _KIND.match(kind):
-        out.append(f"kind {kind!r} is not 'vendor.com/class'")
+    problem = kind_problem(doc.get("kind"))  # the same rules our spec writer follows
+    if problem:
+        out.append(problem)
     devices = doc.get("devices")
     if not isinstance(devices, list) or not devices:
         out.append("devices must be a non-empty list")
@@ -635,12 +628,13 @@ def spec_problems(doc: Any) -> list[str]:
             out.append(f"devices[{i}] is not a mapping")
             continue
         name = dev.get("name")
-        if not isinstance(name, str) or not _NAME.match(name):
-            out.append(f"devices[{i}]: name {name!r} is not a valid CDI device name")
+        problem = device_name_problem(name)
+        if problem:
+            out.append(f"devices[{i}]: {problem}")
         elif name in seen:
             out.append(f"devices[{i}]: device {name!r} defined twice")
         else:
-            seen.add(name)
+            seen.add(str(name))
         edits = dev.get("containerEdits")
         if not edits:
             out.append(f"devices[{i}] ({name}): containerEdits must not be empty")

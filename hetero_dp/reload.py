@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import observe
+from .cdi import CDIWriter
 from .config import Config
+from .delivery import CDIPublisher
 from .errors import BackendError, ConfigError
 from .inotify import DirectoryWatcher
 from .probes import parse_address
@@ -107,6 +109,28 @@ def _restart_loop_tasks(daemon: Daemon, old: Config, new: Config) -> None:
             tasks.append(loop.create_task(daemon._rediscover_loop(rt), name=name))
 
 
+def _check_cdi(old: Config, new: Config) -> CDIWriter | None:
+    """A writer for the new ``cdi`` section, checked before anything changes."""
+    if old.cdi == new.cdi or not new.cdi.get("enabled"):
+        return None
+    writer = CDIWriter(new.cdi["dir"])
+    try:
+        writer.check(field="cdi.dir")
+    except ConfigError as e:
+        raise ConfigError(e.reason, field=e.field, source=new.source) from None
+    return writer
+
+
+def _swap_cdi_publisher(daemon: Daemon, writer: CDIWriter | None) -> None:
+    for old in [p for p in daemon.publishers if isinstance(p, CDIPublisher)]:
+        daemon.publishers.remove(old)
+        for kind in list(old._devices):  # specs nobody keeps up to date any more
+            with contextlib.suppress(OSError):
+                old.writer.remove(kind)
+    if writer is not None:
+        daemon.publishers.append(CDIPublisher(writer, daemon.settings_for))
+
+
 async def apply_config(daemon: Daemon, new: Config) -> dict[str, list[str]]:
     """Apply ``new`` to a running daemon; ConfigError (old config kept) if it cannot be.
 
@@ -144,6 +168,8 @@ async def apply_config(daemon: Daemon, new: Config) -> dict[str, list[str]]:
             raise
         done.append(b)
 
+    cdi_writer = _check_cdi(old, new)
+
     # From here on nothing refuses.
     daemon.config = new
     for b in daemon.backends:
@@ -166,13 +192,16 @@ async def apply_config(daemon: Daemon, new: Config) -> dict[str, list[str]]:
         affected = set(daemon.resources)
     for res in daemon.resources.values():
         res.sharing = new.sharing
-        res.settings = new.resource_settings(res.name)
+        res.settings = daemon.settings_for(res.name)  # backend defaults under the new section
     restart |= affected & set(daemon.resources)
+    if old.cdi != new.cdi:
+        _swap_cdi_publisher(daemon, cdi_writer)
 
     for b in changed:
         await daemon.rediscover(b.name)
-    if old.sharing != new.sharing or old.cdi != new.cdi:
-        for rt in daemon.runtimes.values():
+    # publish again: CDI specs and labels follow new settings; streams wake only on change
+    for rt in daemon.runtimes.values():
+        if rt.backend not in changed:
             await daemon._publish(rt)
     for name in sorted(restart):
         if name in daemon.endpoints:
