@@ -202,3 +202,30 @@ def test_sharing_changes_are_attributed_to_their_resources():
     assert "nvidia.com/shared" in _sharing_affected(cfg(one), cfg(renamed))
     strict = {"timeSlicing": {**one["timeSlicing"], "failRequestsGreaterThanOne": True}}
     assert _sharing_affected(cfg(one), cfg(strict)) is None  # a global change: every resource
+
+
+async def test_reload_turns_cdi_delivery_on_and_off(fake_kubelet, plugin_runner):
+    from hetero_dp.testing import short_tempdir
+
+    cdi_dir = short_tempdir("hdp-cdi-")
+    doc = base_doc(fake_kubelet, backends={"simulated": {"count": 2}})
+    del doc["resources"]
+    daemon = await plugin_runner.start(SimulatedBackend(), config=doc)
+    await fake_kubelet.wait_registered(SIM)
+    assert list(cdi_dir.iterdir()) == []
+
+    doc["cdi"] = {"enabled": True, "dir": str(cdi_dir)}
+    doc["resources"] = {SIM: {"deliver": ["cdi-cri"]}}
+    summary = await daemon.apply_config(load_config(raw=doc, env={}))
+    assert summary["restarted"] == [SIM]
+    specs = list(cdi_dir.iterdir())
+    assert len(specs) == 1 and "sim0" in specs[0].read_text()
+    await fake_kubelet.wait_registered(SIM, after=1)
+    resp = await fake_kubelet.allocate(SIM, ["sim1"])
+    assert [c.name for c in resp.cdi_devices] == [f"{SIM}=sim1"]
+
+    doc["cdi"] = {"enabled": False}
+    doc["resources"] = {}
+    await daemon.apply_config(load_config(raw=doc, env={}))
+    assert list(cdi_dir.iterdir()) == []  # nobody keeps that spec up to date any more
+    cdi_dir.rmdir()
