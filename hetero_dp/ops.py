@@ -8,6 +8,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from .config import Config
+from .errors import ConfigError
 from .labels import LabelWriter
 from .metrics import Metrics
 from .probes import ProbeServer
@@ -26,6 +27,7 @@ class Operations:
         self.server: ProbeServer | None = None
         self.labels: LabelWriter | None = None
         self.reloader: ConfigReloader | None = None
+        self._pending: ProbeServer | None = None  # bound by prepare(), installed by apply()
 
     async def start(self) -> None:
         """Before the daemon's first publish: probes answer "starting", labels follow."""
@@ -44,11 +46,40 @@ class Operations:
         await self._stop_server()
         self._stop_labels()
 
+    async def prepare(self, old: Config, new: Config) -> None:
+        """Before a reload commits: bind the new probe address (ConfigError if it cannot)."""
+        if old.metrics == new.metrics or not new.metrics.get("address"):
+            return
+        metrics = self.metrics or Metrics(self.daemon)  # counters survive an address change
+        server = ProbeServer(self.daemon, str(new.metrics["address"]), metrics)
+        try:
+            await server.start()
+        except ConfigError as e:
+            if metrics is not self.metrics:
+                metrics.close()
+            raise ConfigError(e.reason, field=e.field, source=new.source) from None
+        self._pending = server
+
+    async def discard(self) -> None:
+        """The reload was rejected after :meth:`prepare`: drop what it bound."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            await pending.stop()
+            if pending.metrics is not self.metrics and pending.metrics is not None:
+                pending.metrics.close()
+
     async def apply(self, old: Config, new: Config) -> None:
         """Follow a reloaded config: restart only the parts whose section changed."""
         if old.metrics != new.metrics:
-            await self._stop_server()
-            await self._start_server(new)
+            pending, self._pending = self._pending, None
+            if self.server is not None:
+                await self.server.stop()
+                self.server = None
+            if pending is None and self.metrics is not None:
+                self.metrics.close()
+                self.metrics = None
+            if pending is not None:
+                self.server, self.metrics = pending, pending.metrics
         if old.labels != new.labels:
             self._stop_labels()
             self._start_labels(new)

@@ -109,6 +109,26 @@ def _restart_loop_tasks(daemon: Daemon, old: Config, new: Config) -> None:
             tasks.append(loop.create_task(daemon._rediscover_loop(rt), name=name))
 
 
+async def _configure_changed(daemon: Daemon, old: Config, new: Config) -> list[Backend]:
+    """Re-configure the backends whose options changed; all or none (rolled back)."""
+    changed = [
+        b for b in daemon.backends if old.backend_options(b.name) != new.backend_options(b.name)
+    ]
+    done: list[Backend] = []
+    for b in changed:
+        try:
+            await configure_backend(b, new.backend_options(b.name))
+        except ConfigError:
+            for ok in done:
+                try:
+                    await configure_backend(ok, old.backend_options(ok.name))
+                except ConfigError as e:
+                    log.error("restoring the old options of backend %r failed: %s", ok.name, e)
+            raise
+        done.append(b)
+    return changed
+
+
 def _check_cdi(old: Config, new: Config) -> CDIWriter | None:
     """A writer for the new ``cdi`` section, checked before anything changes."""
     if old.cdi == new.cdi or not new.cdi.get("enabled"):
@@ -151,24 +171,13 @@ async def apply_config(daemon: Daemon, new: Config) -> dict[str, list[str]]:
         except ConfigError as e:
             raise ConfigError(e.reason, field=e.field, source=new.source) from None
 
-    # Backends first: the only step a backend can refuse, so roll back on refusal.
-    changed = [
-        b for b in daemon.backends if old.backend_options(b.name) != new.backend_options(b.name)
-    ]
-    done: list[Backend] = []
-    for b in changed:
-        try:
-            await configure_backend(b, new.backend_options(b.name))
-        except ConfigError:
-            for ok in done:
-                try:
-                    await configure_backend(ok, old.backend_options(ok.name))
-                except ConfigError as e:
-                    log.error("restoring the old options of backend %r failed: %s", ok.name, e)
-            raise
-        done.append(b)
-
-    cdi_writer = _check_cdi(old, new)
+    await daemon.ops.prepare(old, new)  # binds a new probe address, or refuses
+    try:
+        cdi_writer = _check_cdi(old, new)
+        changed = await _configure_changed(daemon, old, new)  # last: it rolls back itself
+    except ConfigError:
+        await daemon.ops.discard()
+        raise
 
     # From here on nothing refuses.
     daemon.config = new

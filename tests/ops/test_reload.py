@@ -229,3 +229,38 @@ async def test_reload_turns_cdi_delivery_on_and_off(fake_kubelet, plugin_runner)
     await daemon.apply_config(load_config(raw=doc, env={}))
     assert list(cdi_dir.iterdir()) == []  # nobody keeps that spec up to date any more
     cdi_dir.rmdir()
+
+
+async def test_reload_to_a_busy_port_is_rejected_and_the_old_server_stays(
+    fake_kubelet, plugin_runner
+):
+    import socket
+
+    from .helpers import http_get, port_of
+
+    doc = base_doc(fake_kubelet, metrics={"address": "127.0.0.1:0"})
+    _, daemon = await start_two(fake_kubelet, plugin_runner, doc)
+    port = port_of(daemon)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        doc["metrics"] = {"address": f"127.0.0.1:{busy.getsockname()[1]}"}
+        doc["resources"][A] = {"preferredAllocation": False}  # would restart A, if accepted
+        old = daemon.config
+        with pytest.raises(ConfigError, match="cannot listen on"):
+            await daemon.apply_config(load_config(raw=doc, env={}))
+    assert daemon.config is old
+    assert (await http_get(port, "/healthz"))[0] == 200
+    assert fake_kubelet.registration_count(A) == 1
+
+    with socket.socket() as probe:  # a free port, different from the current one
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    doc["metrics"] = {"address": f"127.0.0.1:{free}"}
+    del doc["resources"][A]
+    await daemon.apply_config(load_config(raw=doc, env={}))
+    assert port_of(daemon) == free != port  # moved: the counters came along
+    with pytest.raises(OSError):
+        await http_get(port, "/healthz")
+    _, body = await http_get(free, "/metrics")
+    assert 'hetero_dp_registrations_total{mode="classic",resource="example.com/b"} 1.0' in body
