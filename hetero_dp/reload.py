@@ -40,6 +40,7 @@ FIXED = {
     "socket_prefix": "socketPrefix",
 }
 DEBOUNCE = 0.2  # editors write in several steps; read the file once they are done
+MAX_RESULTS = 100
 CONFIGMAP_DATA = "..data"  # a mounted ConfigMap changes by swapping this symlink
 
 
@@ -241,7 +242,8 @@ class ConfigReloader:
         self.path = Path(path)
         self.loader = loader
         self.handle_sighup = handle_sighup
-        self.results: list[str] = []  # "applied" / "unchanged" / "rejected: why", in order
+        self.results: list[str] = []  # the last reloads: "applied: ...", "rejected: why" ...
+        self.finished = 0  # reloads done since start
         self._wanted = asyncio.Event()
         self._forced = False
         self._last = self._read()
@@ -315,6 +317,8 @@ class ConfigReloader:
     async def _record(self, result: str, detail: str) -> str:
         observe.emit("config_reload", result=result, reason=detail)
         self.results.append(f"{result}: {detail}" if detail else result)
+        del self.results[:-MAX_RESULTS]
+        self.finished += 1
         async with self._done:
             self._done.notify_all()
         return result
@@ -324,7 +328,7 @@ class ConfigReloader:
 
         async def waiter() -> None:
             async with self._done:
-                await self._done.wait_for(lambda: len(self.results) >= count)
+                await self._done.wait_for(lambda: self.finished >= count)
 
         await asyncio.wait_for(waiter(), timeout)
         return self.results
