@@ -38,3 +38,15 @@ async def test_one_line_per_health_transition_with_its_reason(fake_kubelet, plug
     text = TextFormatter().format(down)
     assert "resource=example.com/accel" in text and "device=dev2" in text
     assert "\n" not in text  # one line
+
+
+def test_every_extra_field_the_code_logs_is_a_structured_field(repo_root):
+    import re
+
+    from hetero_dp.logs import FIELDS
+
+    used = set()
+    for path in (repo_root / "hetero_dp").rglob("*.py"):
+        for extra in re.findall(r"extra=\{([^}]*)\}", path.read_text()):
+            used |= set(re.findall(r'"([a-z_]+)":', extra))
+    assert used and used <= set(FIELDS), used - set(FIELDS)
