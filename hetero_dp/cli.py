@@ -72,6 +72,11 @@ def main() -> None:
     envvar="HETERO_DP_METRICS_ADDRESS",
     help="Serve /metrics, /healthz, /readyz on HOST:PORT or :PORT (config metrics.address).",
 )
+@click.option(
+    "--labels-dir",
+    envvar="HETERO_DP_LABELS_DIR",
+    help="Write node labels for Node Feature Discovery into DIR (config labels.enabled/dir).",
+)
 def run(
     backends: tuple[str, ...],
     config: str | None,
@@ -84,6 +89,7 @@ def run(
     log_level: str | None,
     log_format: str | None,
     metrics_address: str | None,
+    labels_dir: str | None,
 ) -> None:
     """Serve BACKENDS (installed names or .py files) to the kubelet until SIGTERM.
 
@@ -103,6 +109,8 @@ def run(
     )
     if metrics_address:
         flags["metrics"] = {"address": metrics_address}
+    if labels_dir:
+        flags["labels"] = {"enabled": True, "dir": labels_dir}
     try:
         cfg = _config(config, options, **flags)
         setup_logging(cfg.log_level, cfg.log_format)

@@ -61,7 +61,6 @@ async def test_run_serves_probes_and_reloads_its_config_file(
         "logFormat": "json",
         "healthInterval": 0,
         "rediscoverInterval": 0,
-        "labels": {"enabled": True, "dir": str(label_dir)},
         "backends": {"simulated": {"count": 2}},
     }
     path.write_text(yaml.safe_dump(doc))
@@ -69,7 +68,7 @@ async def test_run_serves_probes_and_reloads_its_config_file(
     env["PYTHONPATH"] = os.pathsep.join([str(repo_root), str(repo_root / "vendors/simulated")])
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "hetero_dp", "run", "simulated", "-c", str(path),
-        "--metrics-address", f"127.0.0.1:{port}",
+        "--metrics-address", f"127.0.0.1:{port}", "--labels-dir", str(label_dir),
         env=env, stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     logs = Logs(proc.stderr)
