@@ -172,6 +172,7 @@ async def apply_config(daemon: Daemon, new: Config) -> dict[str, list[str]]:
         except ConfigError as e:
             raise ConfigError(e.reason, field=e.field, source=new.source) from None
 
+    before = {name: daemon.settings_for(name) for name in daemon.resources}
     await daemon.ops.prepare(old, new)  # binds a new probe address, or refuses
     try:
         cdi_writer = _check_cdi(old, new)
@@ -192,11 +193,13 @@ async def apply_config(daemon: Daemon, new: Config) -> dict[str, list[str]]:
 
         setup_logging(new.log_level, new.log_format)
 
-    restart = {
-        name
-        for name in daemon.resources
-        if old.resource_settings(name) != new.resource_settings(name)
-    }
+    # a re-configured backend may give other defaults (NVIDIA: deviceListStrategy -> deliver)
+    for b in changed:
+        rt = daemon.runtimes[b.name]
+        for name in [n for n, owner in daemon.owner.items() if owner == b.name]:
+            daemon.resource_defaults.pop(name, None)
+            await daemon._load_defaults(name, rt)
+    restart = {name for name in daemon.resources if daemon.settings_for(name) != before[name]}
     affected = _sharing_affected(old, new)
     if affected is None:
         affected = set(daemon.resources)

@@ -134,3 +134,32 @@ def _load(backend):
     from hetero_dp.plugins import load_backends
 
     return load_backends([backend])
+
+
+async def test_reload_of_device_list_strategy_restarts_the_gpu_resource_with_cdi(
+    fake_kubelet, plugin_runner, fake_node, label_dir
+):
+    node = fake_node("h100-8x.scn")
+    doc = {
+        "kubeletDir": str(fake_kubelet.plugin_dir),
+        "pluginsRegistryDir": str(fake_kubelet.registry_dir),
+        "healthInterval": 0,
+        "rediscoverInterval": 0,
+        "cdi": {"enabled": True, "dir": str(label_dir / "cdi")},
+        "flags": {**node.options, "plugin": {"deviceListStrategy": "envvar"}},
+    }
+    daemon = await plugin_runner.start(NvidiaBackend(environ={}), config=doc)
+    await fake_kubelet.wait_devices(GPU, lambda d: len(d) == 8)
+    first = await fake_kubelet.allocate(GPU, [node.uuid(0)])
+    assert first.envs["NVIDIA_VISIBLE_DEVICES"] == node.uuid(0) and not first.cdi_devices
+
+    doc["flags"] = {**node.options, "plugin": {"deviceListStrategy": "cdi-cri"}}
+    summary = await daemon.apply_config(load_config(raw=doc, env={}))
+    assert summary == {"restarted": [GPU], "reconfigured": ["nvidia"]}
+    await fake_kubelet.wait_registered(GPU, after=1)
+    resp = await fake_kubelet.allocate(GPU, [node.uuid(1)])
+    assert [c.name for c in resp.cdi_devices] == [
+        f"k8s.device-plugin.nvidia.com/gpu={node.uuid(1)}"
+    ]
+    assert "NVIDIA_VISIBLE_DEVICES" not in resp.envs
+    assert list((label_dir / "cdi").iterdir())  # the spec the runtime needs is there
