@@ -1,0 +1,303 @@
+"""Choose the best-connected subset of devices: pure code, no I/O, no records.
+
+The problem: given a symmetric matrix of pair weights (higher is better),
+choose ``size`` indices that contain ``required`` and maximise the sum of the
+weights of every pair inside the set. This is the densest-k-subgraph problem,
+NP-hard in general, but small at the scale of one node.
+
+* Up to :data:`EXACT_LIMIT` free candidates (candidates not in ``required``),
+  :func:`solve` is exact: branch and bound, seeded with the heuristic's answer.
+  The bound gives every undecided candidate its gain towards the devices chosen
+  so far plus half of its best weights towards the other undecided candidates
+  (each pair inside the new picks is counted half from each end), and sums the
+  best ``need`` of those values. Branches whose bound cannot beat the best set
+  found so far are cut, so equally good sets (symmetric NVSwitch topologies) are
+  settled at once.
+* Above that, the heuristic answers: greedy growth from several seeds followed by
+  best-improvement swaps (one member out, one candidate in) until no swap helps;
+  then branch and bound runs with a node budget and replaces the answer if it
+  finishes (``exact`` says whether it did).
+
+:func:`brute_force` exists to prove :func:`solve` in tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+Weights = Sequence[Sequence[float]]
+
+#: Free candidates up to which :func:`solve` always searches exhaustively.
+EXACT_LIMIT = 16
+#: Branch-and-bound nodes allowed above :data:`EXACT_LIMIT` before the heuristic answer stands.
+NODE_BUDGET = 20_000
+#: Above this many free candidates no exact search is tried (its set-up alone grows as m^3).
+SEARCH_LIMIT = 64
+# Multi-start greedy costs seeds * need * candidates; beyond this much work use one start.
+_SEED_WORK_LIMIT = 2_000_000
+# Swap passes allowed for large candidate sets (each pass costs need * (m - need)).
+_LARGE_SWAP_PASSES = 50
+
+
+@dataclass(frozen=True)
+class Solution:
+    """A chosen set: ``members`` (sorted indices), its ``score``, whether it is
+    proven optimal (``exact``) and how many search nodes the proof took."""
+
+    members: tuple[int, ...]
+    score: float
+    exact: bool
+    nodes: int = 0
+
+
+def subset_score(weights: Weights, members: Sequence[int]) -> float:
+    """Sum of the weights of every pair inside ``members``."""
+    total: float = 0
+    for a, b in itertools.combinations(members, 2):
+        total += weights[a][b]
+    return total
+
+
+def _check(weights: Weights, size: int, required: Sequence[int]) -> None:
+    n = len(weights)
+    if any(len(row) != n for row in weights):
+        raise ValueError("weights must be a square matrix")
+    if len(set(required)) != len(required):
+        raise ValueError(f"required indices repeat: {list(required)}")
+    if any(not 0 <= r < n for r in required):
+        raise ValueError(f"required indices out of range 0..{n - 1}: {list(required)}")
+    if not len(required) <= size <= n:
+        raise ValueError(f"size {size} must lie between {len(required)} and {n}")
+
+
+def brute_force(weights: Weights, size: int, required: Sequence[int] = ()) -> Solution:
+    """Try every set (reference for tests; exponential)."""
+    _check(weights, size, required)
+    req = tuple(required)
+    free = [i for i in range(len(weights)) if i not in set(req)]
+    best: tuple[int, ...] | None = None
+    best_score: float = 0
+    count = 0
+    for combo in itertools.combinations(free, size - len(req)):
+        count += 1
+        members = req + combo
+        score = subset_score(weights, members)
+        if best is None or score > best_score:
+            best, best_score = members, score
+    assert best is not None  # size is in range, so at least one combination exists
+    return Solution(tuple(sorted(best)), best_score, True, count)
+
+
+def solve(
+    weights: Weights,
+    size: int,
+    required: Sequence[int] = (),
+    *,
+    exact_limit: int = EXACT_LIMIT,
+    node_budget: int = NODE_BUDGET,
+) -> Solution:
+    """The set of ``size`` indices containing ``required`` with the highest score.
+
+    Exact when at most ``exact_limit`` candidates are free; otherwise the
+    heuristic's answer, improved by a budgeted exact search (see the module doc).
+    Raises ValueError for a size out of range or bad ``required`` indices.
+    """
+    _check(weights, size, required)
+    n = len(weights)
+    req = list(required)
+    req_set = set(req)
+    free = [i for i in range(n) if i not in req_set]
+    need = size - len(req)
+    base_score = subset_score(weights, req)
+    if need == 0 or need == len(free):
+        members = req if need == 0 else req + free
+        return Solution(tuple(sorted(members)), subset_score(weights, members), True)
+
+    # gain[i]: weight from free candidate i to the required devices.
+    gain = {i: sum(weights[i][q] for q in req) for i in free}
+    if _uniform(weights, free) and len(set(gain.values())) == 1:
+        # Every choice scores the same (no links at all, or one NVSwitch): take the first.
+        members = req + free[:need]
+        return Solution(tuple(sorted(members)), subset_score(weights, members), True)
+    picked, score = _heuristic(weights, free, gain, need)
+    score += base_score
+    if len(free) > max(exact_limit, SEARCH_LIMIT):
+        return Solution(tuple(sorted(req + picked)), score, False)
+    budget = None if len(free) <= exact_limit else node_budget
+    found, nodes, complete = _branch_and_bound(
+        weights, free, gain, need, score - base_score, budget
+    )
+    if found is not None:
+        picked = found
+        score = base_score + subset_score_with_gain(weights, found, gain)
+    return Solution(tuple(sorted(req + list(picked))), score, complete, nodes)
+
+
+def subset_score_with_gain(
+    weights: Weights, picked: Sequence[int], gain: dict[int, float]
+) -> float:
+    """Score of ``picked`` plus each member's gain towards the required devices."""
+    return subset_score(weights, picked) + sum(gain[i] for i in picked)
+
+
+def _uniform(weights: Weights, free: list[int]) -> bool:
+    if len(free) < 2:
+        return True
+    first = weights[free[0]][free[1]]
+    return all(weights[a][b] == first for a, b in itertools.combinations(free, 2))
+
+
+def _greedy(
+    weights: Weights, free: list[int], gain: dict[int, float], need: int, seed: int | None
+) -> list[int]:
+    cur = dict(gain)
+    picked: list[int] = []
+    if seed is not None:
+        picked.append(seed)
+        del cur[seed]
+        row = weights[seed]
+        for i in cur:
+            cur[i] += row[i]
+    while len(picked) < need:
+        # Highest gain; the lowest index among equals, so answers are stable.
+        best = max(cur, key=lambda i: (cur[i], -i))
+        picked.append(best)
+        del cur[best]
+        row = weights[best]
+        for i in cur:
+            cur[i] += row[i]
+    return picked
+
+
+def _improve(
+    weights: Weights, free: list[int], gain: dict[int, float], picked: list[int]
+) -> tuple[list[int], float]:
+    """Best-improvement swaps until none helps; returns the set and its score (w/o base)."""
+    inside = set(picked)
+    # g[i]: weight from i to the required devices plus to the current picks.
+    g = {i: gain[i] + sum(weights[i][p] for p in picked if p != i) for i in free}
+    score = sum(gain[p] for p in picked) + subset_score(weights, picked)
+    # Each swap strictly improves, so this ends; the cap bounds the time on large sets.
+    passes = len(free) * len(free) if len(free) <= SEARCH_LIMIT else _LARGE_SWAP_PASSES
+    for _ in range(passes):
+        best_delta: float = 0
+        best_swap: tuple[int, int] | None = None
+        outside = [i for i in free if i not in inside]
+        for u in inside:
+            gu = g[u]
+            row = weights[u]
+            for v in outside:
+                delta = g[v] - row[v] - gu
+                if delta > best_delta:
+                    best_delta, best_swap = delta, (u, v)
+        if best_swap is None:
+            break
+        u, v = best_swap
+        inside.discard(u)
+        inside.add(v)
+        score += best_delta
+        ru, rv = weights[u], weights[v]
+        for i in free:
+            g[i] += rv[i] - ru[i]
+    return sorted(inside), score
+
+
+def _heuristic(
+    weights: Weights, free: list[int], gain: dict[int, float], need: int
+) -> tuple[list[int], float]:
+    seeds: list[int | None] = [None]
+    if len(free) <= SEARCH_LIMIT and len(free) * len(free) * need <= _SEED_WORK_LIMIT:
+        seeds += free
+    best: list[int] = []
+    best_score: float | None = None
+    tried: set[tuple[int, ...]] = set()
+    for seed in seeds:
+        start = _greedy(weights, free, gain, need, seed)
+        key = tuple(sorted(start))
+        if key in tried:
+            continue
+        tried.add(key)
+        picked, score = _improve(weights, free, gain, start)
+        if best_score is None or score > best_score:
+            best, best_score = picked, score
+    assert best_score is not None
+    return best, best_score
+
+
+def _branch_and_bound(
+    weights: Weights,
+    free: list[int],
+    gain: dict[int, float],
+    need: int,
+    incumbent: float,
+    budget: int | None,
+) -> tuple[list[int] | None, int, bool]:
+    """Search for a set of ``need`` free candidates scoring above ``incumbent``.
+
+    Returns (the better set or None, nodes visited, whether the search finished).
+    Scores here leave out the weights among required devices (a constant).
+    """
+    m = len(free)
+
+    # Order: most promising first, so good sets are found early and cut the rest.
+    def potential(i: int) -> float:
+        best = sorted((weights[i][j] for j in free if j != i), reverse=True)
+        return gain[i] + sum(best[: need - 1])
+
+    order = sorted(free, key=lambda i: (-potential(i), i))
+    w = [[float(weights[a][b]) for b in order] for a in order]
+    # tops[p][k][t]: sum of the t best weights from order[k] to the candidates at
+    # positions >= p other than itself (the ones still undecided at depth p).
+    tops: list[list[list[float]]] = []
+    for p in range(m):
+        level: list[list[float]] = []
+        for k in range(m):
+            if k < p:
+                level.append([])
+                continue
+            vals = sorted((w[k][j] for j in range(p, m) if j != k), reverse=True)
+            sums = [0.0]
+            for v in vals[: need - 1]:
+                sums.append(sums[-1] + v)
+            level.append(sums)
+        tops.append(level)
+
+    best_score = float(incumbent)
+    best_set: list[int] | None = None
+    nodes = 0
+    complete = True
+    chosen: list[int] = []
+
+    def dfs(pos: int, score: float, g: list[float]) -> None:
+        nonlocal best_score, best_set, nodes, complete
+        left = need - len(chosen)
+        if left == 0:
+            if score > best_score:
+                best_score, best_set = score, [order[k] for k in chosen]
+            return
+        if m - pos < left:
+            return
+        nodes += 1
+        if budget is not None and nodes > budget:
+            complete = False
+            return
+        level = tops[pos]
+        t = left - 1
+        # Twice the bound, to keep integer weights exact (the half-counted pairs).
+        vals = sorted((2 * g[k] + level[k][t] for k in range(pos, m)), reverse=True)
+        if 2 * score + sum(vals[:left]) <= 2 * best_score:
+            return
+        # Take order[pos] ...
+        row = w[pos]
+        chosen.append(pos)
+        dfs(pos + 1, score + g[pos], [g[k] + row[k] for k in range(m)])
+        chosen.pop()
+        if not complete:
+            return
+        # ... or leave it out.
+        dfs(pos + 1, score, g)
+
+    dfs(0, 0.0, [float(gain[i]) for i in order])
+    return best_set, nodes, complete
