@@ -114,8 +114,13 @@ def explain_preferred(
     return _choose_whole(available, must_include, size, scores)
 
 
+_LISTED = 16  # IDs named in one message; a thousand replicas would drown the point
+
+
 def _ids(devices: Iterable[Device]) -> str:
-    return ", ".join(d.id for d in devices)
+    ids = [d.id for d in devices]
+    more = f" (and {len(ids) - _LISTED} more)" if len(ids) > _LISTED else ""
+    return ", ".join(ids[:_LISTED]) + more
 
 
 def _validate(

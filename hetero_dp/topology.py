@@ -23,6 +23,7 @@ NP-hard in general, but small at the scale of one node.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +38,9 @@ NODE_BUDGET = 20_000
 SEARCH_LIMIT = 64
 # Multi-start greedy costs seeds * need * candidates; beyond this much work use one start.
 _SEED_WORK_LIMIT = 2_000_000
+# Seeds tried before an exact search, and for candidate sets too large to seed from each.
+_SMALL_SEEDS = 3
+_LARGE_SEEDS = 8
 # Swap passes allowed for large candidate sets (each pass costs need * (m - need)).
 _LARGE_SWAP_PASSES = 50
 
@@ -121,7 +125,7 @@ def solve(
         # Every choice scores the same (no links at all, or one NVSwitch): take the first.
         members = req + free[:need]
         return Solution(tuple(sorted(members)), subset_score(weights, members), True)
-    picked, score = _heuristic(weights, free, gain, need)
+    picked, score = _heuristic(weights, free, gain, need, exact_limit)
     score += base_score
     if len(free) > max(exact_limit, SEARCH_LIMIT):
         return Solution(tuple(sorted(req + picked)), score, False)
@@ -205,11 +209,21 @@ def _improve(
 
 
 def _heuristic(
-    weights: Weights, free: list[int], gain: dict[int, float], need: int
+    weights: Weights, free: list[int], gain: dict[int, float], need: int, exact_limit: int
 ) -> tuple[list[int], float]:
+    def potential(i: int) -> float:
+        row = weights[i]
+        return gain[i] + sum(heapq.nlargest(need - 1, (row[j] for j in free if j != i)))
+
     seeds: list[int | None] = [None]
-    if len(free) <= SEARCH_LIMIT and len(free) * len(free) * need <= _SEED_WORK_LIMIT:
+    if len(free) <= exact_limit:
+        # The exact search follows; a good start is all it needs from here.
+        seeds += heapq.nlargest(_SMALL_SEEDS, free, key=potential)
+    elif len(free) <= SEARCH_LIMIT and len(free) * len(free) * need <= _SEED_WORK_LIMIT:
         seeds += free
+    else:
+        # Too many to try each: start from the candidates with the best neighbourhoods.
+        seeds += heapq.nlargest(_LARGE_SEEDS, free, key=potential)
     best: list[int] = []
     best_score: float | None = None
     tried: set[tuple[int, ...]] = set()
