@@ -40,9 +40,7 @@ DGX1_NVLINKS = {
 
 
 def _devices(n: int, numa: Sequence[int]) -> list[Device]:
-    return [
-        Device(f"GPU-{i:02d}-{'0' * 8}", RES, index=i, numa_nodes=(numa[i],)) for i in range(n)
-    ]
+    return [Device(f"GPU-{i:02d}-{'0' * 8}", RES, index=i, numa_nodes=(numa[i],)) for i in range(n)]
 
 
 def _pcie(a: int, b: int, numa: Sequence[int], switch: Callable[[int], int]) -> tuple[int, str]:
@@ -137,9 +135,7 @@ def _time(fn: Callable[[], object]) -> tuple[float, float, object]:
 def _optimum(
     available: Sequence[Device], must: Sequence[Device], size: int, scores: dict[Any, float]
 ) -> float:
-    matrix = [
-        [0 if a is b else scores.get((a.id, b.id), 0) for b in available] for a in available
-    ]
+    matrix = [[0 if a is b else scores.get((a.id, b.id), 0) for b in available] for a in available]
     position = {d.id: i for i, d in enumerate(available)}
     return brute_force(matrix, size, [position[d.id] for d in must]).score
 
@@ -167,7 +163,7 @@ def whole_cases() -> list[dict[str, Any]]:
             for size in range(2, len(available)):
                 for must in ([], [available[len(available) // 2]]):
                     med, worst, ids = _time(
-                        lambda a=available, m=must, s=size: choose_preferred(a, m, s, scores)
+                        lambda a=available, m=must, s=size, sc=scores: choose_preferred(a, m, s, sc)
                     )
                     assert isinstance(ids, list)
                     by_id = {d.id: d for d in available}
@@ -207,8 +203,8 @@ def replica_cases() -> list[dict[str, Any]]:
         for policy in ("distributed", "packed", "spread"):
             for size in (1, 4, 16, min(64, len(available))):
                 med, worst, ids = _time(
-                    lambda a=available, s=size, p=policy, adv=advertised: choose_preferred(
-                        a, [], s, scores, p, advertised=adv
+                    lambda a=available, s=size, p=policy, adv=advertised, sc=scores: (
+                        choose_preferred(a, [], s, sc, p, advertised=adv)
                     )
                 )
                 assert isinstance(ids, list) and len(ids) == size

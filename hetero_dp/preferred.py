@@ -151,7 +151,7 @@ def _validate(
     if outside:
         raise AllocationError(f"must_include devices not in available: {_ids(outside)}")
     if size <= 0:
-        raise AllocationError(f"allocation_size must be positive, got {size}")
+        raise AllocationError(f"allocation_size {size} must be positive")
     if size > len(available):
         raise AllocationError(
             f"allocation_size {size} exceeds the {len(available)} available devices: "

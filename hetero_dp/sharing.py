@@ -25,13 +25,13 @@ its memory, and a fault in one workload can take down the others.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .device import Device
 from .errors import AllocationError, ConfigError
+from .names import resource_name_problem
 
 REPLICA_SEPARATOR = "::"
 #: Suffix of the resource name shared devices get with ``renameByDefault``.
@@ -41,8 +41,6 @@ REPLICA_POLICIES = ("distributed", "packed", "spread")
 DEFAULT_REPLICA_POLICY = "distributed"
 
 _FIELD = "sharing.timeSlicing"
-_NAME_PART = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
 # --- replica IDs -------------------------------------------------------------------------
@@ -78,27 +76,6 @@ def to_physical(ids: Sequence[str]) -> list[str]:
 
 
 # --- resource names ----------------------------------------------------------------------
-
-
-def resource_name_problem(name: str) -> str:
-    """Why ``name`` is not a valid extended resource name, or '' if it is."""
-    if not isinstance(name, str) or not name:
-        return "must be a non-empty string"
-    if "kubernetes.io/" in name:
-        return "must not contain 'kubernetes.io/'"
-    if name.startswith("requests."):
-        return "must not start with 'requests.'"
-    prefix, sep, part = name.partition("/")
-    if not sep:
-        return "must be <domain>/<name>, e.g. example.com/accel"
-    if len(prefix) > 253 or not all(_DNS_LABEL.match(label) for label in prefix.split(".")):
-        return f"prefix {prefix!r} must be a lowercase DNS subdomain"
-    if not _NAME_PART.match(part):
-        return (
-            f"name part {part!r} must be at most 63 characters of [A-Za-z0-9._-], "
-            "starting and ending with a letter or digit"
-        )
-    return ""
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -202,6 +179,10 @@ class SharingConfig:
             return f"{prefix}/{entry.rename}" if prefix else entry.rename
         return resource + SHARED_SUFFIX if self.rename_by_default else resource
 
+    def validate_devices(self, physical: Sequence[Device]) -> None:
+        """Check this config against the discovered devices (see :func:`validate_sharing`)."""
+        validate_sharing(self, physical)
+
     def check_request(self, resource: str, ids: Sequence[str]) -> None:
         """Raise AllocationError if the request breaks a rule (failRequestsGreaterThanOne).
 
@@ -280,7 +261,13 @@ def parse_sharing(raw: Mapping[str, Any] | None, source: str = "") -> SharingCon
 def _check_name(value: Any, where: str, fail: Any) -> str:
     if not isinstance(value, str) or not value:
         raise fail(f"must be a resource name, got {value!r}", where)
-    problem = resource_name_problem(value if "/" in value else f"example.com/{value}")
+    if "/" in value:
+        problem = resource_name_problem(value)
+    else:
+        # A bare name part (NVIDIA style): check it under a stand-in prefix, then
+        # leave the stand-in out of the message.
+        stand_in = f"example.com/{value}"
+        problem = (resource_name_problem(stand_in) or "").replace(f" of {stand_in!r}", "")
     if problem:
         raise fail(f"invalid resource name {value!r}: {problem}", where)
     return value

@@ -230,8 +230,8 @@ def test_unshared_whole_devices_mix_with_replicas() -> None:
     [
         (["a", "b"], [], 3, "allocation_size 3 exceeds the 2 available devices: a, b"),
         (["a", "b"], ["a", "b"], 1, "smaller than the 2 must_include devices: a, b"),
-        (["a", "b"], [], 0, "allocation_size must be positive"),
-        (["a", "b"], [], -1, "allocation_size must be positive"),
+        (["a", "b"], [], 0, "allocation_size 0 must be positive"),
+        (["a", "b"], [], -1, "allocation_size -1 must be positive"),
         (["a", "b"], ["c"], 2, "must_include devices not in available: c"),
         (["a", "a", "b"], [], 2, "available device IDs repeat: a"),
         (["a", "b"], ["a", "a"], 2, "must_include device IDs repeat: a"),
