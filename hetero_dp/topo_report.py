@@ -5,13 +5,28 @@ health), the device-by-device matrix whose cells read ``KIND/score`` (``X`` on
 the diagonal, ``-`` for a pair without a link, which scores 0), and, when a
 size is given, the set the engine would choose with its score and the pairs
 that make it up.
+
+A topology can also come from a file (:func:`load_topology`, YAML or JSON in the
+shape :func:`topology_document` writes), so an operator can look at a node's
+topology, or a made-up one, without the hardware::
+
+    devices:
+    - {id: GPU-0, numa: 0, index: 0}
+    - {id: GPU-1, numa: 0, index: 1}
+    links:
+    - {a: GPU-0, b: GPU-1, score: 200, kind: NV2}
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
 
 from .device import Device, Link
+from .errors import ConfigError
 from .preferred import explain_preferred, link_scores, scoring_id
 from .sharing import DEFAULT_REPLICA_POLICY
 
@@ -128,3 +143,109 @@ def _choice(
     if pairs:
         lines.append("  pairs: " + ", ".join(pairs))
     return lines
+
+
+DEFAULT_RESOURCE = "example.com/device"
+
+
+def topology_document(devices: Sequence[Device], links: Iterable[Link]) -> dict[str, Any]:
+    """A plain document of devices and links that :func:`load_topology` reads back."""
+    docs: list[dict[str, Any]] = []
+    for d in devices:
+        doc: dict[str, Any] = {"id": d.id, "resource": d.resource, "numa": list(d.numa_nodes)}
+        if d.index is not None:
+            doc["index"] = d.index
+        if d.parent:
+            doc["parent"] = d.parent
+        if not d.healthy:
+            doc["healthy"] = False
+        docs.append(doc)
+    return {
+        "devices": docs,
+        "links": [{"a": x.a, "b": x.b, "score": x.score, "kind": x.kind} for x in links],
+    }
+
+
+def load_topology(path: str | Path) -> tuple[list[Device], list[Link]]:
+    """Devices and links from a YAML or JSON file; ConfigError names the file and field."""
+    source = str(path)
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"cannot read a topology: {e}", source=source) from None
+    return parse_topology(raw, source)
+
+
+def parse_topology(raw: Any, source: str = "") -> tuple[list[Device], list[Link]]:
+    """Devices and links from a document (see :func:`topology_document`)."""
+
+    def fail(reason: str, where: str) -> ConfigError:
+        return ConfigError(reason, field=where, source=source)
+
+    if not isinstance(raw, Mapping):
+        raise fail("must be a mapping with devices and links", "")
+    unknown = sorted(set(raw) - {"devices", "links"})
+    if unknown:
+        raise fail("unknown key; expected devices, links", unknown[0])
+    items = raw.get("devices")
+    if not isinstance(items, list) or not items:
+        raise fail("must be a non-empty list of devices", "devices")
+    devices: list[Device] = []
+    for i, item in enumerate(items):
+        devices.append(_parse_device(item, f"devices[{i}]", fail))
+    ids = [d.id for d in devices]
+    for i, d in enumerate(devices):
+        if d.id in ids[:i]:
+            raise fail(f"device ID {d.id!r} repeats", f"devices[{i}].id")
+    known = set(ids) | {d.parent for d in devices if d.parent}
+    links: list[Link] = []
+    entries = raw.get("links") or []
+    if not isinstance(entries, list):
+        raise fail("must be a list of links", "links")
+    for i, item in enumerate(entries):
+        where = f"links[{i}]"
+        if not isinstance(item, Mapping):
+            raise fail("must be a mapping with a, b, score and kind", where)
+        extra = sorted(set(item) - {"a", "b", "score", "kind"})
+        if extra:
+            raise fail("unknown key; expected a, b, score, kind", f"{where}.{extra[0]}")
+        for end in ("a", "b"):
+            if item.get(end) not in known:
+                raise fail(f"{item.get(end)!r} is not a device in this file", f"{where}.{end}")
+        score = item.get("score")
+        if isinstance(score, bool) or not isinstance(score, int):
+            raise fail(f"must be a whole number, got {score!r}", f"{where}.score")
+        links.append(Link(item["a"], item["b"], score, str(item.get("kind") or "")))
+    return devices, links
+
+
+def _parse_device(item: Any, where: str, fail: Any) -> Device:
+    if not isinstance(item, Mapping):
+        raise fail("must be a mapping with at least an id", where)
+    allowed = {"id", "resource", "numa", "index", "parent", "healthy"}
+    extra = sorted(set(item) - allowed)
+    if extra:
+        raise fail(f"unknown key; expected {', '.join(sorted(allowed))}", f"{where}.{extra[0]}")
+    dev_id = item.get("id")
+    if not isinstance(dev_id, str) or not dev_id:
+        raise fail(f"must be a non-empty string, got {dev_id!r}", f"{where}.id")
+    numa = item.get("numa", [])
+    numa_list = [numa] if isinstance(numa, int) and not isinstance(numa, bool) else numa
+    if not isinstance(numa_list, list) or not all(
+        isinstance(n, int) and not isinstance(n, bool) for n in numa_list
+    ):
+        raise fail(f"must be a NUMA node number or a list of them, got {numa!r}", f"{where}.numa")
+    index = item.get("index")
+    if index is not None and (isinstance(index, bool) or not isinstance(index, int)):
+        raise fail(f"must be a whole number, got {index!r}", f"{where}.index")
+    healthy = item.get("healthy", True)
+    if not isinstance(healthy, bool):
+        raise fail(f"must be true or false, got {healthy!r}", f"{where}.healthy")
+    return Device(
+        dev_id,
+        str(item.get("resource") or DEFAULT_RESOURCE),
+        healthy=healthy,
+        numa_nodes=tuple(numa_list),
+        index=index,
+        parent=item.get("parent") or None,
+    )

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 Weights = Sequence[Sequence[float]]
@@ -208,6 +208,10 @@ def _improve(
     return sorted(inside), score
 
 
+def _best(free: list[int], key: Callable[[int], float], count: int) -> list[int]:
+    return heapq.nlargest(count, free, key=key)
+
+
 def _heuristic(
     weights: Weights, free: list[int], gain: dict[int, float], need: int, exact_limit: int
 ) -> tuple[list[int], float]:
@@ -218,12 +222,12 @@ def _heuristic(
     seeds: list[int | None] = [None]
     if len(free) <= exact_limit:
         # The exact search follows; a good start is all it needs from here.
-        seeds += heapq.nlargest(_SMALL_SEEDS, free, key=potential)
+        seeds.extend(_best(free, potential, _SMALL_SEEDS))
     elif len(free) <= SEARCH_LIMIT and len(free) * len(free) * need <= _SEED_WORK_LIMIT:
         seeds += free
     else:
         # Too many to try each: start from the candidates with the best neighbourhoods.
-        seeds += heapq.nlargest(_LARGE_SEEDS, free, key=potential)
+        seeds.extend(_best(free, potential, _LARGE_SEEDS))
     best: list[int] = []
     best_score: float | None = None
     tried: set[tuple[int, ...]] = set()
