@@ -50,8 +50,9 @@ def render_topology(
 ) -> str:
     """The report for ``devices`` and their ``links`` (Link records or a pair map).
 
-    With ``size``, also the set the engine chooses; ``must_include`` entries may
-    be device IDs or the short labels of the legend (``D0`` ...). Raises
+    With ``size``, also the set the engine chooses among the healthy devices (the
+    kubelet offers no others); ``must_include`` entries may be device IDs or the
+    short labels of the legend (``D0`` ...). Raises
     AllocationError for a size or must-include the engine would refuse.
     """
     kinds: dict[tuple[str, str], str] = {}
@@ -74,13 +75,13 @@ def render_topology(
 
     out: list[str] = [f"Devices ({len(devices)} advertised, {len(phys)} physical):"]
     id_width = max([len(p) for p in phys] + [2])
-    out.append(f"  {'':<4} {'ID':<{id_width}}  {'NUMA':<6} HEALTH     UNITS")
+    out.append(f"  {'':<4} {'ID':<{id_width}}  {'NUMA':<6} {'HEALTH':<12} UNITS")
     for p in phys:
         group = rows[p]
         healthy = sum(1 for d in group if d.healthy)
         health = "Healthy" if healthy == len(group) else f"{len(group) - healthy} unhealthy"
         out.append(
-            f"  {label[p]:<4} {p:<{id_width}}  {_numa(group[0]):<6} {health:<10} {len(group)}"
+            f"  {label[p]:<4} {p:<{id_width}}  {_numa(group[0]):<6} {health:<12} {len(group)}"
         )
 
     cells = {
@@ -120,7 +121,9 @@ def _choice(
         # A label names a physical device; take its first advertised unit.
         match = by_id.get(ref_id) or next((d for d in devices if scoring_id(d) == ref_id), None)
         must.append(match if match is not None else Device(ref_id, "unknown/unknown"))
-    choice = explain_preferred(devices, must, size, scores, policy)
+    # The kubelet offers only healthy devices; so does the report.
+    available = [d for d in devices if d.healthy]
+    choice = explain_preferred(available, must, size, scores, policy)
     chosen = [by_id[i] for i in choice.ids]
     names = " ".join(label[scoring_id(d)] for d in chosen)
     how = "optimal (exact search)" if choice.exact else "heuristic (not proven optimal)"

@@ -78,6 +78,8 @@ def test_unhealthy_and_replicas_collapse_onto_physical_rows() -> None:
     assert "3 unhealthy" in text and "UNITS" in text
     assert len(matrix_rows(text)) == 4
     assert "replica policy distributed" in text
+    # Unhealthy GPU-1 is not offered: the NV2 partner of GPU-0 is skipped.
+    assert "IDs: GPU-0::0, GPU-2::0" in text
 
 
 @pytest.mark.parametrize(
