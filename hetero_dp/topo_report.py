@@ -19,16 +19,21 @@ topology, or a made-up one, without the hardware::
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from .config import Config
 from .device import Device, Link
-from .errors import ConfigError
+from .errors import BackendError, ConfigError
+from .plugins import load_backends
 from .preferred import explain_preferred, link_scores, scoring_id
-from .sharing import DEFAULT_REPLICA_POLICY
+from .sharing import DEFAULT_REPLICA_POLICY, advertise
+
+TOPOLOGY_FILE_SUFFIXES = (".yaml", ".yml", ".json")
 
 LinksInput = Iterable[Link] | Mapping[tuple[str, str], float]
 
@@ -252,3 +257,71 @@ def _parse_device(item: Any, where: str, fail: Any) -> Device:
         index=index,
         parent=item.get("parent") or None,
     )
+
+
+async def backend_topology(spec: str, cfg: Config) -> tuple[list[Device], list[Link]]:
+    """Configure one backend, discover once and ask for its links (no kubelet needed)."""
+    (backend,) = load_backends([spec], timeout=cfg.hook_timeout)
+    backend.options = cfg.backend_options(backend.name)
+    where = f"backend {backend.name}"
+    try:
+        try:
+            await backend.call("configure", options=backend.options)
+            devices = await backend.discover()
+            links = await backend.links(devices) if backend.implements("links") else []
+        except (ConfigError, ValueError, BackendError) as e:
+            raise ConfigError(str(e), source=where) from None
+    finally:
+        try:
+            await backend.call("shutdown", timeout=5)
+        except BackendError:
+            pass
+        backend.close()
+    return devices, links
+
+
+def report(
+    source: str,
+    cfg: Config,
+    *,
+    size: int | None = None,
+    must_include: Sequence[str] = (),
+    resource: str | None = None,
+) -> str:
+    """The whole ``hetero-dp topo BACKEND_OR_FILE`` output.
+
+    ``source`` is a topology file (``.yaml``, ``.yml``, ``.json``) or a backend
+    spec. The config's sharing applies, so a shared resource shows its replicas
+    and the choice follows its ``replicaPolicy``. With several resources,
+    ``resource`` picks one (required with ``size``). Raises ConfigError or
+    AllocationError with a message for the operator.
+    """
+    path = Path(source)
+    if path.suffix in TOPOLOGY_FILE_SUFFIXES:
+        physical, links = load_topology(path)
+    else:
+        physical, links = asyncio.run(backend_topology(source, cfg))
+    advertised = advertise(physical, cfg.sharing)
+    names = list(dict.fromkeys(d.resource for d in advertised))
+    if resource is not None:
+        if resource not in names:
+            raise ConfigError(
+                f"no devices of {resource}; found: {', '.join(names) or 'none'}",
+                field="resource",
+                source=source,
+            )
+        names = [resource]
+    elif size is not None and len(names) > 1:
+        raise ConfigError(
+            f"several resources ({', '.join(names)}): choose one with --resource",
+            field="resource",
+            source=source,
+        )
+    devices = [d for d in advertised if d.resource in names]
+    if not devices:
+        return "no devices found\n"
+    policy = DEFAULT_REPLICA_POLICY
+    if len(names) == 1:
+        policy = str(cfg.resource_settings(names[0]).get("replicaPolicy") or policy)
+    header = f"Resource: {', '.join(names)}\n"
+    return header + render_topology(devices, links, size, must_include, policy)

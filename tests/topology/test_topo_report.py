@@ -7,10 +7,18 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hetero_dp import AllocationError, ConfigError, Device, Link
+from hetero_dp.config import load_config
 from hetero_dp.sharing import advertise, parse_sharing
-from hetero_dp.topo_report import load_topology, parse_topology, render_topology, topology_document
+from hetero_dp.topo_report import (
+    load_topology,
+    parse_topology,
+    render_topology,
+    report,
+    topology_document,
+)
 
 RES = "nvidia.com/gpu"
 
@@ -148,3 +156,68 @@ def test_unreadable_topology_file(tmp_path: Path) -> None:
     bad.write_text("devices: [unclosed")
     with pytest.raises(ConfigError, match=str(bad)):
         load_topology(bad)
+
+
+BACKEND = """
+import itertools
+from hetero_dp import Device, Link, hookimpl
+
+@hookimpl
+def discover():
+    gpus = [Device(f"GPU-{i}", "acme.com/gpu", index=i, numa_nodes=(i // 2,)) for i in range(4)]
+    return gpus + [Device("nic-0", "acme.com/nic")]
+
+@hookimpl
+def links(devices):
+    gpus = [d.id for d in devices if d.resource == "acme.com/gpu"]
+    out = []
+    for a, b in itertools.combinations(gpus, 2):
+        nvlink = {a, b} == {"GPU-1", "GPU-3"}
+        out.append(Link(a, b, 300 if nvlink else 20, "NV3" if nvlink else "NODE"))
+    return out
+"""
+
+
+def test_report_for_a_backend_uses_its_links(tmp_path: Path) -> None:
+    spec = tmp_path / "acme.py"
+    spec.write_text(BACKEND)
+    cfg = load_config(raw={}, env={})
+    text = report(str(spec), cfg, size=2, must_include=["GPU-3"], resource="acme.com/gpu")
+    assert text.startswith("Resource: acme.com/gpu\n")
+    assert "IDs: GPU-1, GPU-3" in text and "score 300" in text
+    # Without --size every resource is shown; with it, one must be chosen.
+    assert "nic-0" in report(str(spec), cfg)
+    with pytest.raises(ConfigError, match="choose one with --resource"):
+        report(str(spec), cfg, size=1)
+    with pytest.raises(ConfigError, match=r"no devices of acme\.com/fpga"):
+        report(str(spec), cfg, resource="acme.com/fpga")
+
+
+def test_report_applies_sharing_and_the_replica_policy(tmp_path: Path) -> None:
+    spec = tmp_path / "acme.py"
+    spec.write_text(BACKEND)
+    cfg = load_config(
+        raw={
+            "sharing": {
+                "timeSlicing": {
+                    "renameByDefault": True,
+                    "resources": [{"name": "acme.com/gpu", "replicas": 2}],
+                }
+            },
+            "resources": {"acme.com/gpu.shared": {"replicaPolicy": "packed"}},
+        },
+        env={},
+    )
+    text = report(str(spec), cfg, size=2, resource="acme.com/gpu.shared")
+    assert "8 advertised, 4 physical" in text
+    assert "replica policy packed" in text and "IDs: GPU-0::0, GPU-0::1" in text
+
+
+def test_report_for_a_topology_file(tmp_path: Path) -> None:
+    devices, links = node()
+    path = tmp_path / "node.yaml"
+    path.write_text(yaml.safe_dump(topology_document(devices, links)))
+    text = report(str(path), load_config(raw={}, env={}), size=3, must_include=["D3"])
+    # GPU-0 and GPU-1 tie (SYS/10 to both others, neither on NUMA node 1): order decides.
+    assert "IDs: GPU-0, GPU-2, GPU-3" in text
+    assert "score 220" in text
