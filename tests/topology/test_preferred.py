@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from hetero_dp import AllocationError, Device, Link
 from hetero_dp.preferred import choose_preferred, explain_preferred, link_scores, set_score
-from hetero_dp.sharing import SharingConfig, advertise, parse_sharing, to_physical
+from hetero_dp.sharing import SharingConfig, advertise, parse_sharing, physical_id, to_physical
 
 RES = "example.com/accel"
-LEVELS = [0, 10, 20, 40, 60, 100, 200, 300]
+LEVELS = [0, 1, 2, 10, 20, 40, 60, 100, 200, 300]  # 1 and 2: NUMA must never outweigh a point
 
 
 def gpus(n: int, numa: list[int] | None = None) -> list[Device]:
@@ -41,11 +41,18 @@ def whole_requests(draw: st.DrawFn, max_n: int = 10):  # type: ignore[no-untyped
     return list(order), must, size, both(pairs)
 
 
+def numa_pairs(devices: list[Device]) -> int:
+    return sum(
+        1 for a, b in itertools.combinations(devices, 2) if set(a.numa_nodes) & set(b.numa_nodes)
+    )
+
+
 def brute_best(available, must, size, scores):  # type: ignore[no-untyped-def]
+    """The best (link score, NUMA-sharing pairs) over every set, NUMA only breaking ties."""
     must_ids = {d.id for d in must}
     rest = [d for d in available if d.id not in must_ids]
     return max(
-        set_score([*must, *combo], scores)
+        (set_score([*must, *combo], scores), numa_pairs([*must, *combo]))
         for combo in itertools.combinations(rest, size - len(must))
     )
 
@@ -60,7 +67,9 @@ def test_whole_devices_answer_is_valid_and_optimal(request) -> None:  # type: ig
     assert set(ids) <= {d.id for d in available}
     assert {d.id for d in must} <= set(ids)
     by_id = {d.id: d for d in available}
-    assert set_score([by_id[i] for i in ids], scores) == brute_best(available, must, size, scores)
+    chosen = [by_id[i] for i in ids]
+    got = (set_score(chosen, scores), numa_pairs(chosen))
+    assert got == brute_best(available, must, size, scores)
 
 
 @st.composite
@@ -86,6 +95,25 @@ def test_replica_answer_is_valid(request, pass_advertised: bool) -> None:  # typ
     assert len(ids) == size and len(set(ids)) == size
     assert set(ids) <= {d.id for d in available}
     assert {d.id for d in must} <= set(ids)
+
+
+@given(replica_requests())
+@settings(max_examples=200, deadline=None)
+def test_distributed_never_piles_onto_a_busier_device(request) -> None:  # type: ignore[no-untyped-def]
+    # Each pick goes to a least-used device, so a device the answer used ends at most one
+    # replica above any device that still had a free replica left unpicked.
+    advertised, available, _must, size, _policy = request
+    ids = choose_preferred(available, [], size, {}, "distributed", advertised=advertised)
+    offered = {d.id for d in available}
+    load = {}
+    for d in advertised:
+        p = physical_id(d.id)
+        load[p] = load.get(p, 0) + (d.id not in offered or d.id in ids)
+    picked = {physical_id(i) for i in ids}
+    left = {physical_id(d.id) for d in available if d.id not in ids}
+    for p in picked:
+        for q in left:
+            assert load[p] - 1 <= load[q], (p, q, load)
 
 
 @given(
