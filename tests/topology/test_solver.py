@@ -116,3 +116,22 @@ def test_bad_input_raises_value_error(size: int, required: list[int], message: s
 
 def test_exact_limit_constant_covers_sixteen() -> None:
     assert topology.EXACT_LIMIT >= 16
+
+
+@given(problems(max_n=11))
+@settings(max_examples=300, deadline=None)
+def test_branch_and_bound_alone_finds_the_optimum(
+    problem: tuple[list[list[int]], int, list[int]],
+) -> None:
+    # The heuristic is usually right on small problems, so solve() rarely needs the search
+    # to find a set; started from nothing, the search must find the optimum by itself.
+    weights, size, required = problem
+    free = [i for i in range(len(weights)) if i not in required]
+    need = size - len(required)
+    if need == 0 or need == len(free):
+        return
+    gain = {i: sum(weights[i][q] for q in required) for i in free}
+    found, _nodes, complete = topology._branch_and_bound(weights, free, gain, need, -1, None)
+    assert complete and found is not None and len(set(found)) == need
+    members = list(required) + found
+    assert subset_score(weights, members) == brute_force(weights, size, required).score
