@@ -5,18 +5,24 @@ choose ``size`` indices that contain ``required`` and maximise the sum of the
 weights of every pair inside the set. This is the densest-k-subgraph problem,
 NP-hard in general, but small at the scale of one node.
 
+The heuristic comes first in every case: greedy growth (add the candidate with
+the best gain towards the set so far) from ``required`` and from a few seeds
+(the candidates with the best neighbourhoods; every candidate, between
+:data:`EXACT_LIMIT` and :data:`SEARCH_LIMIT`), each followed by best-improvement
+swaps (one member out, one candidate in) until no swap helps.
+
 * Up to :data:`EXACT_LIMIT` free candidates (candidates not in ``required``),
-  :func:`solve` is exact: branch and bound, seeded with the heuristic's answer.
-  The bound gives every undecided candidate its gain towards the devices chosen
-  so far plus half of its best weights towards the other undecided candidates
-  (each pair inside the new picks is counted half from each end), and sums the
-  best ``need`` of those values. Branches whose bound cannot beat the best set
-  found so far are cut, so equally good sets (symmetric NVSwitch topologies) are
-  settled at once.
-* Above that, the heuristic answers: greedy growth from several seeds followed by
-  best-improvement swaps (one member out, one candidate in) until no swap helps;
-  then branch and bound runs with a node budget and replaces the answer if it
-  finishes (``exact`` says whether it did).
+  branch and bound then proves or improves that answer, so :func:`solve` is
+  exact. The bound gives every undecided candidate its gain towards the devices
+  chosen so far plus half of its best weights towards the other undecided
+  candidates (each pair inside the new picks is counted half from each end), and
+  sums the best ``need`` of those values. Branches whose bound cannot beat the
+  best set found so far are cut, so equally good sets (symmetric NVSwitch
+  topologies) are settled at once.
+* Up to :data:`SEARCH_LIMIT`, the same search runs with a budget of
+  :data:`NODE_BUDGET` nodes and replaces the answer if it finishes (``exact``
+  says whether it did). Above that, the heuristic's answer stands.
+* When every pair weighs the same, any set is optimal: the first candidates.
 
 :func:`brute_force` exists to prove :func:`solve` in tests and benchmarks.
 """
