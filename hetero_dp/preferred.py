@@ -176,14 +176,17 @@ def pair_score(scores: Scores, a: Device, b: Device) -> float:
 
 def set_score(devices: Sequence[Device], scores: Scores) -> float:
     """Total link score over the pairs of distinct physical devices in ``devices``."""
-    by_phys: dict[str, Device] = {}
-    for d in devices:
-        by_phys.setdefault(scoring_id(d), d)
-    phys = list(by_phys.values())
+    keys = list(dict.fromkeys(scoring_id(d) for d in devices))
+    if len(scores) <= len(keys) * len(keys):
+        # Fewer links than pairs: walk the links (each unordered pair once).
+        inside = set(keys)
+        pairs: dict[tuple[str, str], float] = {}
+        for (a, b), score in scores.items():
+            if a != b and a in inside and b in inside:
+                pairs[(a, b) if a < b else (b, a)] = score
+        return sum(pairs.values())
     return sum(
-        pair_score(scores, phys[i], phys[j])
-        for i in range(len(phys))
-        for j in range(i + 1, len(phys))
+        scores.get((a, b), scores.get((b, a), 0)) for i, a in enumerate(keys) for b in keys[i + 1 :]
     )
 
 
@@ -195,12 +198,7 @@ def _choose_whole(
     # pair is score * tie + shared, and the whole set has fewer than `tie` pairs, so
     # NUMA never outweighs a link point but decides between equal scores.
     tie = n * n + 1
-    weights = [[0.0] * n for _ in range(n)]
-    for i in range(n):
-        for j in range(i + 1, n):
-            a, b = available[i], available[j]
-            w = pair_score(scores, a, b) * tie + (1 if _numa_share(a, b) else 0)
-            weights[i][j] = weights[j][i] = w
+    weights = _pair_weights(available, scores, tie)
     position = {d.id: i for i, d in enumerate(available)}
     required = [position[d.id] for d in must_include]
     solution = topology.solve(weights, size, required)
@@ -208,6 +206,47 @@ def _choose_whole(
     return Choice(
         tuple(d.id for d in chosen), set_score(chosen, scores), solution.exact, "topology"
     )
+
+
+def _pair_weights(available: Sequence[Device], scores: Scores, tie: int) -> list[list[float]]:
+    """``score * tie + shares-a-NUMA-node`` for every pair, diagonal 0.
+
+    Filled from the link map and the NUMA groups rather than pair by pair, so a
+    thousand candidates cost milliseconds, not seconds.
+    """
+    n = len(available)
+    weights = [[0.0] * n for _ in range(n)]
+    at: dict[str, list[int]] = {}
+    for i, d in enumerate(available):
+        at.setdefault(scoring_id(d), []).append(i)
+    if len(scores) < n * n:
+        for (a, b), score in scores.items():
+            if a != b and a in at and b in at:
+                # Both orders, so a map holding only one of them still gives a symmetric matrix.
+                for i in at[a]:
+                    for j in at[b]:
+                        weights[i][j] = weights[j][i] = score * tie
+    else:
+        keys = [scoring_id(d) for d in available]
+        for i in range(n):
+            row = weights[i]
+            for j in range(n):
+                if keys[i] != keys[j]:
+                    row[j] = scores.get((keys[i], keys[j]), 0) * tie
+    by_node: dict[int, list[int]] = {}
+    for i, d in enumerate(available):
+        for node in d.numa_nodes:
+            by_node.setdefault(node, []).append(i)
+    shares = [set[int]() for _ in range(n)]
+    for members in by_node.values():
+        for i in members:
+            shares[i].update(members)
+    for i in range(n):
+        row = weights[i]
+        for j in shares[i]:
+            if j != i:
+                row[j] += 1
+    return weights
 
 
 class _Group:

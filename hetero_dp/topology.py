@@ -47,8 +47,11 @@ _SEED_WORK_LIMIT = 2_000_000
 # Seeds tried before an exact search, and for candidate sets too large to seed from each.
 _SMALL_SEEDS = 3
 _LARGE_SEEDS = 8
-# Swap passes allowed for large candidate sets (each pass costs need * (m - need)).
-_LARGE_SWAP_PASSES = 50
+# Above this many candidates, ranking seeds costs too much: one start only.
+_SEED_SCAN_LIMIT = 256
+# Swap evaluations allowed (each pass costs picks * candidates).
+_SWAP_EVALS = 2_000_000
+_NEG = float("-inf")
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ def solve(
 
     # gain[i]: weight from free candidate i to the required devices.
     gain = {i: sum(weights[i][q] for q in req) for i in free}
-    if _uniform(weights, free) and len(set(gain.values())) == 1:
+    if len(free) <= SEARCH_LIMIT and _uniform(weights, free) and len(set(gain.values())) == 1:
         # Every choice scores the same (no links at all, or one NVSwitch): take the first.
         members = req + free[:need]
         return Solution(tuple(sorted(members)), subset_score(weights, members), True)
@@ -160,90 +163,111 @@ def _uniform(weights: Weights, free: list[int]) -> bool:
 
 
 def _greedy(
-    weights: Weights, free: list[int], gain: dict[int, float], need: int, seed: int | None
+    weights: Weights, base: list[float], blocked: list[bool], need: int, seed: int | None
 ) -> list[int]:
-    cur = dict(gain)
+    """Grow a set from ``seed``: each step adds the candidate with the best gain."""
+    # h[i]: gain of candidate i towards the required devices and the picks so far;
+    # -inf marks what cannot be picked (required, blocked, picked), and stays -inf.
+    h = [_NEG if blocked[i] else base[i] for i in range(len(base))]
     picked: list[int] = []
-    if seed is not None:
-        picked.append(seed)
-        del cur[seed]
-        row = weights[seed]
-        for i in cur:
-            cur[i] += row[i]
+    nxt = seed
     while len(picked) < need:
-        # Highest gain; the lowest index among equals, so answers are stable.
-        best = max(cur, key=lambda i: (cur[i], -i))
-        picked.append(best)
-        del cur[best]
-        row = weights[best]
-        for i in cur:
-            cur[i] += row[i]
+        if nxt is None:
+            top = max(h)
+            nxt = h.index(top)  # the lowest index among equals: stable answers
+        picked.append(nxt)
+        h = [a + b for a, b in zip(h, weights[nxt])]
+        h[nxt] = _NEG
+        nxt = None
     return picked
 
 
 def _improve(
-    weights: Weights, free: list[int], gain: dict[int, float], picked: list[int]
+    weights: Weights, base: list[float], blocked: list[bool], picked: list[int]
 ) -> tuple[list[int], float]:
     """Best-improvement swaps until none helps; returns the set and its score (w/o base)."""
-    inside = set(picked)
-    # g[i]: weight from i to the required devices plus to the current picks.
-    g = {i: gain[i] + sum(weights[i][p] for p in picked if p != i) for i in free}
-    score = sum(gain[p] for p in picked) + subset_score(weights, picked)
+    n = len(base)
+    inside = [False] * n
+    for p in picked:
+        inside[p] = True
+    members = list(picked)
+    # g[i]: weight from i to the required devices plus to the current members.
+    g = list(base)
+    for p in members:
+        g = [a + b for a, b in zip(g, weights[p])]
+    score = sum(base[p] for p in members) + subset_score(weights, members)
     # Each swap strictly improves, so this ends; the cap bounds the time on large sets.
-    passes = len(free) * len(free) if len(free) <= SEARCH_LIMIT else _LARGE_SWAP_PASSES
+    passes = max(1, _SWAP_EVALS // max(1, len(members) * n))
     for _ in range(passes):
+        h = [_NEG if blocked[v] or inside[v] else g[v] for v in range(n)]
         best_delta: float = 0
         best_swap: tuple[int, int] | None = None
-        outside = [i for i in free if i not in inside]
-        for u in inside:
-            gu = g[u]
+        for k, u in enumerate(members):
             row = weights[u]
-            for v in outside:
-                delta = g[v] - row[v] - gu
-                if delta > best_delta:
-                    best_delta, best_swap = delta, (u, v)
+            # Swapping u for v gains g[v] - w[u][v] and loses u's own gain.
+            d = [a - b for a, b in zip(h, row)]
+            top = max(d)
+            delta = top - (g[u] - row[u])
+            if delta > best_delta:
+                best_delta, best_swap = delta, (k, d.index(top))
         if best_swap is None:
             break
-        u, v = best_swap
-        inside.discard(u)
-        inside.add(v)
+        k, v = best_swap
+        u = members[k]
+        members[k] = v
+        inside[u], inside[v] = False, True
         score += best_delta
-        ru, rv = weights[u], weights[v]
-        for i in free:
-            g[i] += rv[i] - ru[i]
-    return sorted(inside), score
+        g = [a + b - c for a, b, c in zip(g, weights[v], weights[u])]
+    return sorted(members), score
 
 
-def _best(free: list[int], key: Callable[[int], float], count: int) -> list[int]:
+def _ranked(free: list[int], key: Callable[[int], float], count: int) -> list[int]:
     return heapq.nlargest(count, free, key=key)
 
 
 def _heuristic(
     weights: Weights, free: list[int], gain: dict[int, float], need: int, exact_limit: int
 ) -> tuple[list[int], float]:
+    n = len(weights)
+    blocked = [True] * n
+    base = [0.0] * n
+    for i in free:
+        blocked[i] = False
+        base[i] = gain[i]
+    m = len(free)
+
     def potential(i: int) -> float:
         row = weights[i]
         return gain[i] + sum(heapq.nlargest(need - 1, (row[j] for j in free if j != i)))
 
-    seeds: list[int | None] = [None]
-    if len(free) <= exact_limit:
+    first: int | None = None
+    if m == n:
+        # Nothing required, so every gain is 0: start from an end of the heaviest pair.
+        tops = []
+        for i in range(n):
+            row = list(weights[i])
+            row[i] = _NEG
+            tops.append(max(row))
+        first = tops.index(max(tops))
+    seeds: list[int | None] = [first]
+    if m <= exact_limit:
         # The exact search follows; a good start is all it needs from here.
-        seeds.extend(_best(free, potential, _SMALL_SEEDS))
-    elif len(free) <= SEARCH_LIMIT and len(free) * len(free) * need <= _SEED_WORK_LIMIT:
-        seeds += free
-    else:
+        seeds.extend(_ranked(free, potential, _SMALL_SEEDS))
+    elif m <= SEARCH_LIMIT and m * m * need <= _SEED_WORK_LIMIT:
+        seeds.extend(free)
+    elif m <= _SEED_SCAN_LIMIT:
         # Too many to try each: start from the candidates with the best neighbourhoods.
-        seeds.extend(_best(free, potential, _LARGE_SEEDS))
+        seeds.extend(_ranked(free, potential, _LARGE_SEEDS))
     best: list[int] = []
     best_score: float | None = None
     tried: set[tuple[int, ...]] = set()
     for seed in seeds:
-        start = _greedy(weights, free, gain, need, seed)
+        start = _greedy(weights, base, blocked, need, seed)
         key = tuple(sorted(start))
         if key in tried:
             continue
         tried.add(key)
-        picked, score = _improve(weights, free, gain, start)
+        picked, score = _improve(weights, base, blocked, start)
         if best_score is None or score > best_score:
             best, best_score = picked, score
     assert best_score is not None
