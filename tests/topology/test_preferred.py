@@ -293,3 +293,12 @@ def test_link_scores_fill_both_orders_and_keep_the_best_duplicate() -> None:
 def test_default_sharing_config_shares_nothing() -> None:
     devices = gpus(3)
     assert advertise(devices, SharingConfig()) == devices
+
+
+def test_many_whole_devices_stay_on_the_must_include_numa_node() -> None:
+    # 400 candidates (far above the exact limit), NUMA only: the heuristic keeps the set
+    # on the node of must_include.
+    devices = gpus(400, [i % 4 for i in range(400)])
+    ids = choose_preferred(devices, [devices[6]], 20, {})
+    assert len(ids) == 20 and "dev-6" in ids
+    assert all(int(i.split("-")[1]) % 4 == 2 for i in ids)

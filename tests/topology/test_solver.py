@@ -135,3 +135,22 @@ def test_branch_and_bound_alone_finds_the_optimum(
     assert complete and found is not None and len(set(found)) == need
     members = list(required) + found
     assert subset_score(weights, members) == brute_force(weights, size, required).score
+
+
+def test_one_start_above_the_seed_scan_limit_still_finds_a_planted_clique() -> None:
+    rng = random.Random(3)
+    n = 300
+    weights = [[0] * n for _ in range(n)]
+    for a in range(n):
+        for b in range(a + 1, n):
+            weights[a][b] = weights[b][a] = rng.choice([10, 20])
+    clique = rng.sample(range(n), 5)
+    for a in clique:
+        for b in clique:
+            if a != b:
+                weights[a][b] = 300
+    got = solve(weights, 5)
+    assert sorted(got.members) == sorted(clique) and not got.exact
+    # With a required member the greedy grows from it.
+    got = solve(weights, 5, [clique[2]])
+    assert sorted(got.members) == sorted(clique)
