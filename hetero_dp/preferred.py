@@ -117,8 +117,8 @@ def explain_preferred(
 _LISTED = 16  # IDs named in one message; a thousand replicas would drown the point
 
 
-def _ids(devices: Iterable[Device]) -> str:
-    ids = [d.id for d in devices]
+def _ids(devices: Iterable[Device | str]) -> str:
+    ids = [d if isinstance(d, str) else d.id for d in devices]
     more = f" (and {len(ids) - _LISTED} more)" if len(ids) > _LISTED else ""
     return ", ".join(ids[:_LISTED]) + more
 
@@ -140,12 +140,12 @@ def _validate(
             counts[d.id] = counts.get(d.id, 0) + 1
         repeated = [i for i, c in counts.items() if c > 1]
         if repeated:
-            raise AllocationError(f"{what} device IDs repeat: {', '.join(repeated)}")
+            raise AllocationError(f"{what} device IDs repeat: {_ids(repeated)}")
     if advertised is not None:
         known = {d.id for d in advertised}
         unknown = [d.id for d in [*available, *must_include] if d.id not in known]
         if unknown:
-            raise AllocationError(f"unknown device IDs: {', '.join(dict.fromkeys(unknown))}")
+            raise AllocationError(f"unknown device IDs: {_ids(dict.fromkeys(unknown))}")
     have = {d.id for d in available}
     outside = [d for d in must_include if d.id not in have]
     if outside:
