@@ -274,6 +274,24 @@ def _heuristic(
     return best, best_score
 
 
+def _twin_classes(w: list[list[float]], gain: list[float], ranked: list[list[float]]) -> list[int]:
+    """Class number per candidate; candidates alike towards everyone share one."""
+    m = len(w)
+    twin = list(range(m))
+    buckets: dict[tuple[float, tuple[float, ...]], list[int]] = {}
+    for k in range(m):
+        # Twins have the same multiset of weights: a cheap filter before the full test.
+        buckets.setdefault((gain[k], tuple(ranked[k])), []).append(k)
+    for members in buckets.values():
+        for x, a in enumerate(members):
+            if twin[a] != a:
+                continue
+            for b in members[x + 1 :]:
+                if twin[b] == b and all(w[a][c] == w[b][c] for c in range(m) if c != a and c != b):
+                    twin[b] = a
+    return twin
+
+
 def _branch_and_bound(
     weights: Weights,
     free: list[int],
@@ -289,28 +307,46 @@ def _branch_and_bound(
     """
     m = len(free)
 
-    # Order: most promising first, so good sets are found early and cut the rest.
-    def potential(i: int) -> float:
-        best = sorted((weights[i][j] for j in free if j != i), reverse=True)
-        return gain[i] + sum(best[: need - 1])
-
-    order = sorted(free, key=lambda i: (-potential(i), i))
-    w = [[float(weights[a][b]) for b in order] for a in order]
+    w_all = [[float(weights[a][b]) for b in free] for a in free]
+    # Each candidate's weights to the others, best first, sorted once.
+    ranked = [
+        sorted((row[j] for j in range(m) if j != k), reverse=True) for k, row in enumerate(w_all)
+    ]
+    twin = _twin_classes(w_all, [gain[i] for i in free], ranked)
+    # Order: most promising first, so good sets are found early and cut the rest;
+    # twins side by side.
+    potential = [gain[free[k]] + sum(ranked[k][: need - 1]) for k in range(m)]
+    perm = sorted(range(m), key=lambda k: (-potential[k], twin[k], free[k]))
+    order = [free[k] for k in perm]
+    w = [[w_all[a][b] for b in perm] for a in perm]
+    # Twins (same weights to every other candidate, same gain) are interchangeable, so
+    # some best set takes the earliest ones of each class: leaving one out leaves out
+    # the rest of its class too. This settles NVSwitch-like nodes in a few steps.
+    skip = [m] * m
+    for q in range(m - 1, -1, -1):
+        same = q + 1 < m and twin[perm[q + 1]] == twin[perm[q]]
+        skip[q] = skip[q + 1] if same else q + 1
+    by_weight = [sorted(((w[k][j], j) for j in range(m) if j != k), reverse=True) for k in range(m)]
     # tops[p][k][t]: sum of the t best weights from order[k] to the candidates at
     # positions >= p other than itself (the ones still undecided at depth p).
-    tops: list[list[list[float]]] = []
-    for p in range(m):
-        level: list[list[float]] = []
-        for k in range(m):
-            if k < p:
-                level.append([])
-                continue
-            vals = sorted((w[k][j] for j in range(p, m) if j != k), reverse=True)
-            sums = [0.0]
-            for v in vals[: need - 1]:
-                sums.append(sums[-1] + v)
-            level.append(sums)
-        tops.append(level)
+    # Built on first use: a search that is cut early never needs the deep levels.
+    tops: dict[int, list[list[float]]] = {}
+
+    def level_at(p: int) -> list[list[float]]:
+        level = tops.get(p)
+        if level is None:
+            level = []
+            for k in range(m):
+                sums = [0.0]
+                if k >= p:
+                    for v, j in by_weight[k]:
+                        if j >= p:
+                            sums.append(sums[-1] + v)
+                            if len(sums) == need:
+                                break
+                level.append(sums)
+            tops[p] = level
+        return level
 
     best_score = float(incumbent)
     best_set: list[int] | None = None
@@ -331,7 +367,7 @@ def _branch_and_bound(
         if budget is not None and nodes > budget:
             complete = False
             return
-        level = tops[pos]
+        level = level_at(pos)
         t = left - 1
         # Twice the bound, to keep integer weights exact (the half-counted pairs).
         vals = sorted((2 * g[k] + level[k][t] for k in range(pos, m)), reverse=True)
@@ -344,8 +380,8 @@ def _branch_and_bound(
         chosen.pop()
         if not complete:
             return
-        # ... or leave it out.
-        dfs(pos + 1, score, g)
+        # ... or leave it out, with its later twins.
+        dfs(skip[pos], score, g)
 
     dfs(0, 0.0, [float(gain[i]) for i in order])
     return best_set, nodes, complete

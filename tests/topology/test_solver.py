@@ -154,3 +154,36 @@ def test_one_start_above_the_seed_scan_limit_still_finds_a_planted_clique() -> N
     # With a required member the greedy grows from it.
     got = solve(weights, 5, [clique[2]])
     assert sorted(got.members) == sorted(clique)
+
+
+@st.composite
+def symmetric_problems(draw: st.DrawFn) -> tuple[list[list[int]], int, list[int]]:
+    # Devices of a few kinds whose pair weights depend only on the kinds: many twins
+    # (interchangeable candidates), as on NVSwitch nodes split over NUMA nodes.
+    n = draw(st.integers(2, 11))
+    kinds = draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))
+    table = {(a, b): draw(st.sampled_from(LEVELS)) for a in range(3) for b in range(a, 3)}
+    weights = [
+        [0 if i == j else table[tuple(sorted((kinds[i], kinds[j])))] for j in range(n)]
+        for i in range(n)
+    ]
+    size = draw(st.integers(1, n))
+    required = draw(st.lists(st.integers(0, n - 1), unique=True, max_size=size))
+    return weights, size, required
+
+
+@given(symmetric_problems())
+@settings(max_examples=300, deadline=None)
+def test_twin_pruning_keeps_the_search_exact(
+    problem: tuple[list[list[int]], int, list[int]],
+) -> None:
+    weights, size, required = problem
+    best = brute_force(weights, size, required).score
+    assert solve(weights, size, required).score == best
+    free = [i for i in range(len(weights)) if i not in required]
+    need = size - len(required)
+    if 0 < need < len(free):
+        gain = {i: sum(weights[i][q] for q in required) for i in free}
+        found, _nodes, complete = topology._branch_and_bound(weights, free, gain, need, -1, None)
+        assert complete and found is not None
+        assert subset_score(weights, list(required) + found) == best
