@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import threading
@@ -25,6 +26,7 @@ from .delivery import CDIPublisher
 from .errors import BackendError, ConfigError
 from .inotify import DirectoryWatcher
 from .probes import parse_address
+from .sharing import SharingConfig
 
 if TYPE_CHECKING:
     from .daemon import Daemon
@@ -55,40 +57,24 @@ async def configure_backend(b: Backend, options: Mapping[str, Any]) -> None:
     b.options = options
 
 
-def _sharing_entries(raw: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``sharing.timeSlicing.resources`` by name (NVIDIA's schema), plus the global keys."""
-    if not isinstance(raw, Mapping):
-        return {}
-    ts = raw.get("timeSlicing") or {}
-    if not isinstance(ts, Mapping):
-        return {}
-    out: dict[str, Any] = {}
-    for entry in ts.get("resources") or []:
-        if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
-            out[entry["name"]] = dict(entry)
-    out[""] = {k: v for k, v in ts.items() if k != "resources"}
-    return out
+def _sharing_view(sharing: SharingConfig, physical: str) -> tuple[Any, ...]:
+    """What sharing does to one physical resource: its entry, its shared name, its rules."""
+    entry = sharing.entry_for(physical)
+    if entry is None:
+        return (None,)
+    entry = dataclasses.replace(entry, field="")  # where it sits in the file does not matter
+    return (entry, sharing.shared_name(physical), sharing.fail_requests_greater_than_one)
 
 
-def _sharing_affected(old: Config, new: Config) -> set[str] | None:
-    """Resource names whose sharing changed; None means all of them."""
+def _sharing_affected(daemon: Daemon, old: Config, new: Config) -> set[str]:
+    """Advertised resources (old and new names) whose sharing changed."""
     if old.sharing == new.sharing:
         return set()
-    # the sharing schema is NVIDIA's; anything we cannot read restarts every resource
-    a = _sharing_entries(getattr(old.sharing, "raw", None))
-    b = _sharing_entries(getattr(new.sharing, "raw", None))
-    if a.get("") != b.get(""):
-        return None
     names: set[str] = set()
-    for name in set(a) | set(b):
-        if a.get(name) != b.get(name):
-            for entry in (a.get(name), b.get(name)):
-                names.add(name)
-                names.add(f"{name}.shared")
-                if entry and isinstance(entry.get("rename"), str):
-                    names.add(entry["rename"])
-    if not names:  # the sharing objects differ in a way we cannot attribute: be safe
-        return None
+    for rt in daemon.runtimes.values():
+        for physical, advertised in rt.resources.items():
+            if _sharing_view(old.sharing, physical) != _sharing_view(new.sharing, physical):
+                names |= {physical, *advertised, new.sharing.shared_name(physical)}
     return names
 
 
@@ -172,6 +158,12 @@ async def apply_config(daemon: Daemon, new: Config) -> dict[str, list[str]]:
         except ConfigError as e:
             raise ConfigError(e.reason, field=e.field, source=new.source) from None
 
+    if new.sharing != old.sharing:  # the new sharing must fit the devices there are
+        physical = [d for rt in daemon.runtimes.values() for d in rt.discovered.values()]
+        try:
+            new.sharing.validate_devices(physical)
+        except ConfigError as e:
+            raise ConfigError(e.reason, field=e.field, source=new.source) from None
     before = {name: daemon.settings_for(name) for name in daemon.resources}
     await daemon.ops.prepare(old, new)  # binds a new probe address, or refuses
     try:
@@ -200,9 +192,7 @@ async def apply_config(daemon: Daemon, new: Config) -> dict[str, list[str]]:
             daemon.resource_defaults.pop(name, None)
             await daemon._load_defaults(name, rt)
     restart = {name for name in daemon.resources if daemon.settings_for(name) != before[name]}
-    affected = _sharing_affected(old, new)
-    if affected is None:
-        affected = set(daemon.resources)
+    affected = _sharing_affected(daemon, old, new)
     for res in daemon.resources.values():
         res.sharing = new.sharing
         res.settings = daemon.settings_for(res.name)  # backend defaults under the new section

@@ -163,3 +163,34 @@ async def test_reload_of_device_list_strategy_restarts_the_gpu_resource_with_cdi
     ]
     assert "NVIDIA_VISIBLE_DEVICES" not in resp.envs
     assert list((label_dir / "cdi").iterdir())  # the spec the runtime needs is there
+
+
+@pytest.mark.parametrize(
+    ("entry", "resource", "product"),
+    [
+        ({"name": "nvidia.com/gpu", "replicas": 4}, GPU, "Tesla-V100-PCIE-16GB-SHARED"),
+        (
+            {"name": "nvidia.com/gpu", "replicas": 4, "rename": "gpu.shared"},
+            "nvidia.com/gpu.shared",
+            "Tesla-V100-PCIE-16GB",  # renamed: GFD adds no -SHARED
+        ),
+    ],
+)
+async def test_time_slicing_labels(
+    fake_kubelet, plugin_runner, fake_node, label_dir, entry, resource, product
+):
+    node = fake_node("v100-2x-pcie.scn")
+    await plugin_runner.start(
+        NvidiaBackend(environ={}),
+        config={
+            "labels": {"enabled": True, "dir": str(label_dir)},
+            "sharing": {"timeSlicing": {"resources": [entry]}},
+        },
+        options={"nvidia": node.options},
+    )
+    await fake_kubelet.wait_devices(resource, lambda d: len(d) == 8)
+    labels = parse((label_dir / "hetero-dp").read_text())
+    assert labels["nvidia.com/gpu.replicas"] == "4"
+    assert labels["nvidia.com/gpu.count"] == "2"
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+    assert labels["nvidia.com/gpu.product"] == product

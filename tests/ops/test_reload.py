@@ -184,24 +184,37 @@ async def test_reload_turns_metrics_and_labels_on_without_touching_streams(
     assert not (tmp_path / "features.d" / "hetero-dp").exists()
 
 
-def test_sharing_changes_are_attributed_to_their_resources():
-    from hetero_dp.reload import _sharing_affected
+async def test_sharing_reload_restarts_only_the_shared_resource(fake_kubelet, plugin_runner):
+    doc = base_doc(fake_kubelet)
+    doc["sharing"] = {"timeSlicing": {"resources": [{"name": A, "replicas": 2}]}}
+    _, daemon = await start_two(fake_kubelet, plugin_runner, doc)
+    await fake_kubelet.wait_devices(A, lambda d: len(d) == 4)
+    res_b, updates_b = fake_kubelet.resources[B], fake_kubelet.resources[B].updates
 
-    def cfg(sharing):
-        return load_config(raw={"sharing": sharing}, env={})
+    doc["sharing"]["timeSlicing"]["resources"][0]["replicas"] = 3
+    summary = await daemon.apply_config(load_config(raw=doc, env={}))
+    assert summary["restarted"] == [A]
+    await fake_kubelet.wait_registered(A, after=1)
+    devices = await fake_kubelet.wait_devices(A, lambda d: len(d) == 6)
+    assert sorted(devices)[:3] == ["dev0::0", "dev0::1", "dev0::2"]
 
-    one = {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}
-    two = {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}
-    renamed = {
-        "timeSlicing": {
-            "resources": [{"name": "nvidia.com/gpu", "replicas": 2, "rename": "nvidia.com/shared"}]
-        }
-    }
-    assert _sharing_affected(cfg(one), cfg(one)) == set()
-    assert _sharing_affected(cfg(one), cfg(two)) == {"nvidia.com/gpu", "nvidia.com/gpu.shared"}
-    assert "nvidia.com/shared" in _sharing_affected(cfg(one), cfg(renamed))
-    strict = {"timeSlicing": {**one["timeSlicing"], "failRequestsGreaterThanOne": True}}
-    assert _sharing_affected(cfg(one), cfg(strict)) is None  # a global change: every resource
+    shared = "example.com/a-shared"
+    doc["sharing"]["timeSlicing"]["resources"][0]["rename"] = shared
+    summary = await daemon.apply_config(load_config(raw=doc, env={}))
+    assert summary["restarted"] == [A]  # the renamed resource is new: it simply starts
+    await fake_kubelet.wait_devices(shared, lambda d: len(d) == 6)
+    await fake_kubelet.wait_devices(A, lambda d: len(d) == 0)
+
+    # a sharing block that does not fit the devices is rejected
+    doc["sharing"]["timeSlicing"]["resources"][0]["devices"] = ["nope"]
+    old = daemon.config
+    bad = load_config(raw=doc, env={})  # parses; only the devices show it does not fit
+    with pytest.raises(ConfigError, match=r"sharing.*nope"):
+        await daemon.apply_config(bad)
+    assert daemon.config is old
+
+    assert fake_kubelet.registration_count(B) == 1 and fake_kubelet.resources[B] is res_b
+    assert res_b.stream_open and res_b.updates == updates_b  # B never noticed
 
 
 async def test_reload_turns_cdi_delivery_on_and_off(fake_kubelet, plugin_runner):
