@@ -116,10 +116,13 @@ class ProbeServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            status, ctype, body, head = await asyncio.wait_for(self._answer(reader), READ_TIMEOUT)
-        except (asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+            # only reading the request is bounded: a slow backend's metrics hook has its own
+            request = await asyncio.wait_for(self._read_request(reader), READ_TIMEOUT)
+        except (asyncio.TimeoutError, ConnectionError, ValueError):
             writer.close()
             return
+        try:
+            status, ctype, body, head = await self._answer(request)
         except Exception:
             log.exception("probe request failed")
             status, ctype, body, head = 500, "text/plain", b"internal error\n", False
@@ -136,11 +139,14 @@ class ProbeServer:
         finally:
             writer.close()
 
-    async def _answer(self, reader: asyncio.StreamReader) -> tuple[int, str, bytes, bool]:
+    async def _read_request(self, reader: asyncio.StreamReader) -> list[str]:
         request = (await reader.readline()).decode("latin-1").split()
         for _ in range(MAX_HEADER_LINES):  # headers are read and ignored
             if (await reader.readline()) in (b"\r\n", b"\n", b""):
                 break
+        return request
+
+    async def _answer(self, request: list[str]) -> tuple[int, str, bytes, bool]:
         if len(request) != 3:
             return 400, "text/plain", b"bad request\n", False
         method, target, _version = request

@@ -106,3 +106,23 @@ def test_parse_address(text, expected):
 def test_parse_address_rejects(text):
     with pytest.raises(ConfigError, match=r"metrics\.address"):
         parse_address(text)
+
+
+async def test_malformed_and_silent_clients_do_not_hurt_the_server(fake_kubelet, plugin_runner):
+    daemon = await plugin_runner.start(
+        Scripted(make_devices(A, 1)), config={"metrics": {"address": "127.0.0.1:0"}}
+    )
+    port = port_of(daemon)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"garbage\r\n\r\n")
+    assert (await reader.read()).startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    writer.close()
+    _, silent = await asyncio.open_connection("127.0.0.1", port)
+    silent.close()  # connects and goes away without a request
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"X-Long: " + b"a" * 100_000 + b"\r\n\r\n"
+    )
+    await reader.read()  # an over-long header line: dropped, whatever it answers
+    writer.close()
+    assert await http_get(port, "/healthz") == (200, "ok\n")
