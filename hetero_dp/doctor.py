@@ -94,7 +94,7 @@ async def run_doctor(
     out += await _driver(config, backends)
     device_findings, resources = await _devices(config, backends)
     out += device_findings
-    needs = _needs(config, backends, resources)
+    needs = _needs(config, backends, resources)  # resources: name -> effective settings
     out += _runtime(settings, needs)
     out += _kubelet(config, settings)
     out += _daemon(config, settings)
@@ -103,19 +103,18 @@ async def run_doctor(
     return out
 
 
-def _needs(config: Config, backends: Sequence[Backend], resources: Iterable[str]) -> set[str]:
+def _needs(
+    config: Config, backends: Sequence[Backend], resources: Mapping[str, Mapping[str, Any]]
+) -> set[str]:
     """What the runtime must offer: ``cdi`` and/or ``nvidia``."""
     needs = set()
     if config.cdi.get("enabled"):
         needs.add("cdi")
-    for settings in config.resources.values():
+    for settings in [*resources.values(), *config.resources.values()]:
         deliver = settings.get("deliver") or []
         deliver = [deliver] if isinstance(deliver, str) else deliver
         if any(str(s).startswith("cdi") for s in deliver):
             needs.add("cdi")
-    nvidia_opts = config.backend_options(NVIDIA_RUNTIME)
-    if "cdi" in str(nvidia_opts.get("deviceListStrategy", "")):
-        needs.add("cdi")
     if any(b.name == NVIDIA_RUNTIME for b in backends) or any(
         r.startswith("nvidia.com/") for r in resources
     ):
@@ -158,9 +157,13 @@ async def _driver(config: Config, backends: Sequence[Backend]) -> list[Finding]:
     return out
 
 
-async def _devices(config: Config, backends: Sequence[Backend]) -> tuple[list[Finding], set[str]]:
+async def _devices(
+    config: Config, backends: Sequence[Backend]
+) -> tuple[list[Finding], dict[str, dict[str, Any]]]:
+    """Configure and discover each backend once; also each resource's effective settings
+    (the backend's ``resource_defaults`` under the config's section)."""
     out: list[Finding] = []
-    resources: set[str] = set()
+    resources: dict[str, dict[str, Any]] = {}
     for b in backends:
         options = config.backend_options(b.name)
         try:
@@ -190,6 +193,12 @@ async def _devices(config: Config, backends: Sequence[Backend]) -> tuple[list[Fi
                     )
                 )
                 continue
+            for name in sorted({d.resource for d in devices}):
+                try:
+                    defaults = await b.resource_defaults(name)
+                except BackendError:
+                    defaults = {}
+                resources[name] = {**defaults, **config.resource_settings(name)}
         finally:
             with contextlib.suppress(BackendError):
                 await b.call("shutdown", timeout=5)
@@ -208,7 +217,6 @@ async def _devices(config: Config, backends: Sequence[Backend]) -> tuple[list[Fi
         counts: dict[str, int] = {}
         for d in devices:
             counts[d.resource] = counts.get(d.resource, 0) + 1
-            resources.add(d.resource)
         summary = ", ".join(f"{r}: {n}" for r, n in sorted(counts.items()))
         sick = [d for d in devices if not d.healthy]
         if sick:

@@ -194,3 +194,45 @@ async def test_time_slicing_labels(
     assert labels["nvidia.com/gpu.count"] == "2"
     assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
     assert labels["nvidia.com/gpu.product"] == product
+
+
+@pytest.mark.parametrize(
+    ("strategy", "containerd", "status", "message"),
+    [
+        ("envvar", "version = 2\n", "fail", "no nvidia runtime and no CDI delivery"),
+        (
+            "cdi-cri",
+            "version = 2\n",
+            "fail",
+            "CDI delivery is configured but containerd has CDI off",
+        ),
+        (
+            "cdi-cri",
+            'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  enable_cdi = true\n',
+            "pass",
+            "CDI delivery",  # CDI alone: no nvidia runtime needed
+        ),
+    ],
+)
+def test_doctor_runtime_check_follows_the_device_list_strategy(
+    fake_node, strategy, containerd, status, message
+):
+    node = fake_node("h100-8x.scn")
+    root = short_tempdir("hdp-nvr-")
+    try:
+        (root / "etc/containerd").mkdir(parents=True)
+        (root / "etc/containerd/config.toml").write_text(containerd)
+        raw = {"flags": {**node.options, "plugin": {"deviceListStrategy": strategy}}}
+        findings = asyncio.run(
+            run_doctor(
+                load_config(raw=raw, env={}),
+                _load(NvidiaBackend(environ={})),
+                DoctorSettings(root=root),
+            )
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    [runtime] = [f for f in findings if f.step == "runtime"]
+    assert runtime.status == status, runtime
+    assert message in runtime.message
+    assert [f.status for f in findings if f.step == "devices"] == ["pass"]
