@@ -294,7 +294,7 @@ class ConfigReloader:
             await self.reload(force=forced)
 
     async def reload(self, *, force: bool = False) -> str:
-        """Load and apply the config now; returns ``applied``, ``unchanged`` or ``rejected``."""
+        """Load and apply the config now: ``applied``, ``unchanged``, ``rejected`` or ``failed``."""
         data = self._read()
         if data is not None and data == self._last and not force:
             return await self._record("unchanged", "")
@@ -304,6 +304,9 @@ class ConfigReloader:
         except ConfigError as e:
             log.error("config reload rejected, keeping the old config: %s", e)
             return await self._record("rejected", str(e))
+        except Exception as e:  # a bug, not a bad file: say so and keep reloading later
+            log.exception("config reload failed")
+            return await self._record("failed", repr(e))
         self._last = data
         return await self._record("applied", repr(summary))
 
