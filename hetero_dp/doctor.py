@@ -32,7 +32,7 @@ import yaml
 from .cdi import device_name_problem, kind_problem
 from .config import Config
 from .errors import BackendError, ConfigError
-from .labels import label_problem
+from .labels import file_name, label_problem
 from .names import KUBELET_SOCKET
 from .plugins import Backend
 from .probes import parse_address
@@ -99,7 +99,7 @@ async def run_doctor(
     out += _kubelet(config, settings)
     out += _daemon(config, settings)
     out += _cdi_specs(config, settings, needs)
-    out += _labels(config, settings)
+    out += _labels(config, settings, backends)
     return out
 
 
@@ -720,23 +720,35 @@ def _cdi_specs(config: Config, settings: DoctorSettings, needs: set[str]) -> lis
 # --- labels ----------------------------------------------------------------------------------
 
 
-def _labels(config: Config, settings: DoctorSettings) -> list[Finding]:
+def _labels(config: Config, settings: DoctorSettings, backends: Sequence[Backend]) -> list[Finding]:
     step = "labels"
     if not config.labels.get("enabled"):
         return [Finding(step, "label file", "skip", "labels.enabled is false")]
-    path = settings.path(config.labels["dir"]) / config.socket_prefix
-    if not path.exists():
+    directory = settings.path(config.labels["dir"])
+    prefix = config.socket_prefix
+    if backends:
+        paths = [directory / file_name(prefix, [b.name for b in backends])]
+        missing = f"{paths[0]} does not exist"
+    else:  # any daemon's file: <prefix>-<backends>
+        paths = sorted(directory.glob(f"{prefix}-*")) if directory.is_dir() else []
+        missing = f"no {prefix}-* label file in {directory}"
+    paths = [p for p in paths if p.is_file()]
+    if not paths:
         return [
             Finding(
                 step,
                 "label file",
                 "fail",
-                f"{path} does not exist",
+                missing,
                 "the daemon writes it once it publishes devices: check that it runs with "
-                "labels.enabled and that labels.dir is mounted from the host's "
-                "/etc/kubernetes/node-feature-discovery/features.d",
+                "labels.enabled (or --labels-dir) and that labels.dir is mounted from the "
+                "host's /etc/kubernetes/node-feature-discovery/features.d",
             )
         ]
+    return [_label_file(step, p) for p in paths]
+
+
+def _label_file(step: str, path: Path) -> Finding:
     bad = []
     count = 0
     for n, line in enumerate(path.read_text().splitlines(), 1):
@@ -748,17 +760,15 @@ def _labels(config: Config, settings: DoctorSettings) -> list[Finding]:
             bad.append(f"line {n}: {problem}")
         count += 1
     if bad:
-        return [
-            Finding(
-                step,
-                "label file",
-                "fail",
-                f"{path}: " + "; ".join(bad[:5]),
-                "Node Feature Discovery skips invalid lines; remove the file and let the "
-                "daemon rewrite it",
-            )
-        ]
-    return [Finding(step, "label file", "pass", f"{path}: {count} labels")]
+        return Finding(
+            step,
+            path.name,
+            "fail",
+            f"{path}: " + "; ".join(bad[:5]),
+            "Node Feature Discovery skips invalid lines; remove the file and let the "
+            "daemon rewrite it",
+        )
+    return Finding(step, path.name, "pass", f"{path}: {count} labels")
 
 
 # --- output ----------------------------------------------------------------------------------

@@ -66,6 +66,13 @@ def generic_labels(resource: str, physical: Iterable[Device]) -> dict[str, str]:
     return labels
 
 
+def file_name(prefix: str, backends: Iterable[str]) -> str:
+    """``hetero-dp-nvidia``: one file per daemon, so two daemons on a node (say NVIDIA's
+    and a udev one) never overwrite each other's labels."""
+    parts = [re.sub(r"[^A-Za-z0-9_.-]", "_", b) for b in sorted(backends)]
+    return "-".join([prefix, *parts])
+
+
 def render(labels: Mapping[str, str]) -> str:
     return "".join(f"{k}={v}\n" for k, v in sorted(labels.items()))
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from .config import Config
 from .errors import ConfigError
-from .labels import LabelWriter
+from .labels import LabelWriter, file_name
 from .metrics import Metrics
 from .probes import ProbeServer
 from .reload import ConfigReloader
@@ -110,7 +110,8 @@ class Operations:
     def _start_labels(self, cfg: Config) -> None:
         if not cfg.labels.get("enabled"):
             return
-        self.labels = LabelWriter(self.daemon, str(cfg.labels["dir"]), cfg.socket_prefix)
+        name = file_name(cfg.socket_prefix, [b.name for b in self.daemon.backends])
+        self.labels = LabelWriter(self.daemon, str(cfg.labels["dir"]), name)
         self.daemon.publishers.append(self.labels)
 
     def _stop_labels(self) -> None:

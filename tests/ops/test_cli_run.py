@@ -80,7 +80,7 @@ async def test_run_serves_probes_and_reloads_its_config_file(
         assert status == 200, body
         status, text = await http_get(port, "/metrics")
         assert f'hetero_dp_devices{{resource="{SIM}"}} 2.0' in text
-        assert (label_dir / "hetero-dp").read_text().startswith(f"{SIM}.count=2\n")
+        assert (label_dir / "hetero-dp-simulated").read_text().startswith(f"{SIM}.count=2\n")
 
         doc["backends"]["simulated"]["count"] = 3
         path.write_text(yaml.safe_dump(doc))
@@ -96,7 +96,7 @@ async def test_run_serves_probes_and_reloads_its_config_file(
 
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 20) == 0
-        assert not (label_dir / "hetero-dp").exists()
+        assert not (label_dir / "hetero-dp-simulated").exists()
     finally:
         if proc.returncode is None:
             proc.kill()

@@ -148,7 +148,7 @@ async def test_a_healthy_node_passes_every_step(root):
     assert "nothing special" in only(findings, "runtime").message
     assert only(findings, "kubelet", "hetero-dp-").status == "pass"
     assert f"{RES}: ready (2 devices)" in only(findings, "daemon").message
-    assert only(findings, "labels").message.endswith("hetero-dp: 1 labels")
+    assert only(findings, "labels").message.endswith("hetero-dp-scripted: 1 labels")
     assert only(findings, "driver").status == "skip"  # Scripted offers no driver checks
 
 
@@ -335,8 +335,9 @@ def test_cdi_on_without_specs_fails(root):
 def test_label_file_missing_or_invalid(root):
     config = {"labels": {"enabled": True, "dir": "/" + LABELS}}
     f = only(doctor(root, config=config), "labels")
-    assert f.status == "fail" and "does not exist" in f.message and "labels.enabled" in f.fix
-    root.file(f"{LABELS}/hetero-dp", "example.com/accel.count=2\nbroken line\nx/y=has space\n")
+    assert f.status == "fail" and "no hetero-dp-* label file" in f.message
+    assert "labels.enabled" in f.fix
+    root.file(f"{LABELS}/hetero-dp-acme", "example.com/accel.count=2\nbroken line\nx/y=has space\n")
     f = only(doctor(root, config=config), "labels")
     assert f.status == "fail" and "line 2: not key=value" in f.message
     assert "line 3" in f.message

@@ -51,7 +51,7 @@ class FileWaiter:
 async def test_generic_and_backend_labels_follow_the_device_set(
     fake_kubelet, plugin_runner, label_dir
 ):
-    waiter = FileWaiter(label_dir, "hetero-dp")
+    waiter = FileWaiter(label_dir, "hetero-dp-simulated")
     try:
         backend = SimulatedBackend()
         daemon = await plugin_runner.start(
@@ -62,16 +62,20 @@ async def test_generic_and_backend_labels_follow_the_device_set(
         await fake_kubelet.wait_registered(SIM)
         labels = await waiter.wait_content(lambda lb: f"{SIM}.count" in lb)
         assert labels == {f"{SIM}.count": "4", f"{SIM}.product": "Simulated-Accelerator"}
-        text = (label_dir / "hetero-dp").read_text()
+        text = (label_dir / "hetero-dp-simulated").read_text()
         assert text.endswith("\n") and all("=" in line for line in text.splitlines())
-        assert not [p for p in label_dir.iterdir() if p.name != "hetero-dp"]  # no temp files
+        assert not [
+            p for p in label_dir.iterdir() if p.name != "hetero-dp-simulated"
+        ]  # no temp files
 
         backend.set_count(6)
         labels = await waiter.wait_content(lambda lb: lb.get(f"{SIM}.count") == "6")
         assert labels[f"{SIM}.product"] == "Simulated-Accelerator"
 
         await plugin_runner.stop(daemon)
-        assert not (label_dir / "hetero-dp").exists()  # a stopped plugin advertises nothing
+        assert not (
+            label_dir / "hetero-dp-simulated"
+        ).exists()  # a stopped plugin advertises nothing
     finally:
         waiter.watcher.close()
 
@@ -96,7 +100,7 @@ async def test_backend_labels_win_invalid_ones_are_dropped_and_health_does_not_r
     fake_kubelet, plugin_runner, label_dir
 ):
     res = "example.com/accel"
-    waiter = FileWaiter(label_dir, "hetero-dp")
+    waiter = FileWaiter(label_dir, "hetero-dp-scripted")
     try:
         backend = Labelled(make_devices(res, 2))
         daemon = await plugin_runner.start(
@@ -135,3 +139,17 @@ def test_label_helpers():
         "acme.io/npu.product": "Acme-X2",
     }
     assert generic_labels("acme.io/npu", []) == {"acme.io/npu.count": "0"}
+
+
+async def test_two_daemons_on_a_node_keep_their_own_label_files(
+    fake_kubelet, plugin_runner, label_dir
+):
+    config = {"labels": {"enabled": True, "dir": str(label_dir)}}
+    sim = await plugin_runner.start(SimulatedBackend(), config=config)
+    await plugin_runner.start(Scripted(make_devices("example.com/accel", 3)), config=config)
+    await fake_kubelet.wait_registered(SIM)
+    await fake_kubelet.wait_registered("example.com/accel")
+    assert parse((label_dir / "hetero-dp-simulated").read_text())[f"{SIM}.count"] == "4"
+    assert parse((label_dir / "hetero-dp-scripted").read_text()) == {"example.com/accel.count": "3"}
+    await plugin_runner.stop(sim)
+    assert sorted(p.name for p in label_dir.iterdir()) == ["hetero-dp-scripted"]

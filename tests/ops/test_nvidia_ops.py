@@ -67,7 +67,7 @@ async def test_gfd_labels_and_dcgm_metrics_from_a_running_daemon(
         options={"nvidia": node.options},
     )
     await fake_kubelet.wait_devices(GPU, lambda d: len(d) == 8)
-    labels = parse((label_dir / "hetero-dp").read_text())
+    labels = parse((label_dir / "hetero-dp-nvidia").read_text())
     assert labels == {
         "nvidia.com/gpu.count": "8",
         "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
@@ -99,7 +99,7 @@ async def test_mig_mixed_labels(fake_kubelet, plugin_runner, fake_node, label_di
         options={"nvidia": {**node.options, "migStrategy": "mixed"}},
     )
     await fake_kubelet.wait_registered("nvidia.com/mig-1g.10gb")
-    labels = parse((label_dir / "hetero-dp").read_text())
+    labels = parse((label_dir / "hetero-dp-nvidia").read_text())
     assert labels["nvidia.com/mig.strategy"] == "mixed"
     assert labels["nvidia.com/mig-1g.10gb.count"] == "8"
     assert labels["nvidia.com/mig-1g.10gb.memory"] == "9856"
@@ -189,7 +189,7 @@ async def test_time_slicing_labels(
         options={"nvidia": node.options},
     )
     await fake_kubelet.wait_devices(resource, lambda d: len(d) == 8)
-    labels = parse((label_dir / "hetero-dp").read_text())
+    labels = parse((label_dir / "hetero-dp-nvidia").read_text())
     assert labels["nvidia.com/gpu.replicas"] == "4"
     assert labels["nvidia.com/gpu.count"] == "2"
     assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"

@@ -175,13 +175,13 @@ async def test_reload_turns_metrics_and_labels_on_without_touching_streams(
     assert summary == {"restarted": [], "reconfigured": []}
     status, body = await http_get(port_of(daemon), "/readyz")
     assert status == 200 and f"{A}: ready" in body
-    text = (tmp_path / "features.d" / "hetero-dp").read_text()
+    text = (tmp_path / "features.d" / "hetero-dp-scripted").read_text()
     assert f"{A}.count=2\n{B}.count=2\n" == text
     assert fake_kubelet.registration_count(A) == fake_kubelet.registration_count(B) == 1
 
     doc["labels"] = {"enabled": False}
     await daemon.apply_config(load_config(raw=doc, env={}))
-    assert not (tmp_path / "features.d" / "hetero-dp").exists()
+    assert not (tmp_path / "features.d" / "hetero-dp-scripted").exists()
 
 
 async def test_sharing_reload_restarts_only_the_shared_resource(fake_kubelet, plugin_runner):
