@@ -126,7 +126,12 @@ class Metrics:
         )
         self.kubelet_restarts = Counter(
             PREFIX + "kubelet_restarts",
-            "Kubelet restarts seen (kubelet.sock created or own socket deleted).",
+            "Kubelet restarts seen (a new kubelet.sock).",
+            registry=r,
+        )
+        self.socket_deletions = Counter(
+            PREFIX + "socket_deletions",
+            "Own plugin sockets deleted by someone else (a kubelet restart, or a cleanup).",
             registry=r,
         )
         self.stream_opens = Counter(
@@ -192,7 +197,11 @@ class Metrics:
         elif event == "registration_failed":
             self.registration_failures.labels(resource).inc()
         elif event == "kubelet_restart":
-            self.kubelet_restarts.inc()
+            # one restart is one new kubelet.sock plus a deletion per plugin socket
+            if fields.get("reason") == "kubelet.sock created":
+                self.kubelet_restarts.inc()
+            else:
+                self.socket_deletions.inc()
         elif event == "stream_opened":
             self.stream_opens.labels(resource).inc()
         elif event == "hook_error":

@@ -67,13 +67,14 @@ async def test_hook_errors_and_kubelet_restarts_are_counted(fake_kubelet, plugin
     assert value(m, "hetero_dp_hook_errors_total", backend="scripted", hook="check_health") == 1
     assert value(m, "hetero_dp_devices_healthy", resource=RES) == 1
 
-    restarted = expect_event("kubelet_restart")
+    restarted = expect_event("kubelet_restart", lambda f: f["reason"] == "kubelet.sock created")
     await fake_kubelet.restart()
     await asyncio.wait_for(restarted, 10)
     await fake_kubelet.wait_registered(RES, after=1)
     await wait_ready(daemon)
     m = await scrape(daemon)
-    assert value(m, "hetero_dp_kubelet_restarts_total") >= 1
+    assert value(m, "hetero_dp_kubelet_restarts_total") == 1
+    assert value(m, "hetero_dp_socket_deletions_total") <= 1  # the fake deletes it, too
     assert value(m, "hetero_dp_registrations_total", resource=RES, mode="classic") == 2
     assert value(m, "hetero_dp_list_and_watch_opened_total", resource=RES) == 2
 
