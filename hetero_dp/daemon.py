@@ -29,6 +29,7 @@ from .inotify import DirectoryWatcher
 from .kubelet.endpoint import PluginEndpoint
 from .names import KUBELET_SOCKET, resource_name_problem
 from .plugins import Backend
+from .preferred import link_scores
 from .resource import Resource
 from .sharing import advertise
 
@@ -325,10 +326,7 @@ class Daemon:
         except BackendError as e:
             self._hook_error(rt, "links", e)
             return
-        table: dict[tuple[str, str], int] = {}
-        for link in links:
-            table[(link.a, link.b)] = link.score
-            table[(link.b, link.a)] = link.score
+        table = link_scores(links)
         for names in rt.resources.values():
             for name in names:
                 if name in self.resources:
