@@ -2,9 +2,10 @@
 
 umockdev's preload library must be in LD_PRELOAD when a process starts, so the
 tests marked ``umockdev`` cannot run in an ordinary pytest process. Outside the
-preload, the first such test starts ONE child pytest under ``umockdev-wrapper``
-running every selected ``umockdev`` test, and each test here then reports the
-child's outcome for its own node ID (failure text included). Under the preload
+preload each such test is replaced by a proxy item (same node ID and markers, no
+fixtures); the first proxy to run starts ONE child pytest under
+``umockdev-wrapper`` with every selected ``umockdev`` test, and each proxy then
+reports the child's outcome for its node ID (failure text included). Under the preload
 (``umockdev-wrapper python3 -m pytest tests/udev``) they simply run in-process.
 Where umockdev is missing they skip, naming the packages to install.
 """
@@ -21,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from hetero_dp_udev import testing
 
 DATA = Path(__file__).parent / "data"
@@ -33,27 +33,64 @@ CHILD_TIMEOUT_S = 300
 _child: dict[str, Any] = {}
 
 
+class UmockdevProxy(pytest.Item):
+    """Stands in, outside the preload, for a ``umockdev`` test: no fixtures run here;
+    it reports what the test did in the child run."""
+
+    def runtest(self) -> None:
+        if "results" not in _child:
+            _child["results"] = _run_child(self.config, self.session)
+        results = _child["results"]
+        outcome = results.get(self.nodeid)
+        if outcome is None:
+            pytest.fail(
+                "the umockdev child run reported nothing for this test:\n" + results["__output__"],
+                pytrace=False,
+            )
+        if outcome["outcome"] == "skipped":
+            pytest.skip(outcome["text"])
+        if outcome["outcome"] != "passed":
+            pytest.fail(f"under umockdev-wrapper:\n{outcome['text']}", pytrace=False)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, self.name
+
+
+@pytest.hookimpl(trylast=True)  # after -k/-m deselection
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if MISSING is None:
-        return
-    skip = pytest.mark.skip(reason=f"needs umockdev: {MISSING}")
-    for item in items:
-        if item.get_closest_marker("umockdev"):
-            item.add_marker(skip)
+    for n, item in enumerate(items):
+        if not item.get_closest_marker("umockdev"):
+            continue
+        if MISSING is not None:
+            item.add_marker(pytest.mark.skip(reason=f"needs umockdev: {MISSING}"))
+        elif not UNDER_PRELOAD:
+            assert item.parent is not None
+            proxy = UmockdevProxy.from_parent(item.parent, name=item.name)
+            proxy.own_markers = list(item.own_markers)
+            proxy.keywords.update(item.keywords)
+            items[n] = proxy
+
+
+def _plugin_args(config: pytest.Config) -> list[str]:
+    """The parent's ``-p`` options (plugins loaded or disabled), for the child."""
+    args = [str(a) for a in config.invocation_params.args]
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == "-p" and i + 1 < len(args):
+            out += ["-p", args[i + 1]]
+        elif arg.startswith("-p") and len(arg) > 2:
+            out.append(arg)
+    return out
 
 
 def _run_child(config: pytest.Config, session: pytest.Session) -> dict[str, Any]:
-    ids = [
-        item.nodeid
-        for item in session.items
-        if item.get_closest_marker("umockdev") and item.nodeid.startswith("tests/udev/")
-    ]
+    ids = [item.nodeid for item in session.items if isinstance(item, UmockdevProxy)]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "results.json"
         env = dict(os.environ, **{RESULTS_ENV: str(out)})
         cmd = ["umockdev-wrapper", sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
         proc = subprocess.run(
-            [*cmd, *ids],
+            [*cmd, *_plugin_args(config), *ids],
             cwd=config.rootpath,
             env=env,
             capture_output=True,
@@ -63,27 +100,6 @@ def _run_child(config: pytest.Config, session: pytest.Session) -> dict[str, Any]
         results: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
     results["__output__"] = proc.stdout[-4000:] + proc.stderr[-4000:]
     return results
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
-    """Outside the preload, answer a umockdev test with the child run's outcome."""
-    if UNDER_PRELOAD or not pyfuncitem.get_closest_marker("umockdev"):
-        return None
-    if "results" not in _child:
-        _child["results"] = _run_child(pyfuncitem.config, pyfuncitem.session)
-    results = _child["results"]
-    outcome = results.get(pyfuncitem.nodeid)
-    if outcome is None:
-        pytest.fail(
-            "the umockdev child run reported nothing for this test:\n" + results["__output__"],
-            pytrace=False,
-        )
-    if outcome["outcome"] == "skipped":
-        pytest.skip(outcome["text"])
-    if outcome["outcome"] != "passed":
-        pytest.fail(f"under umockdev-wrapper:\n{outcome['text']}", pytrace=False)
-    return True
 
 
 # ----------------------------------------------------------------- child side
@@ -112,12 +128,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 @pytest.fixture
-def testbed() -> Iterator[testing.Testbed | None]:
-    """An empty umockdev testbed (None outside the preload, where the test body
-    does not run here)."""
-    if not UNDER_PRELOAD:
-        yield None
-        return
+def testbed() -> Iterator[testing.Testbed]:
+    """An empty umockdev testbed."""
     with testing.Testbed() as bed:
         yield bed
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from hetero_dp import ConfigError
 from hetero_dp_udev import UdevBackend, load_rules, shipped_rule_sets
 from hetero_dp_udev.names import resource_name_problem
 from hetero_dp_udev.rules import parse_rules
+
+from hetero_dp import ConfigError
+
 
 def test_every_shipped_rule_set_loads() -> None:
     assert set(shipped_rule_sets()) >= {"amd-gpu", "ascend-npu", "gaudi", "xilinx-fpga", "dev-glob"}
@@ -78,14 +79,18 @@ GOOD = "  - name: example.com/good\n    match: {subsystem: pci}\n"
             ["resources[1].env.A", "unknown placeholder {idx}"],
         ),
         (
-            "  - name: example.com/x\n    match: {subsystem: pci}\n    nodeTemplates: ['davinci{index}']\n",
+            "  - name: example.com/x\n    match: {subsystem: pci}\n"
+            "    nodeTemplates: ['davinci{index}']\n",
             ["resources[1].nodeTemplates[0]", "under /dev/"],
         ),
         (
             "  - name: example.com/x\n    match: {vendor: nvidia}\n",
             ["resources[1].match.vendor", "hex ID"],
         ),
-        ("  - name: example.com/x\n    match: {subsystem: pci}\n    id: uuid\n", ["resources[1].id"]),
+        (
+            "  - name: example.com/x\n    match: {subsystem: pci}\n    id: uuid\n",
+            ["resources[1].id"],
+        ),
         (
             "  - name: example.com/x\n    match: {subsystem: pci}\n    index: [first]\n",
             ["resources[1].index"],
@@ -151,7 +156,8 @@ def test_doctor_reports_bad_rules_as_fail(tmp_path: Path) -> None:
 
 def test_unquoted_hex_ids_are_read_as_hex() -> None:
     (rule,) = parse_rules(
-        "resources:\n  - name: amd.com/gpu\n    match: {vendor: 0x1002, device: ['740f', 0x740C]}\n",
+        "resources:\n  - name: amd.com/gpu\n"
+        "    match: {vendor: 0x1002, device: ['740f', 0x740C]}\n",
         source="inline",
     )
     assert rule.match.vendor == {0x1002}

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import re
@@ -243,7 +242,11 @@ class UdevBackend:
                 fix=f"fix the rules, or use shipped rule sets: {', '.join(shipped_rule_sets())}",
             )
             return
-        yield Check("udev rules", "pass", f"{len(rules)} resource(s): " + ", ".join(r.resource for r in rules))
+        yield Check(
+            "udev rules",
+            "pass",
+            f"{len(rules)} resource(s): " + ", ".join(r.resource for r in rules),
+        )
         try:
             context = pyudev.Context()
         except Exception as exc:

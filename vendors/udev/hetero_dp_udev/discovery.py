@@ -55,7 +55,7 @@ def natural_key(text: str) -> tuple[object, ...]:
 def attribute(dev: pyudev.Device, name: str) -> str | None:
     """A sysfs attribute as stripped text, or None when absent or unreadable."""
     try:
-        return dev.attributes.asstring(name).strip()
+        return str(dev.attributes.asstring(name)).strip()
     except (KeyError, OSError, UnicodeDecodeError):
         return None
 
@@ -200,7 +200,7 @@ def _device_id(rule: Rule, dev: pyudev.Device, pci: pyudev.Device | None) -> str
     if rule.id_kind == "node":
         return os.path.basename(dev.device_node) if dev.device_node else None
     if rule.id_kind == "sysname":
-        return dev.sys_name
+        return str(dev.sys_name)
     if rule.id_kind == "serial":
         return _serial(dev, pci)
     assert rule.id_attribute is not None
@@ -299,7 +299,9 @@ def _build_found(
     if rule.primary_node and dev.device_node:
         nodes.append(dev.device_node)
     for comp in rule.companions:
-        found_nodes = sorted(_companions(context, dev, pci, comp), key=lambda d: natural_key(d.device_node))
+        found_nodes = sorted(
+            _companions(context, dev, pci, comp), key=lambda d: natural_key(d.device_node)
+        )
         for cand in found_nodes:
             related.add(cand.sys_path)
             if cand.device_node not in nodes:
@@ -362,7 +364,10 @@ def to_device(found: Found, reasons: Iterable[str]) -> Device:
     rule = found.rule
     why = "; ".join(reasons)
     nodes = [DeviceNode(host_path=p, permissions=rule.permissions) for p in found.nodes]
-    nodes += [DeviceNode(host_path=p, permissions=rule.permissions, shared=True) for p in rule.shared_nodes]
+    nodes += [
+        DeviceNode(host_path=p, permissions=rule.permissions, shared=True)
+        for p in rule.shared_nodes
+    ]
     return Device(
         id=found.id,
         resource=rule.resource,

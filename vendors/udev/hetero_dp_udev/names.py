@@ -6,6 +6,7 @@ module uses it when present and falls back to its own copy of the kubelet's rule
 
 from __future__ import annotations
 
+import importlib
 import re
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -17,12 +18,12 @@ def resource_name_problem(name: object) -> str | None:
     if not isinstance(name, str) or not name:
         return "must be a non-empty string like vendor.com/device"
     try:  # one place for each fact: prefer the core's check once it exists
-        from hetero_dp.names import validate_resource_name  # type: ignore[import-not-found]
+        core = importlib.import_module("hetero_dp.names")
     except ImportError:
         pass
     else:
         try:
-            validate_resource_name(name)
+            core.validate_resource_name(name)
         except ValueError as exc:
             return str(exc)
         return None
@@ -33,8 +34,10 @@ def resource_name_problem(name: object) -> str | None:
         return f"{name!r}: the kubernetes.io/ prefix is reserved"
     if name.startswith("requests."):
         return f"{name!r} must not start with 'requests.'"
-    if not prefix or len(prefix) > 253 or not all(
-        _DNS_LABEL.fullmatch(label) for label in prefix.split(".")
+    if (
+        not prefix
+        or len(prefix) > 253
+        or not all(_DNS_LABEL.fullmatch(label) for label in prefix.split("."))
     ):
         return f"{name!r}: prefix {prefix!r} is not a lowercase DNS subdomain"
     if not part or len(part) > 63 or not _NAME_PART.fullmatch(part):

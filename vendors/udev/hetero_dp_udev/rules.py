@@ -192,7 +192,9 @@ def parse_rules(text: str, source: str) -> list[Rule]:
         raise ConfigError("must be a mapping with a 'resources' list", source=source)
     _no_unknown(doc, {"version", "resources"}, source, "")
     if doc.get("version", 1) != 1:
-        raise ConfigError(f"unsupported version {doc['version']!r} (1)", field="version", source=source)
+        raise ConfigError(
+            f"unsupported version {doc['version']!r} (1)", field="version", source=source
+        )
     entries = doc.get("resources")
     if not isinstance(entries, list) or not entries:
         raise ConfigError("must be a non-empty list", field="resources", source=source)
@@ -235,7 +237,7 @@ ENTRY_KEYS = {
 MATCH_KEYS = {"subsystem", "sysname", "devnode", "vendor", "device", "driver", "attributes"}
 MATCH_KEYS |= {"properties"}
 COMPANION_KEYS = {"subsystem", "sysname", "devnode", "scope"}
-HEALTH_KEYS = {"attribute", "equals", "regex", "on", "interval"}
+HEALTH_KEYS = {"attribute", "equals", "regex", "target", "interval"}
 MOUNT_KEYS = {"hostPath", "containerPath", "readOnly"}
 
 
@@ -257,7 +259,8 @@ def _parse_entry(raw: object, source: str, position: int) -> Rule:
     unknown = sorted(str(k) for k in raw if k not in ENTRY_KEYS)
     if unknown:
         raise ctx.error(
-            unknown[0], f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(ENTRY_KEYS))}"
+            unknown[0],
+            f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(ENTRY_KEYS))}",
         )
     problem = resource_name_problem(name)
     if problem:
@@ -550,14 +553,16 @@ def _parse_health(raw: object, ctx: _Entry) -> HealthRule:
         pattern = Pattern(regex=_regex(raw["regex"], ctx, "health.regex"))
     else:
         pattern = Pattern(equals=str(raw["equals"]))
-    target = raw.get("on", "device")
+    target = raw.get("target", "device")
     if target not in TARGETS:
-        raise ctx.error("health.on", f"must be one of {', '.join(TARGETS)}, got {target!r}")
+        raise ctx.error("health.target", f"must be one of {', '.join(TARGETS)}, got {target!r}")
     interval = raw.get("interval")
     if interval is not None and (
         isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0
     ):
-        raise ctx.error("health.interval", f"must be a positive number of seconds, got {interval!r}")
+        raise ctx.error(
+            "health.interval", f"must be a positive number of seconds, got {interval!r}"
+        )
     return HealthRule(
         attribute=attribute,
         pattern=pattern,

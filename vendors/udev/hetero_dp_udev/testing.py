@@ -45,7 +45,7 @@ class _GError(ctypes.Structure):
     _fields_ = [("domain", ctypes.c_uint32), ("code", ctypes.c_int), ("message", ctypes.c_char_p)]
 
 
-def _load() -> tuple[ctypes.CDLL, ctypes.CDLL]:
+def _load() -> tuple[ctypes.CDLL, ctypes.CDLL, ctypes.CDLL]:
     lib = ctypes.CDLL("libumockdev.so.0")
     gobject = ctypes.CDLL("libgobject-2.0.so.0")
     ptr, text = ctypes.c_void_p, ctypes.c_char_p
@@ -67,9 +67,7 @@ def _load() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     glib = ctypes.CDLL("libglib-2.0.so.0")
     glib.g_free.argtypes = [ptr]
     glib.g_error_free.argtypes = [ctypes.POINTER(_GError)]
-    gobject.g_free = glib.g_free  # type: ignore[attr-defined]
-    gobject.g_error_free = glib.g_error_free  # type: ignore[attr-defined]
-    return lib, gobject
+    return lib, gobject, glib
 
 
 def _sys(path: str) -> str:
@@ -81,16 +79,18 @@ class Testbed:
     """A fake device tree for libudev in this process. Use as a context manager;
     one at a time (umockdev points ``UMOCKDEV_DIR`` at the newest testbed)."""
 
+    __test__ = False  # not a pytest test class
+
     def __init__(self) -> None:
         if not under_preload():
             raise RuntimeError(
                 f"umockdev needs {PRELOAD} preloaded: run under `umockdev-wrapper python3 ...`"
             )
-        self._lib, self._gobject = _load()
+        self._lib, self._gobject, self._glib = _load()
         self._handle: int | None = self._lib.umockdev_testbed_new()
         raw = self._lib.umockdev_testbed_get_root_dir(self._handle)
         self.root = Path(ctypes.string_at(raw).decode())
-        self._gobject.g_free(raw)  # type: ignore[attr-defined]
+        self._glib.g_free(raw)
 
     def __enter__(self) -> Testbed:
         return self
@@ -119,7 +119,7 @@ class Testbed:
         if not ok:
             message = err.contents.message.decode() if err else "unknown error"
             if err:
-                self._gobject.g_error_free(err)  # type: ignore[attr-defined]
+                self._glib.g_error_free(err)
             raise ValueError(f"umockdev rejected the device description: {message}")
 
     def add_file(self, path: str | os.PathLike[str]) -> None:
