@@ -11,9 +11,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Union
 
-AttributeValue = Union[str, int, float, bool]
+AttributeValue = str | int | float | bool
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"

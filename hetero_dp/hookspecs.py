@@ -1,3 +1,4 @@
+# mypy: disable-error-code="empty-body"
 """Every hook a backend can implement: the whole plugin contract on one screen.
 
 A backend is a module (or object) with functions marked ``@hetero_dp.hookimpl``

@@ -1,0 +1,137 @@
+"""The ``hetero-dp`` command: thin click wrappers that parse and call."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from .config import Config, load_config, set_option
+from .errors import ConfigError
+
+EXIT_CONFIG = 2
+
+
+def _fail_config(e: ConfigError) -> None:
+    click.echo(f"hetero-dp: configuration error: {e}", err=True)
+    sys.exit(EXIT_CONFIG)
+
+
+def _config(config: str | None, options: Sequence[str], **flags: Any) -> Config:
+    overrides: dict[str, Any] = {k: v for k, v in flags.items() if v is not None}
+    for assignment in options:
+        set_option(overrides, assignment)
+    return load_config(config, overrides=overrides)
+
+
+config_option = click.option(
+    "--config",
+    "-c",
+    type=click.Path(dir_okay=False),
+    envvar=["HETERO_DP_CONFIG", "CONFIG_FILE"],
+    help="YAML config file (env HETERO_DP_CONFIG or NVIDIA's CONFIG_FILE).",
+)
+set_option_flag = click.option(
+    "--option",
+    "-o",
+    "options",
+    multiple=True,
+    metavar="BACKEND.KEY=VALUE",
+    help="A backend option, e.g. -o simulated.count=8 (repeatable).",
+)
+
+
+@click.group()
+@click.version_option(package_name="hetero-dp")
+def main() -> None:
+    """Kubernetes device plugins in Python."""
+
+
+@main.command()
+@click.argument("backends", nargs=-1, required=True)
+@config_option
+@set_option_flag
+@click.option("--kubelet-dir", help="Device-plugin dir (env HETERO_DP_KUBELET_DIR).")
+@click.option(
+    "--registration",
+    type=click.Choice(["classic", "watcher"]),
+    help="Register through kubelet.sock (classic) or plugins_registry (watcher).",
+)
+@click.option("--plugins-registry-dir", help="Watcher-mode registration dir.")
+@click.option("--health-interval", type=float, help="Seconds between health polls (0: off).")
+@click.option("--rediscover-interval", type=float, help="Seconds between rediscoveries (0: off).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--log-format", type=click.Choice(["text", "json"]))
+def run(
+    backends: tuple[str, ...],
+    config: str | None,
+    options: tuple[str, ...],
+    kubelet_dir: str | None,
+    registration: str | None,
+    plugins_registry_dir: str | None,
+    health_interval: float | None,
+    rediscover_interval: float | None,
+    log_level: str | None,
+    log_format: str | None,
+) -> None:
+    """Serve BACKENDS (installed names or .py files) to the kubelet until SIGTERM."""
+    from .daemon import Daemon
+    from .logs import setup_logging
+    from .plugins import load_backends
+
+    try:
+        cfg = _config(
+            config,
+            options,
+            kubeletDir=kubelet_dir,
+            registration=registration,
+            pluginsRegistryDir=plugins_registry_dir,
+            healthInterval=health_interval,
+            rediscoverInterval=rediscover_interval,
+            logLevel=log_level,
+            logFormat=log_format,
+        )
+        setup_logging(cfg.log_level, cfg.log_format)
+        daemon = Daemon(cfg, load_backends(backends, timeout=cfg.hook_timeout))
+        asyncio.run(daemon.run())
+    except ConfigError as e:
+        _fail_config(e)
+
+
+@main.command("list")
+@click.argument("backend")
+@config_option
+@set_option_flag
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def list_devices(backend: str, config: str | None, options: tuple[str, ...], as_json: bool) -> None:
+    """Print what BACKEND discovers, without talking to the kubelet."""
+    from .inspect import device_table, devices_json, discover_once
+
+    try:
+        cfg = _config(config, options)
+        devices = asyncio.run(discover_once(backend, cfg))
+    except ConfigError as e:
+        _fail_config(e)
+        return
+    if as_json:
+        click.echo(json.dumps(devices_json(devices), indent=2))
+    else:
+        click.echo(device_table(devices))
+
+
+@main.command()
+@click.option("--devices", "count", default=4, show_default=True, help="Simulated devices.")
+def demo(count: int) -> None:
+    """Run a simulated node in one process: fake kubelet, simulated devices, a health
+    flip and recovery, one allocation. Exits 0 when every step worked."""
+    from .demo import run_demo
+
+    sys.exit(asyncio.run(run_demo(count, echo=click.echo)))
+
+
+if __name__ == "__main__":
+    main()

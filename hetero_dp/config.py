@@ -1,0 +1,287 @@
+"""One configuration schema, from a YAML file, environment variables and flags.
+
+Precedence: flags > environment > file > defaults. Every error names the
+source (file, ``env HETERO_DP_...`` or ``flag --...``), the field and the reason,
+and stops start-up before any socket is touched.
+
+NVIDIA's config file (``version: v1`` with ``flags`` and ``sharing``) is a
+subset of this schema: its ``sharing`` block is ours, and its ``flags`` become
+the options of the backend named ``nvidia``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+from .names import DEFAULT_DEVICE_PLUGIN_DIR, DEFAULT_PLUGINS_REGISTRY_DIR, validate_resource_name
+from .sharing import SharingConfig, parse_sharing
+
+ENV_PREFIX = "HETERO_DP_"
+NVIDIA_FLAGS_BACKEND = "nvidia"
+
+# key -> (type, default, environment variable)
+SCALARS: dict[str, tuple[type, Any]] = {
+    "kubeletDir": (str, DEFAULT_DEVICE_PLUGIN_DIR),
+    "pluginsRegistryDir": (str, DEFAULT_PLUGINS_REGISTRY_DIR),
+    "registration": (str, "classic"),
+    "socketPrefix": (str, "hetero-dp"),
+    "healthInterval": (float, 10.0),
+    "rediscoverInterval": (float, 60.0),
+    "hookTimeout": (float, 10.0),
+    "streamTimeout": (float, 30.0),
+    "logLevel": (str, "info"),
+    "logFormat": (str, "text"),
+}
+SECTIONS = ("backends", "flags", "sharing", "resources", "cdi", "labels", "metrics")
+RESOURCE_KEYS = {
+    "deliver",
+    "cdiKind",
+    "cdiAnnotationPrefix",
+    "replicaPolicy",
+    "preferredAllocation",
+}
+CHOICES = {
+    "registration": ("classic", "watcher"),
+    "logLevel": ("debug", "info", "warning", "error"),
+    "logFormat": ("text", "json"),
+}
+SECTION_KEYS: dict[str, dict[str, tuple[type, Any]]] = {
+    "cdi": {"enabled": (bool, False), "dir": (str, "/var/run/cdi")},
+    "labels": {
+        "enabled": (bool, False),
+        "dir": (str, "/etc/kubernetes/node-feature-discovery/features.d"),
+    },
+    "metrics": {"address": (str, "")},
+}
+
+
+def env_name(key: str) -> str:
+    """``kubeletDir`` -> ``HETERO_DP_KUBELET_DIR``."""
+    snake = "".join("_" + c if c.isupper() else c for c in key).upper()
+    return ENV_PREFIX + snake
+
+
+@dataclass
+class Config:
+    source: str = "defaults"
+    kubelet_dir: Path = Path(DEFAULT_DEVICE_PLUGIN_DIR)
+    plugins_registry_dir: Path = Path(DEFAULT_PLUGINS_REGISTRY_DIR)
+    registration: str = "classic"
+    socket_prefix: str = "hetero-dp"
+    health_interval: float = 10.0
+    rediscover_interval: float = 60.0
+    hook_timeout: float = 10.0
+    stream_timeout: float = 30.0
+    log_level: str = "info"
+    log_format: str = "text"
+    backends: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sharing: SharingConfig = field(default_factory=SharingConfig)
+    resources: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cdi: dict[str, Any] = field(default_factory=lambda: _section_defaults("cdi"))
+    labels: dict[str, Any] = field(default_factory=lambda: _section_defaults("labels"))
+    metrics: dict[str, Any] = field(default_factory=lambda: _section_defaults("metrics"))
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    def backend_options(self, name: str) -> dict[str, Any]:
+        return dict(self.backends.get(name, {}))
+
+    def resource_settings(self, name: str) -> dict[str, Any]:
+        return dict(self.resources.get(name, {}))
+
+
+def _section_defaults(section: str) -> dict[str, Any]:
+    return {k: default for k, (_t, default) in SECTION_KEYS[section].items()}
+
+
+def _coerce(value: Any, typ: type, *, field: str, source: str) -> Any:
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"expected true or false, got {value!r}", field=field, source=source)
+    if typ is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"expected a number, got {value!r}", field=field, source=source)
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"expected a number of seconds, got {value!r}", field=field, source=source
+            ) from None
+        if number < 0 or number != number:
+            raise ConfigError(f"must be >= 0, got {value!r}", field=field, source=source)
+        return number
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"expected a non-empty string, got {value!r}", field=field, source=source)
+    return value
+
+
+def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Parse a YAML config file into a mapping; ConfigError naming the file otherwise."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config file: {e.strerror}", source=str(p)) from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"invalid YAML{where}: {problem}", source=str(p)) from e
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"top level must be a mapping, got {type(data).__name__}", source=str(p))
+    return data
+
+
+def set_option(overrides: dict[str, Any], assignment: str) -> None:
+    """Apply one ``-o backend.key=value`` (value parsed as YAML) to ``overrides``."""
+    key, sep, value = assignment.partition("=")
+    if not sep or "." not in key:
+        raise ConfigError(
+            f"expected BACKEND.KEY=VALUE, got {assignment!r}", field="option", source="flag -o"
+        )
+    backend, _, path = key.partition(".")
+    try:
+        parsed = yaml.safe_load(value) if value else ""
+    except yaml.YAMLError:
+        parsed = value
+    node = overrides.setdefault("backends", {}).setdefault(backend, {})
+    parts = path.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = parsed
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    raw: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build a Config from a file, the environment and flag overrides (camelCase keys)."""
+    env = os.environ if env is None else env
+    source = str(path) if path else ("inline config" if raw is not None else "defaults")
+    raw = read_file(path) if path else dict(raw or {})
+    cfg = Config(source=source, raw=dict(raw))
+
+    unknown = sorted(set(raw) - set(SCALARS) - set(SECTIONS) - {"version"})
+    if unknown:
+        known = ", ".join(sorted({*SCALARS, *SECTIONS, "version"}))
+        raise ConfigError(f"unknown key (known: {known})", field=unknown[0], source=source)
+    if "version" in raw and raw["version"] != "v1":
+        raise ConfigError(
+            f"unsupported version {raw['version']!r}; only 'v1'", field="version", source=source
+        )
+
+    flags = dict(overrides or {})
+    for key, (typ, default) in SCALARS.items():
+        value, where = default, "defaults"
+        if key in raw:
+            value, where = raw[key], source
+        if env_name(key) in env:
+            value, where = env[env_name(key)], f"env {env_name(key)}"
+        if flags.get(key) is not None:
+            value, where = flags[key], f"flag --{key}"
+        value = _coerce(value, typ, field=key, source=where)
+        if key in CHOICES and value not in CHOICES[key]:
+            raise ConfigError(
+                f"must be one of {', '.join(CHOICES[key])}, got {value!r}", field=key, source=where
+            )
+        attr = "".join("_" + c.lower() if c.isupper() else c for c in key)
+        setattr(cfg, attr, Path(value) if key.endswith("Dir") else value)
+
+    cfg.backends = _backends(raw, flags, source)
+    cfg.sharing = parse_sharing(raw.get("sharing"), source)
+    cfg.resources = _resources(raw.get("resources"), source)
+    for section in SECTION_KEYS:
+        setattr(cfg, section, _section(section, raw.get(section), source))
+    return cfg
+
+
+def _mapping(value: Any, field: str, source: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f"expected a mapping, got {type(value).__name__}", field=field, source=source
+        )
+    return value
+
+
+def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _backends(raw: Mapping[str, Any], flags: Mapping[str, Any], source: str) -> dict[str, Any]:
+    backends: dict[str, dict[str, Any]] = {}
+    nvidia_flags = _mapping(raw.get("flags"), "flags", source)
+    if nvidia_flags:
+        backends[NVIDIA_FLAGS_BACKEND] = dict(nvidia_flags)
+    for name, options in _mapping(raw.get("backends"), "backends", source).items():
+        opts = _mapping(options, f"backends.{name}", source)
+        backends[name] = _merge(backends.get(name, {}), opts)
+    for name, options in _mapping(flags.get("backends"), "backends", "flag -o").items():
+        backends[name] = _merge(backends.get(name, {}), options)
+    return backends
+
+
+def _resources(value: Any, source: str) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name, settings in _mapping(value, "resources", source).items():
+        validate_resource_name(name, field=f"resources.{name}", source=source)
+        s = _mapping(settings, f"resources.{name}", source)
+        unknown = sorted(set(s) - RESOURCE_KEYS)
+        if unknown:
+            raise ConfigError(
+                f"unknown key (known: {', '.join(sorted(RESOURCE_KEYS))})",
+                field=f"resources.{name}.{unknown[0]}",
+                source=source,
+            )
+        if "replicaPolicy" in s and s["replicaPolicy"] not in ("distributed", "packed"):
+            raise ConfigError(
+                f"must be 'distributed' or 'packed', got {s['replicaPolicy']!r}",
+                field=f"resources.{name}.replicaPolicy",
+                source=source,
+            )
+        if "preferredAllocation" in s:
+            s["preferredAllocation"] = _coerce(
+                s["preferredAllocation"],
+                bool,
+                field=f"resources.{name}.preferredAllocation",
+                source=source,
+            )
+        out[name] = dict(s)
+    return out
+
+
+def _section(section: str, value: Any, source: str) -> dict[str, Any]:
+    given = _mapping(value, section, source)
+    spec = SECTION_KEYS[section]
+    unknown = sorted(set(given) - set(spec))
+    if unknown:
+        raise ConfigError(
+            f"unknown key (known: {', '.join(sorted(spec))})",
+            field=f"{section}.{unknown[0]}",
+            source=source,
+        )
+    out = _section_defaults(section)
+    for key, (typ, _default) in spec.items():
+        if key in given:
+            out[key] = _coerce(given[key], typ, field=f"{section}.{key}", source=source)
+    return out

@@ -1,0 +1,517 @@
+"""Wires backends, resources, servers and watchers together on one event loop.
+
+Per backend it keeps the discovered (physical) records and two health overlays
+(events pushed by the backend's ``watch`` hook, results of ``check_health``
+polls); a device is healthy only when its record, both overlays and its
+physical parent agree. Every change is published to the affected resources,
+which wake their ListAndWatch streams only on a real change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import signal
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from . import observe
+from .config import Config
+from .device import Device
+from .errors import BackendError, ConfigError
+from .events import EventSink
+from .inotify import DirectoryWatcher
+from .kubelet.endpoint import PluginEndpoint
+from .names import KUBELET_SOCKET, resource_name_problem
+from .plugins import Backend
+from .resource import Resource
+from .sharing import advertise
+
+log = logging.getLogger(__name__)
+
+WATCH_RESTART_BACKOFF = (1.0, 60.0)
+
+Publisher = Callable[["BackendRuntime"], Any]
+
+
+class BackendRuntime:
+    """What the daemon knows about one backend's devices."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.discovered: dict[str, Device] = {}
+        self.event_health: dict[str, tuple[bool, str]] = {}
+        self.poll_health: dict[str, tuple[bool, str]] = {}
+        self.faults: dict[str, str] = {}  # "discover" / "watch" -> reason
+        self.published: dict[str, Device] = {}
+        self.resources: dict[str, set[str]] = {}  # physical resource -> advertised names
+        self.rediscover_wanted = asyncio.Event()
+        self.sink: EventSink | None = None
+        self.watch_thread: threading.Thread | None = None
+        self.watch_task: asyncio.Task[None] | None = None
+        self.poll_busy = False
+
+    def effective(self) -> list[Device]:
+        fault = "; ".join(self.faults.values())
+        out = []
+        for d in self.discovered.values():
+            healthy, reason = d.healthy, d.reason
+            for overlay in (self.event_health, self.poll_health):
+                for key in (d.parent, d.id):
+                    if key is not None and key in overlay:
+                        ok, why = overlay[key]
+                        if not ok and healthy:
+                            healthy, reason = False, why
+            if fault and healthy:
+                healthy, reason = False, fault
+            if healthy and not reason:
+                # a recovery reason stays visible until the next change
+                for overlay in (self.event_health, self.poll_health):
+                    for key in (d.parent, d.id):
+                        if key is not None and key in overlay and overlay[key][0]:
+                            reason = overlay[key][1] or reason
+            out.append(
+                d if (healthy, reason) == (d.healthy, d.reason) else d.with_health(healthy, reason)
+            )
+        return out
+
+
+class Daemon:
+    def __init__(self, config: Config, backends: list[Backend]) -> None:
+        self.config = config
+        self.backends = backends
+        self.runtimes = {b.name: BackendRuntime(b) for b in backends}
+        self.resources: dict[str, Resource] = {}
+        self.endpoints: dict[str, PluginEndpoint] = {}
+        self.owner: dict[str, str] = {}  # advertised resource -> backend name
+        self.publishers: list[Publisher] = []
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._watchers: list[DirectoryWatcher] = []
+        self._background: set[asyncio.Task[Any]] = set()
+        self._started = False
+        self._stop_event = asyncio.Event()
+        self.ready = asyncio.Event()
+
+    # --- start-up --------------------------------------------------------
+
+    async def start(self) -> None:
+        """Configure, discover, validate, then serve and register. ConfigError = bad setup."""
+        for b in self.backends:
+            b.timeout = self.config.hook_timeout
+            b.options = self.config.backend_options(b.name)
+            try:
+                await b.call("configure", options=b.options)
+            except ConfigError as e:
+                if not e.source:
+                    e = ConfigError(e.reason, field=e.field, source=f"backend {b.name}")
+                raise e from None
+            except ValueError as e:
+                raise ConfigError(str(e), source=f"backend {b.name}") from None
+            except BackendError as e:
+                raise ConfigError(str(e), source=f"backend {b.name}") from None
+        for rt in self.runtimes.values():
+            await self._discover(rt, initial=True)
+        self._check_startup_names()
+        for rt in self.runtimes.values():
+            await self._publish(rt)
+        self._watch_kubelet_dir()
+        self._started = True
+        await asyncio.gather(*(ep.start() for ep in self.endpoints.values()))
+        loop = asyncio.get_running_loop()
+        for rt in self.runtimes.values():
+            self._start_watch(rt)
+            self._tasks.append(
+                loop.create_task(self._rediscover_loop(rt), name=f"rediscover {rt.backend.name}")
+            )
+        if self.config.health_interval > 0:
+            self._tasks.append(loop.create_task(self._health_loop(), name="health poll"))
+        self.ready.set()
+
+    def _check_startup_names(self) -> None:
+        for rt in self.runtimes.values():
+            for d in rt.discovered.values():
+                problem = resource_name_problem(d.resource)
+                if problem:
+                    raise ConfigError(
+                        f"device {d.id!r}: {problem}",
+                        field="resource",
+                        source=f"backend {rt.backend.name}",
+                    )
+        check = getattr(self.config.sharing, "validate_devices", None)
+        if check is not None:
+            physical = [d for rt in self.runtimes.values() for d in rt.discovered.values()]
+            check(physical)
+
+    def _watch_kubelet_dir(self) -> None:
+        plugin_dir = self.config.kubelet_dir
+        plugin_dir.mkdir(parents=True, exist_ok=True)
+        w = DirectoryWatcher(plugin_dir, self._on_plugin_dir_event)
+        w.start()
+        self._watchers.append(w)
+        if self.config.registration == "watcher":
+            reg = self.config.plugins_registry_dir
+            reg.mkdir(parents=True, exist_ok=True)
+            w2 = DirectoryWatcher(reg, self._on_registry_dir_event)
+            w2.start()
+            self._watchers.append(w2)
+
+    def _on_plugin_dir_event(self, name: str, kind: str) -> None:
+        if kind == "created" and name == KUBELET_SOCKET:
+            log.info("kubelet.sock created: the kubelet restarted; re-registering")
+            observe.emit("kubelet_restart", reason="kubelet.sock created")
+            for ep in self.endpoints.values():
+                ep.notify_kubelet_appeared()
+                ep.request_restart("kubelet.sock created")
+            return
+        if kind == "deleted":
+            for ep in self.endpoints.values():
+                if name == ep.socket_name and not ep.changing and not ep.socket_path.exists():
+                    log.info(
+                        "own socket %s deleted; restarting",
+                        name,
+                        extra={"resource": ep.resource.name},
+                    )
+                    observe.emit("kubelet_restart", reason=f"{name} deleted")
+                    ep.request_restart(f"socket {name} deleted")
+
+    def _on_registry_dir_event(self, name: str, kind: str) -> None:
+        if kind != "deleted":
+            return
+        for ep in self.endpoints.values():
+            sock = ep.registry_socket
+            if sock is not None and name == sock.name and not ep.changing and not sock.exists():
+                ep.request_restart(f"registration socket {name} deleted")
+
+    # --- resources -------------------------------------------------------
+
+    def _ensure_resource(self, name: str, rt: BackendRuntime) -> Resource | None:
+        owner = self.owner.get(name)
+        if owner is not None and owner != rt.backend.name:
+            msg = (
+                f"resource {name} is served by backend {owner!r} already; "
+                f"ignoring {rt.backend.name!r}"
+            )
+            if not self._started:
+                raise ConfigError(msg, field="resource", source=f"backend {rt.backend.name}")
+            log.error(msg)
+            return None
+        res = self.resources.get(name)
+        if res is None:
+            res = Resource(
+                name,
+                rt.backend,
+                settings=self.config.resource_settings(name),
+                sharing=self.config.sharing,
+            )
+            self.resources[name] = res
+            self.owner[name] = rt.backend.name
+            ep = PluginEndpoint(
+                res,
+                plugin_dir=self.config.kubelet_dir,
+                registry_dir=self.config.plugins_registry_dir,
+                mode=self.config.registration,
+                socket_prefix=self.config.socket_prefix,
+                stream_timeout=self.config.stream_timeout,
+            )
+            self.endpoints[name] = ep
+            if self._started:
+                self._tasks.append(asyncio.get_running_loop().create_task(ep.start()))
+        return res
+
+    async def _publish(self, rt: BackendRuntime) -> None:
+        """Push the backend's effective devices to its resources."""
+        effective = rt.effective()
+        self._log_transitions(rt, effective)
+        ids_changed = set(rt.published) != {d.id for d in effective}
+        rt.published = {d.id: d for d in effective}
+        by_resource: dict[str, list[Device]] = {}
+        for d in effective:
+            if resource_name_problem(d.resource):
+                log.error(
+                    "backend %r: device %r has an invalid resource name %r; ignored",
+                    rt.backend.name,
+                    d.id,
+                    d.resource,
+                )
+                continue
+            by_resource.setdefault(d.resource, []).append(d)
+        for phys in set(rt.resources) - set(by_resource):
+            by_resource[phys] = []
+        for phys, devices in by_resource.items():
+            physical_map = {d.id: d for d in devices}
+            grouped: dict[str, list[Device]] = {}
+            for d in advertise(devices, self.config.sharing):
+                grouped.setdefault(d.resource, []).append(d)
+            names = set(grouped) | rt.resources.get(phys, set())
+            for name in names:
+                res = self._ensure_resource(name, rt)
+                if res is None:
+                    continue
+                if res.state.update(grouped.get(name, []), physical_map):
+                    observe.emit(
+                        "devices_changed",
+                        resource=name,
+                        total=len(res.state.devices),
+                        healthy=res.state.healthy_count,
+                    )
+            rt.resources[phys] = set(grouped) or rt.resources.get(phys, set())
+        if ids_changed and rt.backend.implements("links"):
+            await self._refresh_links(rt)
+        for publish in self.publishers:
+            try:
+                result = publish(rt)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("publisher %r failed", publish)
+
+    def _log_transitions(self, rt: BackendRuntime, effective: Iterable[Device]) -> None:
+        for d in effective:
+            old = rt.published.get(d.id)
+            if old is not None and old.healthy != d.healthy:
+                level = logging.INFO if d.healthy else logging.WARNING
+                log.log(
+                    level,
+                    "device %s is now %s%s",
+                    d.id,
+                    d.health,
+                    f": {d.reason}" if d.reason else "",
+                    extra={"resource": d.resource, "device": d.id, "reason": d.reason},
+                )
+                observe.emit(
+                    "health_transition",
+                    resource=d.resource,
+                    device=d.id,
+                    healthy=d.healthy,
+                    reason=d.reason,
+                )
+
+    async def _refresh_links(self, rt: BackendRuntime) -> None:
+        try:
+            links = await rt.backend.links(list(rt.discovered.values()))
+        except BackendError as e:
+            self._hook_error(rt, "links", e)
+            return
+        table: dict[tuple[str, str], int] = {}
+        for link in links:
+            table[(link.a, link.b)] = link.score
+            table[(link.b, link.a)] = link.score
+        for names in rt.resources.values():
+            for name in names:
+                if name in self.resources:
+                    self.resources[name].links = table
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _hook_error(self, rt: BackendRuntime, hook: str, e: Exception) -> None:
+        log.error("%s", e, extra={"backend": rt.backend.name, "hook": hook})
+        observe.emit("hook_error", backend=rt.backend.name, hook=hook, error=str(e))
+
+    # --- discovery and health -------------------------------------------
+
+    async def _discover(self, rt: BackendRuntime, *, initial: bool = False) -> None:
+        try:
+            devices = await rt.backend.discover()
+        except BackendError as e:
+            self._hook_error(rt, "discover", e)
+            rt.faults["discover"] = f"discovery failed: {e.__cause__ or e}"
+            return
+        rt.faults.pop("discover", None)
+        rt.discovered = {d.id: d for d in devices}
+        known = set(rt.discovered) | {d.parent for d in devices if d.parent}
+        for overlay in (rt.event_health, rt.poll_health):
+            for key in [k for k in overlay if k not in known]:
+                del overlay[key]
+
+    async def rediscover(self, backend_name: str | None = None) -> None:
+        """Discover again now (all backends, or one) and publish the result."""
+        for rt in self.runtimes.values():
+            if backend_name is None or rt.backend.name == backend_name:
+                await self._discover(rt)
+                await self._publish(rt)
+
+    async def _rediscover_loop(self, rt: BackendRuntime) -> None:
+        interval = self.config.rediscover_interval or None
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(rt.rediscover_wanted.wait(), interval)
+            rt.rediscover_wanted.clear()
+            await self._discover(rt)
+            await self._publish(rt)
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health_interval)  # the poll period, not a sync
+            await self.poll_health()
+
+    async def poll_health(self) -> None:
+        """Run every backend's check_health over its devices once, concurrently."""
+        await asyncio.gather(
+            *(
+                self._poll_backend(rt)
+                for rt in self.runtimes.values()
+                if rt.backend.implements("check_health")
+            )
+        )
+
+    async def _poll_backend(self, rt: BackendRuntime) -> None:
+        if rt.poll_busy:  # a previous poll still hangs in the backend: do not pile up
+            return
+        rt.poll_busy = True
+        try:
+            devices = list(rt.discovered.values())
+
+            async def one(d: Device) -> tuple[str, tuple[bool, str]]:
+                try:
+                    return d.id, await rt.backend.check_health(d)
+                except BackendError as e:
+                    self._hook_error(rt, "check_health", e)
+                    return d.id, (False, str(e))
+
+            results = await asyncio.gather(*(one(d) for d in devices))
+            for device_id, verdict in results:
+                if verdict[0] and device_id not in rt.poll_health:
+                    continue
+                rt.poll_health[device_id] = verdict
+        finally:
+            rt.poll_busy = False
+        await self._publish(rt)
+
+    def set_health(
+        self, backend_name: str, device_id: str, healthy: bool, reason: str = ""
+    ) -> None:
+        """Record a pushed health event (fans out to slices and replicas) and publish."""
+        rt = self.runtimes[backend_name]
+        rt.event_health[device_id] = (healthy, reason)
+        self._spawn(self._publish(rt))
+
+    # --- watch hooks -----------------------------------------------------
+
+    def _start_watch(self, rt: BackendRuntime) -> None:
+        b = rt.backend
+        if not b.implements("watch"):
+            return
+        loop = asyncio.get_running_loop()
+        sink = EventSink(
+            loop,
+            lambda i, ok, why: self.set_health(b.name, i, ok, why),
+            rt.rediscover_wanted.set,
+        )
+        rt.sink = sink
+        impl = b._impls["watch"]
+        if inspect.iscoroutinefunction(impl.function):
+            rt.watch_task = loop.create_task(
+                self._run_async_watch(rt, sink), name=f"watch {b.name}"
+            )
+        else:
+            t = threading.Thread(
+                target=self._run_thread_watch,
+                args=(rt, sink, loop),
+                name=f"hdp-watch-{b.name}",
+                daemon=True,
+            )
+            rt.watch_thread = t
+            t.start()
+
+    async def _run_async_watch(self, rt: BackendRuntime, sink: EventSink) -> None:
+        delay = WATCH_RESTART_BACKOFF[0]
+        while not sink.stopping.is_set():
+            try:
+                watch: Any = rt.backend._impls["watch"].function
+                await watch(events=sink)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self._watch_failed(rt, e)
+            await asyncio.sleep(delay)  # backoff before restarting a crashed watcher
+            delay = min(delay * 2, WATCH_RESTART_BACKOFF[1])
+            self._watch_restarted(rt)
+
+    def _run_thread_watch(
+        self, rt: BackendRuntime, sink: EventSink, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        delay = WATCH_RESTART_BACKOFF[0]
+        while not sink.stopping.is_set():
+            try:
+                rt.backend._impls["watch"].function(events=sink)
+                return
+            except Exception as e:
+                if loop.is_closed():
+                    return
+                loop.call_soon_threadsafe(self._watch_failed, rt, e)
+            if sink.stopping.wait(delay):
+                return
+            delay = min(delay * 2, WATCH_RESTART_BACKOFF[1])
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._watch_restarted, rt)
+
+    def _watch_failed(self, rt: BackendRuntime, e: BaseException) -> None:
+        err = BackendError(f"backend {rt.backend.name!r} hook watch raised {e!r}")
+        self._hook_error(rt, "watch", err)
+        rt.faults["watch"] = f"health watcher failed: {e!r}"
+        self._spawn(self._publish(rt))
+
+    def _watch_restarted(self, rt: BackendRuntime) -> None:
+        if rt.faults.pop("watch", None):
+            log.info("restarted the health watcher of backend %r", rt.backend.name)
+            self._spawn(self._publish(rt))
+
+    # --- shutdown --------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stop_event.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stop_event.wait()
+
+    async def stop(self) -> None:
+        """End streams, stop servers, remove own sockets, shut backends down."""
+        for rt in self.runtimes.values():
+            if rt.sink is not None:
+                rt.sink.stopping.set()
+            if rt.watch_task is not None:
+                rt.watch_task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        for w in self._watchers:
+            w.close()
+        self._watchers.clear()
+        await asyncio.gather(*(ep.stop() for ep in self.endpoints.values()))
+        for rt in self.runtimes.values():
+            if rt.watch_task is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await rt.watch_task
+            try:
+                await rt.backend.call("shutdown", timeout=5)
+            except BackendError as e:
+                self._hook_error(rt, "shutdown", e)
+            if rt.watch_thread is not None:
+                await asyncio.get_running_loop().run_in_executor(None, rt.watch_thread.join, 5)
+            rt.backend.close()
+        self.ready.clear()
+
+    async def run(self) -> None:
+        """Start, serve until SIGTERM/SIGINT, then stop cleanly."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        try:
+            await self.start()
+            log.info("serving %s", ", ".join(sorted(self.resources)) or "no resources yet")
+            await self.wait_stopped()
+            log.info("stopping")
+        finally:
+            await self.stop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)

@@ -1,0 +1,81 @@
+"""Looking at what a backend sees, without a kubelet: ``hetero-dp list``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .config import Config
+from .device import Device
+from .errors import BackendError, ConfigError
+from .plugins import load_backends
+
+
+async def discover_once(spec: str, cfg: Config) -> list[Device]:
+    """Configure one backend and run its discovery once."""
+    (backend,) = load_backends([spec], timeout=cfg.hook_timeout)
+    backend.options = cfg.backend_options(backend.name)
+    try:
+        try:
+            await backend.call("configure", options=backend.options)
+        except (ConfigError, ValueError, BackendError) as e:
+            raise ConfigError(str(e), source=f"backend {backend.name}") from None
+        try:
+            return await backend.discover()
+        except BackendError as e:
+            raise ConfigError(str(e), source=f"backend {backend.name}") from None
+    finally:
+        try:
+            await backend.call("shutdown", timeout=5)
+        except BackendError:
+            pass
+        backend.close()
+
+
+def device_table(devices: Sequence[Device]) -> str:
+    """A fixed-width table: ID, resource, health, NUMA, device nodes."""
+    rows = [("ID", "RESOURCE", "HEALTH", "NUMA", "NODES")]
+    for d in devices:
+        health = d.health + (f" ({d.reason})" if d.reason else "")
+        nodes = ",".join(n.container_path for n in d.nodes if not n.shared) or "-"
+        numa = ",".join(str(n) for n in d.numa_nodes) or "-"
+        rows.append((d.id, d.resource, health, numa, nodes))
+    if len(rows) == 1:
+        return "no devices found"
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def devices_json(devices: Sequence[Device]) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": d.id,
+            "resource": d.resource,
+            "health": d.health,
+            "reason": d.reason,
+            "numaNodes": list(d.numa_nodes),
+            "parent": d.parent,
+            "index": d.index,
+            "nodes": [
+                {
+                    "hostPath": n.host_path,
+                    "containerPath": n.container_path,
+                    "permissions": n.permissions,
+                    "shared": n.shared,
+                }
+                for n in d.nodes
+            ],
+            "mounts": [
+                {
+                    "hostPath": m.host_path,
+                    "containerPath": m.container_path,
+                    "readOnly": m.read_only,
+                }
+                for m in d.mounts
+            ],
+            "env": dict(d.env),
+            "annotations": dict(d.annotations),
+            "attributes": dict(d.attributes),
+        }
+        for d in devices
+    ]

@@ -1,0 +1,1 @@
+"""The kubelet side: the device-plugin gRPC API, registration and restart watching."""

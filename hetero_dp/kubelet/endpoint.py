@@ -1,0 +1,268 @@
+"""One resource's presence at the kubelet: its gRPC server, its registration,
+and its restarts.
+
+Order matters (REFERENCE 1.1): serve first, then register. A restart is
+stop-then-start: streams end on an event set before the server stops (a
+grpc.aio server would otherwise wait on them), the socket is removed and bound
+again, and registration runs again. Restart requests are coalesced: however
+many arrive while one runs, at most one more follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import stat
+from pathlib import Path
+
+import grpc
+
+from .. import observe
+from ..names import KUBELET_SOCKET, MAX_UNIX_PATH, socket_name
+from ..resource import Resource
+from .api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from .api import pluginregistration_v1_pb2_grpc as reg_grpc
+from .registration import WatcherRegistrationServicer, register_with_backoff
+from .servicer import DevicePluginServicer
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE = 0.2
+
+
+def remove_socket(path: Path) -> bool:
+    """Remove ``path`` if it is a unix socket (never a regular file); True if removed."""
+    try:
+        if stat.S_ISSOCK(path.lstat().st_mode):
+            path.unlink()
+            return True
+    except FileNotFoundError:
+        pass
+    return False
+
+
+def check_socket_path(path: Path) -> None:
+    if len(os.fsencode(path)) > MAX_UNIX_PATH:
+        raise ValueError(
+            f"socket path {path} is {len(os.fsencode(path))} bytes; unix sockets allow "
+            f"{MAX_UNIX_PATH}: use a shorter --kubelet-dir or socket prefix"
+        )
+
+
+class PluginEndpoint:
+    def __init__(
+        self,
+        resource: Resource,
+        *,
+        plugin_dir: Path,
+        registry_dir: Path | None = None,
+        mode: str = "classic",
+        socket_prefix: str = "hetero-dp",
+        stream_timeout: float = 30.0,
+    ) -> None:
+        self.resource = resource
+        self.plugin_dir = Path(plugin_dir)
+        self.registry_dir = Path(registry_dir) if registry_dir else None
+        self.mode = mode
+        self.socket_name = socket_name(socket_prefix, resource.name)
+        self.socket_path = self.plugin_dir / self.socket_name
+        self.registry_socket = (
+            self.registry_dir / self.socket_name.replace(".sock", "-reg.sock")
+            if self.registry_dir
+            else None
+        )
+        self.stream_timeout = stream_timeout
+        self.kubelet_appeared = asyncio.Event()
+        self.restarts = 0
+        self._server: grpc.aio.Server | None = None
+        self._reg_server: grpc.aio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._restart_wanted = asyncio.Event()
+        self._supervisor: asyncio.Task[None] | None = None
+        self._changing = False
+        self._running = False
+        check_socket_path(self.socket_path)
+        if self.registry_socket is not None:
+            check_socket_path(self.registry_socket)
+
+    # --- lifecycle -------------------------------------------------------
+
+    async def start(self) -> None:
+        self._running = True
+        await self._start_server()
+        self._supervisor = asyncio.get_running_loop().create_task(
+            self._supervise(), name=f"supervise {self.resource.name}"
+        )
+
+    async def stop(self) -> None:
+        self._running = False
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+            self._supervisor = None
+        await self._stop_server()
+
+    def request_restart(self, reason: str) -> None:
+        """Ask for a stop-then-start; cheap, coalesced, safe to call from callbacks."""
+        if not self._running:
+            return
+        log.info("restart requested: %s", reason, extra={"resource": self.resource.name})
+        self._restart_wanted.set()
+
+    def notify_kubelet_appeared(self) -> None:
+        self.kubelet_appeared.set()
+
+    @property
+    def changing(self) -> bool:
+        """True while the server is being stopped or started (own socket events expected)."""
+        return self._changing
+
+    async def _supervise(self) -> None:
+        while self._running:
+            await self._restart_wanted.wait()
+            self._restart_wanted.clear()
+            if not self._running:
+                return
+            self.restarts += 1
+            await self._stop_server()
+            await self._start_server()
+
+    async def _start_server(self) -> None:
+        self._changing = True
+        try:
+            res = self.resource
+            self.plugin_dir.mkdir(parents=True, exist_ok=True)
+            if remove_socket(self.socket_path):
+                log.info("removed stale socket %s", self.socket_path, extra={"resource": res.name})
+            res.state.reopen()
+            servicer = DevicePluginServicer(res)
+            server = grpc.aio.server()
+            pb_grpc.add_DevicePluginServicer_to_server(servicer, server)
+            server.add_insecure_port(f"unix://{self.socket_path}")
+            await server.start()
+            self._server = server
+            if self.mode == "watcher":
+                await self._start_registry_server()
+            else:
+                self._tasks.append(
+                    asyncio.get_running_loop().create_task(
+                        self._register(servicer), name=f"register {res.name}"
+                    )
+                )
+        finally:
+            self._changing = False
+
+    async def _start_registry_server(self) -> None:
+        assert self.registry_socket is not None and self.registry_dir is not None
+        self.registry_dir.mkdir(parents=True, exist_ok=True)
+        remove_socket(self.registry_socket)
+        reg = grpc.aio.server()
+        reg_grpc.add_RegistrationServicer_to_server(
+            WatcherRegistrationServicer(self.resource.name, str(self.socket_path), self._on_status),
+            reg,
+        )
+        reg.add_insecure_port(f"unix://{self.registry_socket}")
+        await reg.start()
+        self._reg_server = reg
+
+    def _on_status(self, registered: bool, error: str) -> None:
+        res = self.resource
+        if registered:
+            self._registered("watcher")
+        else:
+            res.registered = False
+            log.error("kubelet refused registration: %s", error, extra={"resource": res.name})
+            observe.emit("registration_failed", resource=res.name, reason=error)
+
+    def _registered(self, mode: str) -> None:
+        res = self.resource
+        res.registered = True
+        log.info("registered with the kubelet (%s mode)", mode, extra={"resource": res.name})
+        observe.emit("registered", resource=res.name, mode=mode)
+        self._tasks.append(
+            asyncio.get_running_loop().create_task(
+                self._watch_stream(), name=f"watchdog {res.name}"
+            )
+        )
+
+    async def _register(self, servicer: DevicePluginServicer) -> None:
+        res = self.resource
+
+        def failed(reason: str) -> None:
+            observe.emit("registration_failed", resource=res.name, reason=reason)
+
+        await register_with_backoff(
+            self.plugin_dir / KUBELET_SOCKET,
+            self.socket_name,
+            res.name,
+            servicer.options(),
+            self.kubelet_appeared,
+            failed,
+        )
+        self._registered("classic")
+
+    async def _wait_streams(self, want_open: bool, timeout: float | None) -> bool:
+        res = self.resource
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while (res.open_streams > 0) != want_open:
+            res.streams_changed.clear()
+            if (res.open_streams > 0) == want_open:
+                break
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(res.streams_changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                return (res.open_streams > 0) == want_open
+        return True
+
+    async def _watch_stream(self) -> None:
+        """After registration the kubelet must open ListAndWatch and keep it open;
+        when it does not, re-register rather than sit at zero capacity."""
+        res = self.resource
+        if not await self._wait_streams(True, self.stream_timeout):
+            log.warning(
+                "kubelet opened no ListAndWatch stream within %.1fs of registering; re-registering",
+                self.stream_timeout,
+                extra={"resource": res.name},
+            )
+            self.request_restart("no ListAndWatch stream after registration")
+            return
+        await self._wait_streams(False, None)
+        if not self._running or res.state.closed:
+            return
+        if not await self._wait_streams(True, self.stream_timeout):
+            log.warning(
+                "the kubelet's ListAndWatch stream ended and none reopened within %.1fs; "
+                "re-registering",
+                self.stream_timeout,
+                extra={"resource": res.name},
+            )
+            self.request_restart("ListAndWatch stream lost")
+
+    async def _stop_server(self) -> None:
+        self._changing = True
+        try:
+            res = self.resource
+            res.registered = False
+            res.state.close()  # ends every ListAndWatch before the server stops
+            for task in self._tasks:
+                task.cancel()
+            for task in self._tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            self._tasks.clear()
+            for server in (self._reg_server, self._server):
+                if server is not None:
+                    await server.stop(STOP_GRACE)
+            self._server = self._reg_server = None
+            remove_socket(self.socket_path)
+            if self.registry_socket is not None:
+                remove_socket(self.registry_socket)
+        finally:
+            self._changing = False

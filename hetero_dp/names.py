@@ -1,0 +1,67 @@
+"""Names the kubelet checks, checked here exactly the same way, in one place."""
+
+from __future__ import annotations
+
+import re
+
+from .errors import ConfigError
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+CHECKPOINT_FILE = "kubelet_internal_checkpoint"
+DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+DEFAULT_PLUGINS_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the terminating NUL
+MAX_DEVICE_ID = 63
+
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$")
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+
+def resource_name_problem(name: object) -> str | None:
+    """Why the kubelet would refuse ``name`` as an extended resource name, or None.
+
+    The kubelet's rules: the name has a ``/``; the prefix is a lowercase DNS
+    subdomain (at most 253 characters); the name part is a qualified name of at most
+    63 characters; it is not in the ``kubernetes.io/`` namespace and does not
+    start with ``requests.``.
+    """
+    if not isinstance(name, str) or not name:
+        return "a resource name must be a non-empty string"
+    if "/" not in name:
+        return f"{name!r} has no vendor prefix: it must look like 'vendor.com/name'"
+    if name.startswith("requests."):
+        return f"{name!r} must not start with 'requests.'"
+    if "kubernetes.io/" in name:
+        return f"{name!r} is in the reserved kubernetes.io namespace"
+    prefix, _, short = name.partition("/")
+    if "/" in short:
+        return f"{name!r} has more than one '/'"
+    if len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix):
+        return f"prefix {prefix!r} of {name!r} is not a lowercase DNS subdomain"
+    if not short:
+        return f"{name!r} has an empty name part"
+    if len(short) > 63:
+        return f"name part of {name!r} is longer than 63 characters"
+    if not _QUALIFIED_NAME.match(short):
+        return (
+            f"name part {short!r} of {name!r} must be letters, digits, '-', '_' or '.', "
+            "starting and ending with a letter or digit"
+        )
+    return None
+
+
+def validate_resource_name(name: object, *, field: str = "", source: str = "") -> str:
+    """Return ``name`` if the kubelet would accept it, else raise ConfigError."""
+    problem = resource_name_problem(name)
+    if problem:
+        raise ConfigError(problem, field=field, source=source)
+    assert isinstance(name, str)
+    return name
+
+
+def socket_name(prefix: str, resource: str) -> str:
+    """A socket file name for a resource: ``<prefix>-<vendor.com>_<name>.sock``."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", resource.replace("/", "_"))
+    return f"{prefix}-{safe}.sock"

@@ -1,0 +1,130 @@
+"""One advertised resource: its state, its backend, its settings, and the logic
+behind the kubelet's calls (the gRPC side only translates)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .allocate import build_response, validate_ids
+from .delivery import apply_delivery
+from .device import Device
+from .errors import AllocationError, BackendError
+from .plugins import Backend
+from .preferred import choose_preferred
+from .response import ContainerResponse
+from .sharing import SharingConfig, to_physical
+from .state import ResourceState
+
+log = logging.getLogger(__name__)
+
+
+class Resource:
+    def __init__(
+        self,
+        name: str,
+        backend: Backend,
+        *,
+        settings: Mapping[str, Any] | None = None,
+        sharing: SharingConfig | None = None,
+    ) -> None:
+        self.name = name
+        self.backend = backend
+        self.settings: Mapping[str, Any] = dict(settings or {})
+        self.sharing = sharing or SharingConfig()
+        self.state = ResourceState(name)
+        self.links: dict[tuple[str, str], int] = {}
+        self.registered = False
+        self.open_streams = 0
+        self.streams_changed = asyncio.Event()  # set on every stream open and close
+
+    @property
+    def pre_start_required(self) -> bool:
+        return self.backend.implements("pre_start_container")
+
+    @property
+    def preferred_allocation_available(self) -> bool:
+        return bool(self.settings.get("preferredAllocation", True))
+
+    @property
+    def ready(self) -> bool:
+        return self.registered and self.open_streams > 0
+
+    def _physical_devices(self, ids: Sequence[str]) -> list[Device]:
+        devices = []
+        for pid in to_physical(ids):
+            d = self.state.physical(pid)
+            if d is None:  # the advertised set and the physical map disagree: a bug
+                raise AllocationError(f"{self.name}: no physical device {pid!r}", code="INTERNAL")
+            devices.append(d)
+        return devices
+
+    async def allocate(self, ids: Sequence[str]) -> ContainerResponse:
+        validate_ids(self.state, ids)
+        self.sharing.check_request(self.name, ids)
+        physical = self._physical_devices(ids)
+        response = apply_delivery(build_response(physical), physical, self.settings)
+        try:
+            await self.backend.call("allocate", devices=physical, response=response)
+        except BackendError as e:
+            log.error("%s", e, extra={"resource": self.name, "devices": list(ids)})
+            raise AllocationError(
+                f"{self.name}: backend {self.backend.name!r} failed to allocate "
+                f"{', '.join(ids)}: {e.__cause__!r}",
+                code="INTERNAL",
+            ) from e
+        return response
+
+    async def pre_start(self, ids: Sequence[str]) -> None:
+        validate_ids(self.state, ids, require_healthy=False)
+        physical = self._physical_devices(ids)
+        try:
+            await self.backend.call("pre_start_container", devices=physical, timeout=30)
+        except BackendError as e:
+            raise AllocationError(f"{self.name}: pre-start of {', '.join(ids)}: {e}") from e
+
+    async def preferred(
+        self, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> list[str]:
+        avail = validate_ids(self.state, available, require_healthy=False, what="available devices")
+        must = (
+            validate_ids(
+                self.state, must_include, require_healthy=False, what="must-include devices"
+            )
+            if must_include
+            else []
+        )
+        outside = [d.id for d in must if d.id not in set(available)]
+        if outside:
+            raise AllocationError(
+                f"{self.name}: must-include devices not in available: {', '.join(outside)}"
+            )
+        if self.backend.implements("preferred_allocation"):
+            try:
+                chosen = await self.backend.call(
+                    "preferred_allocation", available=avail, must_include=must, size=size
+                )
+            except BackendError as e:
+                log.warning("%s; using the default engine", e, extra={"resource": self.name})
+                chosen = None
+            if chosen is not None:
+                chosen = list(chosen)
+                ok = (
+                    len(chosen) == size
+                    and set(chosen) <= set(available)
+                    and set(must_include) <= set(chosen)
+                )
+                if ok:
+                    return chosen
+                log.warning(
+                    "backend %r preferred_allocation returned %r, not %d of the available "
+                    "with the must-include; using the default engine",
+                    self.backend.name,
+                    chosen,
+                    size,
+                    extra={"resource": self.name},
+                )
+        policy = str(self.settings.get("replicaPolicy", "distributed"))
+        return choose_preferred(avail, must, size, self.links, policy)

@@ -1,0 +1,12 @@
+"""The test kit: a fake kubelet and helpers to run a plugin against it.
+
+Plugin authors get the ``fake_kubelet`` and ``plugin_runner`` pytest fixtures
+automatically (entry point ``pytest11``) once hetero-dp is installed.
+"""
+
+from __future__ import annotations
+
+from .fake_kubelet import FakeDevice, FakeKubelet, FakeResource
+from .runner import PluginRunner, short_tempdir
+
+__all__ = ["FakeDevice", "FakeKubelet", "FakeResource", "PluginRunner", "short_tempdir"]

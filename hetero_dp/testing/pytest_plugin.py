@@ -1,0 +1,43 @@
+"""pytest fixtures for plugin authors (registered through the ``pytest11`` entry point).
+
+``fake_kubelet``: a started :class:`FakeKubelet` in a short temp dir, with a
+``plugins_registry`` dir beside it for watcher mode.
+``plugin_runner``: a :class:`PluginRunner` bound to that kubelet's dir;
+``await plugin_runner.start("acme.py")`` serves a plugin, stopped at teardown.
+
+Needs pytest-asyncio (``pip install hetero-dp[testing]``).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+
+try:
+    import pytest_asyncio
+except ImportError:  # fixtures need pytest-asyncio; without it, offer none
+    pytest_asyncio = None  # type: ignore[assignment]
+
+from .fake_kubelet import FakeKubelet
+from .runner import PluginRunner, short_tempdir
+
+if pytest_asyncio is not None:
+
+    @pytest_asyncio.fixture
+    async def fake_kubelet() -> AsyncIterator[FakeKubelet]:
+        root = short_tempdir()
+        kubelet = FakeKubelet(root / "dp", root / "reg")
+        await kubelet.start()
+        try:
+            yield kubelet
+        finally:
+            await kubelet.stop()
+            shutil.rmtree(root, ignore_errors=True)
+
+    @pytest_asyncio.fixture
+    async def plugin_runner(fake_kubelet: FakeKubelet) -> AsyncIterator[PluginRunner]:
+        runner = PluginRunner(fake_kubelet.plugin_dir, fake_kubelet.registry_dir)
+        try:
+            yield runner
+        finally:
+            await runner.stop_all()

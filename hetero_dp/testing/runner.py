@@ -1,0 +1,69 @@
+"""Run plugins in-process against a (fake or real) kubelet dir, for tests and the demo."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ..config import load_config
+from ..daemon import Daemon
+from ..plugins import load_backends
+
+
+def short_tempdir(prefix: str = "hdp-") -> Path:
+    """A fresh temp dir with a short path (unix socket paths must stay under 108 bytes)."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+class PluginRunner:
+    """Start daemons serving backends into ``plugin_dir``; stop them all at the end."""
+
+    def __init__(self, plugin_dir: Path, registry_dir: Path | None = None) -> None:
+        self.plugin_dir = Path(plugin_dir)
+        self.registry_dir = registry_dir
+        self.daemons: list[Daemon] = []
+
+    async def start(
+        self,
+        *backends: str | ModuleType | object,
+        config: Mapping[str, Any] | None = None,
+        options: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> Daemon:
+        """Load ``backends`` (names, ``.py`` paths or modules) and start a daemon.
+
+        ``config`` is a config document as in the YAML file; ``options`` adds
+        ``backends.<name>`` options. Health polling and rediscovery are off
+        unless ``config`` sets their intervals, so tests drive them explicitly.
+        """
+        raw: dict[str, Any] = {"healthInterval": 0, "rediscoverInterval": 0}
+        raw.update(config or {})
+        raw["kubeletDir"] = str(self.plugin_dir)
+        if self.registry_dir is not None:
+            raw.setdefault("pluginsRegistryDir", str(self.registry_dir))
+        if options:
+            merged = dict(raw.get("backends") or {})
+            for name, opts in options.items():
+                merged[name] = {**merged.get(name, {}), **opts}
+            raw["backends"] = merged
+        cfg = load_config(raw=raw, env={})
+        daemon = Daemon(cfg, load_backends(backends, timeout=cfg.hook_timeout))
+        self.daemons.append(daemon)
+        try:
+            await daemon.start()
+        except BaseException:
+            await daemon.stop()
+            self.daemons.remove(daemon)
+            raise
+        return daemon
+
+    async def stop(self, daemon: Daemon) -> None:
+        if daemon in self.daemons:
+            self.daemons.remove(daemon)
+            await daemon.stop()
+
+    async def stop_all(self) -> None:
+        for d in list(self.daemons):
+            await self.stop(d)

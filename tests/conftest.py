@@ -1,0 +1,30 @@
+"""Shared fixtures. The ``fake_kubelet`` and ``plugin_runner`` fixtures come from
+hetero-dp's own pytest plugin (entry point ``pytest11``), as for any plugin author."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return ROOT
+
+
+@pytest.fixture
+def cli_env() -> dict[str, str]:
+    """Environment for running ``hetero-dp`` in a subprocess, free of our own HETERO_DP_ vars."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HETERO_DP_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.fixture
+def hetero_dp_cmd() -> list[str]:
+    return [sys.executable, "-m", "hetero_dp"]

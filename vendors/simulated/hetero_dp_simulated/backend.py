@@ -1,0 +1,159 @@
+"""A backend of simulated accelerators, registered like any third-party backend.
+
+Options (``backends.simulated`` in the config, or ``-o simulated.KEY=VALUE``):
+
+``count`` (4)
+    devices per resource.
+``resource`` (``hetero-dp.io/sim``)
+    the resource name; ``resources`` (a list of names) serves several.
+``numaNodes`` (2)
+    devices are spread round-robin over this many NUMA nodes (0: none).
+``flipEvery`` (0)
+    seconds between health flips of the first device (unhealthy, then healthy
+    again), to watch health reach the kubelet; 0 turns flips off.
+
+Each device is delivered as ``/dev/null`` at ``/dev/sim<N>`` in the container
+(so a real container runtime can start it) plus ``SIM_VISIBLE_DEVICES``.
+Tests drive health and the device set with :meth:`SimulatedBackend.set_health`
+and :meth:`SimulatedBackend.set_count`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from hetero_dp import ConfigError, Device, DeviceNode, EventSink, Link, hookimpl
+
+OPTIONS = {"count", "resource", "resources", "numaNodes", "flipEvery"}
+
+
+class SimulatedBackend:
+    hetero_dp_name = "simulated"
+
+    def __init__(self) -> None:
+        self.count = 4
+        self.resources = ["hetero-dp.io/sim"]
+        self.numa_nodes = 2
+        self.flip_every = 0.0
+        self.sinks: list[EventSink] = []
+        self.unhealthy: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    # --- hooks -----------------------------------------------------------
+
+    @hookimpl
+    def configure(self, options: Mapping[str, Any]) -> None:
+        unknown = sorted(set(options) - OPTIONS)
+        if unknown:
+            raise ConfigError(
+                f"unknown option (known: {', '.join(sorted(OPTIONS))})",
+                field=f"backends.simulated.{unknown[0]}",
+            )
+        self.count = _int(options.get("count", self.count), "count", 0, 4096)
+        self.numa_nodes = _int(options.get("numaNodes", self.numa_nodes), "numaNodes", 0, 64)
+        flip = options.get("flipEvery", self.flip_every)
+        if not isinstance(flip, int | float) or isinstance(flip, bool) or flip < 0:
+            raise ConfigError(
+                f"expected seconds >= 0, got {flip!r}", field="backends.simulated.flipEvery"
+            )
+        self.flip_every = float(flip)
+        if "resources" in options:
+            names = options["resources"]
+            if (
+                not isinstance(names, list)
+                or not names
+                or not all(isinstance(n, str) for n in names)
+            ):
+                raise ConfigError(
+                    "expected a non-empty list of resource names",
+                    field="backends.simulated.resources",
+                )
+            self.resources = list(names)
+        elif "resource" in options:
+            self.resources = [str(options["resource"])]
+
+    @hookimpl
+    def discover(self) -> list[Device]:
+        devices = []
+        for r, resource in enumerate(self.resources):
+            prefix = "sim" if r == 0 else f"sim{r}-"
+            for i in range(self.count):
+                dev_id = f"{prefix}{i}"
+                with self._lock:
+                    reason = self.unhealthy.get(dev_id)
+                devices.append(
+                    Device(
+                        id=dev_id,
+                        resource=resource,
+                        healthy=reason is None,
+                        reason=reason or "",
+                        index=i,
+                        numa_nodes=(i % self.numa_nodes,) if self.numa_nodes else (),
+                        nodes=(DeviceNode("/dev/null", f"/dev/{dev_id}", "rw"),),
+                        env={"SIM_VISIBLE_DEVICES": str(i)},
+                        attributes={"product": "Simulated Accelerator", "memory": 16384},
+                    )
+                )
+        return devices
+
+    @hookimpl
+    async def watch(self, events: EventSink) -> None:
+        self.sinks.append(events)
+        try:
+            if self.flip_every <= 0:
+                await asyncio.Event().wait()  # nothing to push; cancelled at shutdown
+            first = f"sim{0}"
+            while True:
+                await asyncio.sleep(self.flip_every)  # the flip period itself
+                events.set_health(first, False, "simulated fault")
+                await asyncio.sleep(self.flip_every)
+                events.set_health(first, True, "simulated recovery")
+        finally:
+            self.sinks.remove(events)
+
+    @hookimpl
+    def links(self, devices: list[Device]) -> list[Link]:
+        out = []
+        for a in devices:
+            for b in devices:
+                if a.resource != b.resource or a.id >= b.id or a.index is None or b.index is None:
+                    continue
+                if a.index // 2 == b.index // 2:
+                    out.append(Link(a.id, b.id, 60, "PIX"))
+                elif a.numa_nodes == b.numa_nodes:
+                    out.append(Link(a.id, b.id, 20, "NODE"))
+                else:
+                    out.append(Link(a.id, b.id, 10, "SYS"))
+        return out
+
+    @hookimpl
+    def labels(self, devices: list[Device]) -> dict[str, str]:
+        return {"hetero-dp.io/sim.count": str(len(devices))}
+
+    # --- test controls ---------------------------------------------------
+
+    def set_health(self, device_id: str, healthy: bool, reason: str = "") -> None:
+        """Push a health event, as a real backend's watcher would."""
+        for sink in list(self.sinks):
+            sink.set_health(device_id, healthy, reason)
+
+    def set_count(self, count: int) -> None:
+        """Change how many devices exist and ask the framework to rediscover."""
+        self.count = count
+        for sink in list(self.sinks):
+            sink.rediscover()
+
+
+def _int(value: object, name: str, low: int, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ConfigError(
+            f"expected an integer from {low} to {high}, got {value!r}",
+            field=f"backends.simulated.{name}",
+        )
+    return value
+
+
+plugin = SimulatedBackend()
