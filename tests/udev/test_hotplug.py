@@ -208,3 +208,16 @@ async def test_attribute_flip_without_event_is_caught_by_the_interval(
     testbed.set_attribute(GAUDI_33, "status", "operational", event=False)
     event = await recorder.next("health")
     assert event[1:3] == ("0000:33:00.0", True)
+
+
+async def test_recovery_seen_only_by_discovery_clears_the_reported_problem(
+    testbed: Testbed, gaudi: tuple[UdevBackend, Recorder]
+) -> None:
+    backend, recorder = gaudi
+    testbed.set_attribute(GAUDI_33, "status", "in reset")
+    assert (await recorder.next("health"))[1:3] == ("0000:33:00.0", False)
+    testbed.set_attribute(GAUDI_33, "status", "operational", event=False)
+    assert [d.healthy for d in backend.discover()] == [True, True]
+    event = await recorder.next("health")
+    assert event[1:3] == ("0000:33:00.0", True)
+    assert event[3] == "recovered (health attribute status='in reset', expected 'operational')"

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 from hetero_dp_udev import UdevBackend, load_rules, shipped_rule_sets
-from hetero_dp_udev.names import resource_name_problem
 from hetero_dp_udev.rules import parse_rules
 
 from hetero_dp import ConfigError
@@ -61,7 +60,10 @@ GOOD = "  - name: example.com/good\n    match: {subsystem: pci}\n"
             "    health: {attribute: state, regex: '*bad'}\n",
             ["resources[1].health.regex", "bad regex"],
         ),
-        ("  - name: gpu\n    match: {subsystem: pci}\n", ["resources[1].name", "exactly one '/'"]),
+        (
+            "  - name: gpu\n    match: {subsystem: pci}\n",
+            ["resources[1].name", "has no vendor prefix"],
+        ),
         (
             "  - name: Example.com/gpu\n    match: {subsystem: pci}\n",
             ["resources[1].name", "not a lowercase DNS subdomain"],
@@ -182,8 +184,12 @@ def test_unquoted_hex_ids_are_read_as_hex() -> None:
         ("/gpu", False),
         ("requests.example.com/gpu", False),
         ("foo.kubernetes.io/gpu", False),
-        ("", False),
     ],
 )
 def test_resource_names_follow_the_kubelet(name: str, ok: bool) -> None:
-    assert (resource_name_problem(name) is None) is ok
+    text = f"resources:\n  - name: {name!r}\n    match: {{subsystem: pci}}\n"
+    if ok:
+        assert [r.resource for r in parse_rules(text, source="inline")] == [name]
+    else:
+        with pytest.raises(ConfigError, match=r"inline.*resources\[0\]\.name"):
+            parse_rules(text, source="inline")

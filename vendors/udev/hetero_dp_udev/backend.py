@@ -42,6 +42,8 @@ def label_value(text: str) -> str:
 class UdevBackend:
     """One instance serves every rule of one rules configuration."""
 
+    hetero_dp_name = "udev"  # the backend's name when it is passed as an object
+
     def __init__(self) -> None:
         self.rules: list[Rule] = []
         self._local = threading.local()  # libudev contexts are not thread-safe: one per thread
@@ -50,6 +52,7 @@ class UdevBackend:
         self._known_nodes: dict[Key, list[str]] = {}
         self._last: dict[Key, str] = {}  # last reported reason; "" = healthy
         self._scanned_once = False
+        self._events: EventSink | None = None
 
     def _context(self) -> pyudev.Context:
         ctx = getattr(self._local, "context", None)
@@ -110,10 +113,19 @@ class UdevBackend:
                 reasons.append("no device nodes found (driver still loading?)")
             devices.append(to_device(item, reasons))
         with self._lock:
+            before = self._last
             self._found = found
             self._known_nodes = {k: list(f.nodes) for k, f in found.items()}
             self._last = {(d.resource, d.id): "" if d.healthy else d.reason for d in devices}
             self._scanned_once = True
+        events = self._events
+        if events is not None:
+            # A problem reported through the sink stays until the sink says otherwise,
+            # so a recovery first seen here is reported there too.
+            for device in devices:
+                was = before.get((device.resource, device.id), "")
+                if device.healthy and was:
+                    events.set_health(device.id, True, f"recovered ({was})")
         return devices
 
     @hookimpl
@@ -133,6 +145,7 @@ class UdevBackend:
         monitor.start()
         fd = monitor.fileno()
         loop.add_reader(fd, self._on_readable, monitor, events)
+        self._events = events
         timers = [
             asyncio.ensure_future(self._periodic(rule, events))
             for rule in self.rules
@@ -141,6 +154,7 @@ class UdevBackend:
         try:
             await asyncio.Event().wait()  # until cancelled at shutdown
         finally:
+            self._events = None
             loop.remove_reader(fd)
             for timer in timers:
                 timer.cancel()
@@ -283,6 +297,7 @@ class UdevBackend:
 
 
 # The entry point names this module, so its module-level hooks are one shared backend.
+hetero_dp_name = "udev"
 _backend = UdevBackend()
 configure = _backend.configure
 discover = _backend.discover

@@ -234,7 +234,8 @@ def _product(rule: Rule, dev: pyudev.Device, pci: pyudev.Device | None) -> str:
     device's owner (its USB device, else its PCI device), else ``vendor-device``."""
     if rule.product:
         return rule.product
-    owner = usb_device(dev) or pci
+    usb = usb_device(dev)
+    owner = usb if usb is not None else pci
     if owner is not None:
         if name := owner.properties.get("ID_MODEL_FROM_DATABASE"):
             return str(name)

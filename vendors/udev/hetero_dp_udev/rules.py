@@ -18,8 +18,7 @@ from typing import Any
 import yaml
 
 from hetero_dp import ConfigError, Mount
-
-from .names import resource_name_problem
+from hetero_dp.names import resource_name_problem
 
 SHIPPED_PACKAGE = "hetero_dp_udev.rulesets"
 
