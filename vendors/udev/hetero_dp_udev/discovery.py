@@ -165,7 +165,10 @@ def _companions(
     # Found through the sysfs tree (the PCI device's drm children ...), never by
     # guessing names: card<N> numbering shifts with BMC VGA devices and nvidia-drm.
     for root in _companion_roots(context, dev, pci, comp.scope):
-        for cand in (root, *root.children):
+        below = context.list_devices()
+        if comp.subsystem:  # let libudev filter while it walks the subtree
+            below = below.match_subsystem(comp.subsystem)
+        for cand in below.match_parent(root):  # the subtree, root included
             if cand.sys_path == dev.sys_path or not cand.device_node:
                 continue
             if comp.subsystem and cand.subsystem != comp.subsystem:
