@@ -67,9 +67,10 @@ def _ms(values: list[float]) -> dict[str, float]:
 
 
 async def _measure(events: int) -> dict[str, Any]:
-    from hetero_dp.testing import FakeKubelet, PluginRunner, short_tempdir
     from hetero_dp_udev import UdevBackend
     from hetero_dp_udev.testing import Testbed
+
+    from hetero_dp.testing import FakeKubelet, PluginRunner, short_tempdir
 
     root = short_tempdir("hdp-bench-")
     add: list[float] = []  # from the last uevent sent to kubelet-visible
