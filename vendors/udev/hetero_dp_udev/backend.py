@@ -139,10 +139,15 @@ class UdevBackend:
     @hookimpl
     async def watch(self, events: EventSink) -> None:
         loop = asyncio.get_running_loop()
-        monitor = pyudev.Monitor.from_netlink(self._context())
-        for subsystem in sorted(self._subsystems() or ()):
-            monitor.filter_by(subsystem)
-        monitor.start()
+        try:
+            monitor = pyudev.Monitor.from_netlink(self._context())
+            for subsystem in sorted(self._subsystems() or ()):
+                monitor.filter_by(subsystem)
+            monitor.start()
+        except OSError as exc:
+            raise RuntimeError(
+                f"cannot listen for udev events: {exc} (in a pod, run with hostNetwork: true)"
+            ) from exc
         fd = monitor.fileno()
         loop.add_reader(fd, self._on_readable, monitor, events)
         self._events = events
@@ -202,8 +207,9 @@ class UdevBackend:
         while True:
             try:
                 dev = monitor.poll(timeout=0)
-            except OSError as exc:
-                log.warning("udev monitor: %s", exc)
+            except OSError as exc:  # ENOBUFS after an event storm: events were lost
+                log.warning("udev monitor: %s; rediscovering", exc)
+                rediscover = True
                 break
             if dev is None:
                 break
