@@ -61,18 +61,18 @@ async def test_hotplug_and_health_reach_the_kubelet(
     testbed.remove("/sys/devices/pci0000:80/0000:80:01.1/0000:83:00.0")
     await kubelet.wait_devices(AMD, lambda d: sorted(d) == ["0000:43:00.0", "0000:c3:00.0"])
 
-    testbed.unbind_driver(GPU_43)
-    devices = await kubelet.wait_devices(AMD, lambda d: d["0000:43:00.0"].health == "Unhealthy")
-    assert _health(devices) == {"0000:43:00.0": "Unhealthy", "0000:c3:00.0": "Healthy"}
-    testbed.bind_driver(GPU_43, "amdgpu")
-    await kubelet.wait_devices(AMD, lambda d: set(_health(d).values()) == {"Healthy"})
-
     response = await kubelet.allocate(AMD, ["0000:43:00.0"])
     assert sorted(d.host_path for d in response.devices) == [
         "/dev/dri/card2",
         "/dev/dri/renderD129",
         "/dev/kfd",
     ]
+
+    testbed.unbind_driver(GPU_43)
+    devices = await kubelet.wait_devices(AMD, lambda d: d["0000:43:00.0"].health == "Unhealthy")
+    assert _health(devices) == {"0000:43:00.0": "Unhealthy", "0000:c3:00.0": "Healthy"}
+    testbed.bind_driver(GPU_43, "amdgpu")
+    await kubelet.wait_devices(AMD, lambda d: set(_health(d).values()) == {"Healthy"})
 
 
 async def test_ascend_allocation_joins_env_over_devices(

@@ -28,7 +28,7 @@ log = logging.getLogger("hetero_dp_udev")
 
 OPTION_KEYS = {"rules"}
 HEALTH_ACTIONS = {"change", "bind", "unbind", "online", "offline"}
-SET_ACTIONS = {"add", "remove", "move", "bind", "unbind"}
+MAX_SCANS = 3
 
 Key = tuple[str, str]
 
@@ -53,6 +53,7 @@ class UdevBackend:
         self._last: dict[Key, str] = {}  # last reported reason; "" = healthy
         self._scanned_once = False
         self._events: EventSink | None = None
+        self._event_batches = 0  # bumped on the loop for each batch of uevents
 
     def _context(self) -> pyudev.Context:
         ctx = getattr(self._local, "context", None)
@@ -88,11 +89,42 @@ class UdevBackend:
             previous = dict(self._found)
             known = dict(self._known_nodes)
             first = not self._scanned_once
+        # Events handled while scanning may postdate what the scan read (a driver
+        # bound again half-way): scan again rather than return a stale verdict.
+        for _ in range(MAX_SCANS):
+            seen = self._event_batches
+            found, devices = self._scan(context, previous, known, warn=first)
+            first = False
+            if self._event_batches == seen:
+                break
+        with self._lock:
+            before = self._last
+            self._found = found
+            self._known_nodes = {k: list(f.nodes) for k, f in found.items()}
+            self._last = {(d.resource, d.id): "" if d.healthy else d.reason for d in devices}
+            self._scanned_once = True
+        events = self._events
+        if events is not None:
+            # A problem reported through the sink stays until the sink says otherwise,
+            # so a recovery first seen here is reported there too.
+            for device in devices:
+                was = before.get((device.resource, device.id), "")
+                if device.healthy and was:
+                    events.set_health(device.id, True, f"recovered ({was})")
+        return devices
+
+    def _scan(
+        self,
+        context: pyudev.Context,
+        previous: Mapping[Key, Found],
+        known: Mapping[Key, list[str]],
+        warn: bool,
+    ) -> tuple[dict[Key, Found], list[Device]]:
         found: dict[Key, Found] = {}
         devices: list[Device] = []
         for rule in self.rules:
             hits = scan_rule(context, rule)
-            if first and not hits:
+            if warn and not hits:
                 log.warning("%s matches no device at start-up", rule.where)
             for item in hits:
                 # A node seen before and gone now makes the device Unhealthy rather
@@ -112,21 +144,7 @@ class UdevBackend:
             if item.rule.wants_nodes and not item.nodes:
                 reasons.append("no device nodes found (driver still loading?)")
             devices.append(to_device(item, reasons))
-        with self._lock:
-            before = self._last
-            self._found = found
-            self._known_nodes = {k: list(f.nodes) for k, f in found.items()}
-            self._last = {(d.resource, d.id): "" if d.healthy else d.reason for d in devices}
-            self._scanned_once = True
-        events = self._events
-        if events is not None:
-            # A problem reported through the sink stays until the sink says otherwise,
-            # so a recovery first seen here is reported there too.
-            for device in devices:
-                was = before.get((device.resource, device.id), "")
-                if device.healthy and was:
-                    events.set_health(device.id, True, f"recovered ({was})")
-        return devices
+        return found, devices
 
     @hookimpl
     def check_health(self, device: Device) -> bool | str:
@@ -213,11 +231,14 @@ class UdevBackend:
                 break
             if dev is None:
                 break
-            action = dev.action
-            if action in HEALTH_ACTIONS:
+            if not rediscover:
+                self._event_batches += 1
+            rediscover = True
+            if dev.action in HEALTH_ACTIONS:
                 self._recheck(dev.sys_path, events)
-            if action in SET_ACTIONS:
-                rediscover = True
+        # Every batch also asks for a discovery, even one of change events only: the
+        # framework keeps a discovered Unhealthy verdict until a newer discovery, so
+        # the device set must follow health as well as hotplug.
         if rediscover:
             events.rediscover()
 
