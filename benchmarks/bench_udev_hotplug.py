@@ -1,9 +1,10 @@
 """Hotplug latency of the udev backend: uevent to kubelet-visible ListAndWatch update.
 
 A umockdev testbed adds (and then removes) an AMD GPU with its DRM nodes; the
-clock runs from just before the testbed emits the uevents until a FakeKubelet,
+clock runs from the moment the testbed has sent the uevents until a FakeKubelet,
 connected to the real daemon over unix sockets, holds a device list with (or
-without) the GPU. Median and p99 over many events. Goal: median under 20 ms
+without) the GPU. Then a driver unbind/bind turns another GPU Unhealthy and
+Healthy again. Median and p99 over many events. Goal: median under 20 ms
 (squat's generic-device-plugin rescans /dev every 5 s: 2.5 s on average).
 
 umockdev's preload library must be loaded at process start, so ``run()`` re-runs
@@ -28,6 +29,8 @@ RESOURCE = "amd.com/gpu"
 DATA = Path(__file__).resolve().parent.parent / "tests" / "udev" / "data" / "amd-gpu.umockdev"
 GPU_PATH = "/sys/devices/pci0000:80/0000:80:01.1/0000:83:00.0"
 GPU_ID = "0000:83:00.0"
+BOUND_PATH = "/sys/devices/pci0000:40/0000:40:01.1/0000:43:00.0"
+BOUND_ID = "0000:43:00.0"
 NEW_GPU = """P: /devices/pci0000:80/0000:80:01.1/0000:83:00.0
 E: SUBSYSTEM=pci
 E: DRIVER=amdgpu
@@ -77,6 +80,8 @@ async def _measure(events: int) -> dict[str, Any]:
     remove: list[float] = []
     add_total: list[float] = []  # the same, plus umockdev building the sysfs tree
     remove_total: list[float] = []
+    unbind: list[float] = []  # driver unbound -> device Unhealthy at the kubelet
+    bind: list[float] = []  # bound again -> Healthy
     try:
         with Testbed() as bed:
             bed.add_file(DATA)
@@ -110,6 +115,19 @@ async def _measure(events: int) -> dict[str, Any]:
                         done = time.perf_counter()
                         remove.append(done - sent)
                         remove_total.append(done - begin)
+                    for _ in range(events // 2):
+                        sent = time.perf_counter()
+                        bed.unbind_driver(BOUND_PATH)
+                        await kubelet.wait_devices(
+                            RESOURCE, lambda d: d[BOUND_ID].health == "Unhealthy"
+                        )
+                        unbind.append(time.perf_counter() - sent)
+                        sent = time.perf_counter()
+                        bed.bind_driver(BOUND_PATH, "amdgpu")
+                        await kubelet.wait_devices(
+                            RESOURCE, lambda d: d[BOUND_ID].health == "Healthy"
+                        )
+                        bind.append(time.perf_counter() - sent)
                 finally:
                     await runner.stop_all()
     finally:
@@ -120,6 +138,8 @@ async def _measure(events: int) -> dict[str, Any]:
         "add": _ms(add),
         "remove": _ms(remove),
         "all": _ms(add + remove),
+        "unbind_to_unhealthy": _ms(unbind),
+        "bind_to_healthy": _ms(bind),
         "add_including_testbed": _ms(add_total),
         "remove_including_testbed": _ms(remove_total),
         "goal_median_ms": 20.0,
