@@ -162,3 +162,23 @@ def test_doctor_warns_on_a_rule_without_devices(testbed: Testbed, data: Path) ->
     checks = UdevBackend().doctor({"rules": ["xilinx-fpga"]})
     assert [c.status for c in checks] == ["pass", "warn"]
     assert "matches no device" in checks[1].message
+
+
+def test_device_without_nodes_is_healthy_unless_nodes_are_expected(
+    testbed: Testbed, data: Path, tmp_path: Path
+) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(
+        "resources:\n"
+        "  - name: example.com/bare\n"
+        "    match: {subsystem: pci, vendor: '0x1002', driver: amdgpu}\n"
+        "  - name: example.com/expects\n"
+        "    match: {subsystem: pci, vendor: '0x1002', driver: amdgpu}\n"
+        "    companions: [{subsystem: drm, sysname: 'controlD*'}]\n"
+    )
+    devices = _discover(testbed, data, "amd-gpu", rules=str(rules))
+    bare = [d for d in devices if d.resource == "example.com/bare"]
+    expects = [d for d in devices if d.resource == "example.com/expects"]
+    assert [(d.healthy, d.nodes) for d in bare] == [(True, ()), (True, ())]
+    assert [d.healthy for d in expects] == [False, False]
+    assert expects[0].reason == "no device nodes found (driver still loading?)"

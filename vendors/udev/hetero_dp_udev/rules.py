@@ -108,7 +108,9 @@ class Rule:
 
     @property
     def wants_nodes(self) -> bool:
-        return self.primary_node or bool(self.companions or self.node_templates)
+        """Whether a device without any per-device node is incomplete (its driver is
+        still creating them). A primary node is only expected when udev names one."""
+        return bool(self.companions or self.node_templates)
 
 
 # --------------------------------------------------------------------------- loading
