@@ -19,7 +19,8 @@ demo: install
 	hetero-dp demo
 
 test: system-deps install
-	$(PYTHON) -m pytest -q --cov=hetero_dp --cov-report=term:skip-covered
+	$(PYTHON) -m coverage run --source=hetero_dp -m pytest -q
+	$(PYTHON) -m coverage report --skip-covered --omit='hetero_dp/kubelet/api/*' | tail -n 25
 
 lint:
 	ruff check .
@@ -28,6 +29,10 @@ lint:
 
 proto:
 	$(PYTHON) scripts/gen_proto.py
+
+docs:
+	$(PYTHON) scripts/gen_hook_docs.py --check
+	$(PYTHON) -m mkdocs build --strict -d site
 
 bench: install
 	$(PYTHON) -m benchmarks
