@@ -10,6 +10,9 @@ Healthy again. Median and p99 over many events. Goal: median under 20 ms
 umockdev's preload library must be loaded at process start, so ``run()`` re-runs
 this file under ``umockdev-wrapper`` when it is not already; without umockdev it
 returns ``{"skipped": reason}``.
+
+Run: ``python benchmarks/bench_udev_hotplug.py`` (needs umockdev: ``apt-get install
+umockdev libumockdev0``).
 """
 
 from __future__ import annotations
@@ -24,9 +27,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]
+for _path in (ROOT, ROOT / "vendors" / "udev"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
 EVENTS = 200
 RESOURCE = "amd.com/gpu"
-DATA = Path(__file__).resolve().parent.parent / "tests" / "udev" / "data" / "amd-gpu.umockdev"
+DATA = ROOT / "tests" / "udev" / "data" / "amd-gpu.umockdev"
 GPU_PATH = "/sys/devices/pci0000:80/0000:80:01.1/0000:83:00.0"
 GPU_ID = "0000:83:00.0"
 BOUND_PATH = "/sys/devices/pci0000:40/0000:40:01.1/0000:43:00.0"
