@@ -205,6 +205,7 @@ async def test_attribute_flip_without_event_is_caught_by_the_interval(
     testbed.set_attribute(GAUDI_33, "status", "needs reset", event=False)
     event = await recorder.next("health")
     assert event[1:3] == ("0000:33:00.0", False)
+    await recorder.next("rediscover")  # the discovered verdicts follow
     testbed.set_attribute(GAUDI_33, "status", "operational", event=False)
     event = await recorder.next("health")
     assert event[1:3] == ("0000:33:00.0", True)

@@ -221,52 +221,62 @@ class UdevBackend:
         return wanted
 
     def _on_readable(self, monitor: pyudev.Monitor, events: EventSink) -> None:
-        rediscover = False
+        batch = False
         while True:
             try:
                 dev = monitor.poll(timeout=0)
             except OSError as exc:  # ENOBUFS after an event storm: events were lost
                 log.warning("udev monitor: %s; rediscovering", exc)
-                rediscover = True
-                break
+                dev = None
+                batch = self._new_batch(batch)
             if dev is None:
                 break
-            if not rediscover:
-                self._event_batches += 1
-            rediscover = True
+            batch = self._new_batch(batch)
             if dev.action in HEALTH_ACTIONS:
                 self._recheck(dev.sys_path, events)
         # Every batch also asks for a discovery, even one of change events only: the
         # framework keeps a discovered Unhealthy verdict until a newer discovery, so
         # the device set must follow health as well as hotplug.
-        if rediscover:
+        if batch:
             events.rediscover()
+
+    def _new_batch(self, started: bool) -> bool:
+        if not started:  # before any verdict of this batch goes out (see discover)
+            self._event_batches += 1
+        return True
 
     def _recheck(self, syspath: str, events: EventSink) -> None:
         for key, item in list(self._found.items()):
             if syspath in item.related:
                 self._report(key, item, events, always=True)
 
-    def _report(self, key: Key, item: Found, events: EventSink, always: bool) -> None:
+    def _report(self, key: Key, item: Found, events: EventSink, always: bool) -> bool:
+        """Send the device's health if it changed (or ``always``); True if it changed."""
         reasons = problems(self._context(), item)
         reason = "; ".join(reasons)
         with self._lock:
             before = self._last.get(key, "")
             if reason == before and not always:
-                return
+                return False
             self._last[key] = reason
         if reason:
             events.set_health(item.id, False, reason)
         else:
             events.set_health(item.id, True, f"recovered ({before})" if before else "")
+        return reason != before
 
     async def _periodic(self, rule: Rule, events: EventSink) -> None:
         assert rule.health is not None and rule.health.interval
         while True:
-            await asyncio.sleep(rule.health.interval)
-            for key, item in list(self._found.items()):
-                if item.rule is rule:
-                    self._report(key, item, events, always=False)
+            await asyncio.sleep(rule.health.interval)  # the rule's check period, not a sync
+            changed = [
+                self._report(key, item, events, always=False)
+                for key, item in list(self._found.items())
+                if item.rule is rule
+            ]
+            if any(changed):  # keep the discovered verdicts in step, as for events
+                self._event_batches += 1
+                events.rediscover()
 
     # ------------------------------------------------------------------ doctor
 
