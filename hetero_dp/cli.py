@@ -212,6 +212,45 @@ def _ask_missing(values: dict[str, str | None]) -> dict[str, str | None]:
 
 
 @main.command()
+@click.argument("source", metavar="BACKEND_OR_FILE")
+@config_option
+@set_option_flag
+@click.option("--size", type=int, help="Also show the set the engine would choose for N devices.")
+@click.option(
+    "--must",
+    multiple=True,
+    metavar="ID",
+    help="A device (ID or label such as D3) the set must hold.",
+)
+@click.option("--resource", help="The resource to show when the backend serves several.")
+def topo(
+    source: str,
+    config: str | None,
+    options: tuple[str, ...],
+    size: int | None,
+    must: tuple[str, ...],
+    resource: str | None,
+) -> None:
+    """Print the topology the allocation engine sees, like `nvidia-smi topo -m`.
+
+    BACKEND_OR_FILE is a backend or a topology file (.yaml, .yml, .json).
+    """
+    from .errors import AllocationError
+    from .topo_report import report
+
+    try:
+        cfg = _config(config, options)
+        text = report(source, cfg, size=size, must_include=must, resource=resource)
+    except ConfigError as e:
+        _fail_config(e)
+        return
+    except AllocationError as e:
+        click.echo(f"hetero-dp: {e}", err=True)
+        sys.exit(1)
+    click.echo(text, nl=False)
+
+
+@main.command()
 @click.argument("backends", nargs=-1)
 @config_option
 @set_option_flag
