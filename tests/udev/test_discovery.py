@@ -182,3 +182,17 @@ def test_device_without_nodes_is_healthy_unless_nodes_are_expected(
     assert [(d.healthy, d.nodes) for d in bare] == [(True, ()), (True, ())]
     assert [d.healthy for d in expects] == [False, False]
     assert expects[0].reason == "no device nodes found (driver still loading?)"
+
+
+@pytest.mark.parametrize("name", ["amd-gpu", "ascend-npu", "gaudi", "xilinx-fpga", "dev-glob"])
+def test_cdi_spec_of_each_rule_set_validates(testbed: Testbed, data: Path, name: str) -> None:
+    from hetero_dp.cdi import build_spec
+    from tests.cdi.schema_check import assert_valid_cdi_spec
+
+    devices = _discover(testbed, data, name)
+    assert devices
+    for resource in sorted({d.resource for d in devices}):
+        mine = [d for d in devices if d.resource == resource]
+        spec = build_spec(resource, mine)
+        assert_valid_cdi_spec(spec)
+        assert [d["name"] for d in spec["devices"]] == [d.id for d in mine]
