@@ -15,7 +15,6 @@ With CDI strategies only, the response carries no DeviceSpecs and no mounts
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -146,6 +145,8 @@ def annotation_key(prefix: str, kind: str, ids: Sequence[str]) -> str:
     in so that two resources of one container never share a key (the kubelet
     drops conflicting annotations).
     """
+    import hashlib  # here: it loads OpenSSL (~1.5 MiB), needed only for CDI annotations
+
     digest = hashlib.sha256("\0".join([kind, *ids]).encode()).hexdigest()[:_HASH_LEN]
     return f"{prefix}{ANNOTATION_NAME_PREFIX}{digest}"
 

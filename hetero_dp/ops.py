@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 from .config import Config
 from .errors import ConfigError
 from .labels import LabelWriter, file_name
-from .metrics import Metrics
 from .probes import ProbeServer
 from .reload import ConfigReloader
 
 if TYPE_CHECKING:
     from .daemon import Daemon
+    from .metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,8 @@ class Operations:
         """Before a reload commits: bind the new probe address (ConfigError if it cannot)."""
         if old.metrics == new.metrics or not new.metrics.get("address"):
             return
+        from .metrics import Metrics  # prometheus_client (~10 MiB) only when metrics are on
+
         metrics = self.metrics or Metrics(self.daemon)  # counters survive an address change
         server = ProbeServer(self.daemon, str(new.metrics["address"]), metrics)
         try:
@@ -90,6 +92,8 @@ class Operations:
         address = str(cfg.metrics.get("address") or "")
         if not address:
             return
+        from .metrics import Metrics  # prometheus_client (~10 MiB) only when metrics are on
+
         self.metrics = Metrics(self.daemon)
         self.server = ProbeServer(self.daemon, address, self.metrics)
         try:

@@ -15,8 +15,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from prometheus_client import CONTENT_TYPE_LATEST
-
 from .errors import ConfigError
 
 if TYPE_CHECKING:
@@ -111,6 +109,9 @@ class ProbeServer:
         return (200 if ok else 503), "text/plain; charset=utf-8", body
 
     async def _metrics(self) -> tuple[int, str, bytes]:
+        # imported here: prometheus_client costs ~10 MiB, paid only when metrics are served
+        from prometheus_client import CONTENT_TYPE_LATEST
+
         assert self.metrics is not None
         return 200, CONTENT_TYPE_LATEST, await self.metrics.render()
 
