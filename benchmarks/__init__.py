@@ -72,9 +72,9 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     """The environment for a child Python that must import this checkout's hetero_dp."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HETERO_DP_")}
     paths = [str(ROOT)]
-    simulated = ROOT / "vendors" / "simulated"
-    if simulated.is_dir():
-        paths.append(str(simulated))
+    vendors = ROOT / "vendors"
+    if vendors.is_dir():  # this checkout's backends, even where others are installed
+        paths += sorted(str(v) for v in vendors.iterdir() if (v / "pyproject.toml").exists())
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)

@@ -135,6 +135,8 @@ def _flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
         for k, v in value.items():
             out += _flatten(v, f"{prefix} / {k}" if prefix else str(k))
         return out
+    if isinstance(value, list) and any(isinstance(v, dict | list) for v in value):
+        return [(prefix, f"{len(value)} entries (raw data: run the module)")]
     return [(prefix, value)]
 
 
