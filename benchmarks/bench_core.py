@@ -514,7 +514,9 @@ async def _run(only: set[str] | None = None) -> dict[str, Any]:
             "the floor); ListAndWatch messages are built in place (1,000 devices: 9.8 -> "
             "2.6 ms to build, 8.8-10.1 -> 5.6 ms change to update); resource-name checks are "
             "cached (40% of a 1,000-device publish); PyYAML is imported only when a file or "
-            "-o value needs it (start-up 284-437 -> 248-250 ms).",
+            "-o value needs it (start-up 284-437 -> 248-250 ms); prometheus_client and "
+            "hashlib are imported only when metrics or CDI annotations are used (idle RSS "
+            "47.4 -> 44.5 MiB).",
         ],
     }
 
