@@ -199,7 +199,12 @@ class Daemon:
             observe.emit("kubelet_restart", reason="kubelet.sock created")
             for ep in self.endpoints.values():
                 ep.notify_kubelet_appeared()
-                ep.request_restart("kubelet.sock created")
+                # Still registering (first start, or the kubelet came late) with our
+                # socket in place: waking the pending Register is enough. A restart
+                # would send a second, overlapping Register that the kubelet may
+                # finish in either order.
+                if ep.resource.registered or not ep.socket_path.exists():
+                    ep.request_restart("kubelet.sock created")
             return
         if kind == "deleted":
             for ep in self.endpoints.values():
