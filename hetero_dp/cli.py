@@ -66,6 +66,24 @@ def main() -> None:
 @click.option("--rediscover-interval", type=float, help="Seconds between rediscoveries (0: off).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--log-format", type=click.Choice(["text", "json"]))
+@click.option(
+    "--mode",
+    type=click.Choice(["device-plugin", "dra"]),
+    default="device-plugin",
+    show_default=True,
+    help="Serve as device plugins, or as DRA drivers (needs hetero-dp[dra]; see docs/dra.md).",
+)
+@click.option("--node-name", help="DRA: this node's name (env NODE_NAME).")
+@click.option(
+    "--driver-name",
+    "driver_names",
+    multiple=True,
+    metavar="[RESOURCE=]NAME",
+    help="DRA: driver name (default: gpu.nvidia.com for nvidia.com/gpu).",
+)
+@click.option("--dra-plugins-dir", help="DRA: dir of driver sockets [/var/lib/kubelet/plugins].")
+@click.option("--api-server", help="DRA: API server URL (default: in-cluster or kubeconfig).")
+@click.option("--kubeconfig", envvar="KUBECONFIG", help="DRA: kubeconfig file.")
 def run(
     backends: tuple[str, ...],
     config: str | None,
@@ -77,6 +95,12 @@ def run(
     rediscover_interval: float | None,
     log_level: str | None,
     log_format: str | None,
+    mode: str,
+    node_name: str | None,
+    driver_names: tuple[str, ...],
+    dra_plugins_dir: str | None,
+    api_server: str | None,
+    kubeconfig: str | None,
 ) -> None:
     """Serve BACKENDS (installed names or .py files) to the kubelet until SIGTERM."""
     from .daemon import Daemon
@@ -96,7 +120,15 @@ def run(
             logFormat=log_format,
         )
         setup_logging(cfg.log_level, cfg.log_format)
-        daemon = Daemon(cfg, load_backends(backends, timeout=cfg.hook_timeout))
+        loaded = load_backends(backends, timeout=cfg.hook_timeout)
+        if mode == "dra":
+            from .dra.cli import make_dra_daemon
+
+            daemon = make_dra_daemon(
+                cfg, loaded, node_name, driver_names, dra_plugins_dir, api_server, kubeconfig
+            )
+        else:
+            daemon = Daemon(cfg, loaded)
         asyncio.run(daemon.run())
     except ConfigError as e:
         _fail_config(e)

@@ -173,6 +173,7 @@ class FakeAPIServer:
         self._rv = 0
         self._cond = threading.Condition()
         self._httpd: ThreadingHTTPServer | None = None
+        self._url = ""
         self._thread: threading.Thread | None = None
 
     # lifecycle
@@ -211,6 +212,8 @@ class FakeAPIServer:
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
+        host, port = self._httpd.server_address[:2]
+        self._url = f"http://{host!s}:{port}"
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, name="fake-apiserver", daemon=True
         )
@@ -231,9 +234,9 @@ class FakeAPIServer:
 
     @property
     def url(self) -> str:
-        assert self._httpd is not None, "start() first"
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}"
+        """The server's URL (still known after :meth:`stop`, for "unreachable" tests)."""
+        assert self._url, "start() first"
+        return self._url
 
     def client(self) -> Any:
         """A ``kubernetes.client.ApiClient`` pointed at this server."""
@@ -361,12 +364,10 @@ class FakeAPIServer:
             "items": items,
         }
 
-    def _write_slice(
-        self, version: str, name: str | None, body: Any
-    ) -> tuple[int, dict[str, Any]]:
+    def _write_slice(self, version: str, name: str | None, body: Any) -> tuple[int, dict[str, Any]]:
         if not isinstance(body, dict):
             return 400, _status(400, "BadRequest", "body must be a JSON object")
-        obj_name = (body.get("metadata") or {}).get("name")
+        obj_name = str((body.get("metadata") or {}).get("name") or "")
         if self.refuse_slices is not None:
             return 403, _status(403, "Forbidden", self.refuse_slices)
         problems = slice_problems(body, version)
@@ -577,9 +578,11 @@ class FakeDRAKubelet:
             elif not _subdomain_ok(info.name):
                 problem = f"driver name {info.name!r} is not a DNS subdomain"
             else:
-                chosen = next((v for v in self.versions if WIRE[v][0] in offered), None)
+                chosen = next((v for v in self.versions if f"{v}.DRAPlugin" in offered), None)
                 if chosen is None:
-                    problem = f"none of the versions {offered} is supported (kubelet: {self.versions})"
+                    problem = (
+                        f"none of the versions {offered} is supported (kubelet: {self.versions})"
+                    )
             if problem is None and not Path(info.endpoint).is_socket():
                 problem = f"endpoint {info.endpoint} is not a socket"
             if problem is None:
@@ -746,7 +749,7 @@ class DRARunner:
         raw.setdefault("cdi", {})["dir"] = str(self.cdi_dir)
         cfg = load_config(raw=raw, env={})
         opts = DRAOptions(
-            node_name=node or self.node,
+            node_name=self.node if node is None else node,
             driver_names=dict(driver_names or {}),
             plugins_dir=self.plugins_dir,
             resync_interval=0,
