@@ -10,8 +10,8 @@ import pytest_asyncio
 
 pytest.importorskip("kubernetes")
 
-from hetero_dp.testing import short_tempdir  # noqa: E402
-from hetero_dp.testing.dra import DRARunner, FakeAPIServer, FakeDRAKubelet  # noqa: E402
+from hetero_dp.testing import short_tempdir
+from hetero_dp.testing.dra import DRARunner, FakeAPIServer, FakeDRAKubelet
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import grpc
 import pytest
 
 from hetero_dp.dra import device_name, driver_name_for
@@ -11,8 +12,6 @@ from hetero_dp.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from hetero_dp.testing.dra import ClaimRef, FakeDRAKubelet, make_claim
 
 from .backend import DRIVER, RES, Npus
-
-import grpc
 
 
 async def test_get_info_offers_both_versions_and_a_socket_under_the_driver_dir(dra, kubelet):
@@ -38,7 +37,9 @@ async def test_prepare_over_the_version_the_kubelet_chose(dra, api_server, kubel
         plugin = await kubelet.wait_registered(DRIVER)
         assert plugin.version == kubelet_versions[0]
         name = next(iter(api_server.devices_of(DRIVER)))
-        claim = api_server.add_claim(make_claim("c1", [("npu", name)], driver=DRIVER, pool="node-a"))
+        claim = api_server.add_claim(
+            make_claim("c1", [("npu", name)], driver=DRIVER, pool="node-a")
+        )
         response = await kubelet.node_prepare(DRIVER, [ClaimRef.of(claim)])
         entry = response.claims[claim["metadata"]["uid"]]
         assert entry.error == ""
