@@ -2,7 +2,8 @@
 
 One pool per node, named after the node. A device's attributes come from its
 record (``Device.attributes``) plus what every backend has: ``id`` (the device
-ID the backend uses), ``index``, ``numaNode`` and ``pciAddress``. Memory
+ID the backend uses), ``index``, ``numaNode`` and ``pciAddress``. Strings that
+look like versions (``8.0``, ``550.54.15``) are published as semantic versions. Memory
 (``memoryMiB`` or ``memory``, in MiB) also becomes the ``memory`` capacity, so a
 claim can ask for "at least 8 GiB" with ``device.capacity[...].memory``.
 
@@ -30,6 +31,7 @@ MAX_ATTRIBUTES = 32  # attributes and capacities together, per device
 MAX_STRING = 64
 PCI_KEYS = ("pciAddress", "pcieBusID", "pciBusID", "pci_address", "pci")
 MEMORY_KEYS = ("memoryMiB", "memory")
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?$")
 _PCI = re.compile(r"^(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 
 
@@ -49,12 +51,16 @@ def _attribute(value: AttributeValue) -> dict[str, Any] | None:
     if isinstance(value, int):
         return {"int": value}
     if isinstance(value, float):
-        if value.is_integer():
-            return {"int": int(value)}
-        value = repr(value)
+        return {"int": int(value)} if value.is_integer() else {"string": repr(value)}
     text = str(value)
     if len(text) > MAX_STRING:
         return None
+    version = _VERSION.match(text)
+    if version:
+        # "8.0" and "550.54.05" become semantic versions (8.0.0, 550.54.5), which CEL
+        # compares as versions: "10.0" > "8.0" holds, as strings it does not.
+        major, minor, patch = (int(p or 0) for p in version.groups())
+        return {"version": f"{major}.{minor}.{patch}"}
     return {"string": text}
 
 

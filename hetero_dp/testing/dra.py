@@ -64,6 +64,10 @@ _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS_LABEL = re.compile(rf"^{_LABEL}$")
 _DNS_SUBDOMAIN = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NUM = r"(0|[1-9]\d*)"
+_SEMVER = re.compile(
+    rf"^{_NUM}\.{_NUM}\.{_NUM}(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?$"
+)
 
 
 # --- the API server stand-in ------------------------------------------------------------
@@ -137,7 +141,12 @@ def slice_problems(obj: dict[str, Any], version: str) -> list[str]:
                 problems.append(f"{where}.attributes[{key}]: Invalid value: not a qualified name")
             if not isinstance(value, dict) or len(value) != 1:
                 problems.append(f"{where}.attributes[{key}]: exactly one value must be set")
-            elif len(str(value.get("string", ""))) > MAX_STRING:
+            elif "version" in value and not _SEMVER.match(str(value["version"])):
+                problems.append(
+                    f"{where}.attributes[{key}].version: Invalid value: {value['version']!r}: "
+                    "must be a semantic version"
+                )
+            elif len(str(value.get("string", value.get("version", "")))) > MAX_STRING:
                 problems.append(
                     f"{where}.attributes[{key}].string: Too long: must have at most "
                     f"{MAX_STRING} bytes"

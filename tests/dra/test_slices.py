@@ -61,6 +61,8 @@ def test_rendered_slices_validate_for_1_34_and_later(k8s, version):
             "ratio": 0.5,
             "too_long": "x" * 65,
             "memory": 5120.0,
+            "driverVersion": "550.54.05",
+            "cudaComputeCapability": "8.0",
             **{f"extra{i}": i for i in range(40)},  # more than 32 in all: cut, not refused
         },
     )
@@ -78,6 +80,9 @@ def test_rendered_slices_validate_for_1_34_and_later(k8s, version):
     assert attrs["weird_key_name_x"] == {"bool": True} and attrs["_9lives"] == {"int": 9}
     assert "too_long" not in attrs and attrs["ratio"] == {"string": "0.5"}
     assert body["capacity"] == {"memory": {"value": "5120Mi"}}
+    # version-like strings become semantic versions (CEL compares them as versions)
+    assert attrs["driverVersion"] == {"version": "550.54.5"}
+    assert attrs["cudaComputeCapability"] == {"version": "8.0.0"}
 
 
 def test_a_big_pool_is_split_into_slices_of_128():
@@ -130,7 +135,7 @@ async def test_attribute_change_is_a_change(dra, api_server):
     )
     await daemon.rediscover()
     [dev] = api_server.devices_of(DRIVER).values()
-    assert dev["attributes"]["firmware"] == {"string": "1.2.4"}
+    assert dev["attributes"]["firmware"] == {"version": "1.2.4"}
     assert pool_of(api_server)[0] == 2
 
 
