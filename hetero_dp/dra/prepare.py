@@ -14,6 +14,7 @@ claims succeed (already unprepared, or never prepared here).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -132,6 +133,8 @@ class ClaimPreparer:
                 await asyncio.to_thread(write_claim_spec, path, spec)
             except BaseException:
                 self.checkpoint.claims.pop(ref.uid, None)
+                with contextlib.suppress(Exception):  # best effort: drop the entry on disk too
+                    await asyncio.to_thread(self.checkpoint.save)
                 raise
         log.info(
             "prepared ResourceClaim %s/%s: %s",
