@@ -77,7 +77,7 @@ class ClaimPreparer:
                 out[ref.uid] = PrepareResult(error=str(e))
             except Exception as e:  # one claim's surprise must not fail the batch
                 log.exception("preparing claim %s/%s (%s) failed", ref.namespace, ref.name, ref.uid)
-                out[ref.uid] = PrepareResult(error=f"internal error: {e!r}")
+                out[ref.uid] = PrepareResult(error=f"internal error: {type(e).__name__}: {e}")
             if out[ref.uid].error:
                 log.error(
                     "cannot prepare ResourceClaim %s/%s (uid %s): %s",
@@ -202,7 +202,7 @@ class ClaimPreparer:
                 log.exception(
                     "unpreparing claim %s/%s (%s) failed", ref.namespace, ref.name, ref.uid
                 )
-                out[ref.uid] = f"unprepare failed: {e!r}"
+                out[ref.uid] = f"unprepare failed: {type(e).__name__}: {e}"
         return out
 
     async def _unprepare_one(self, ref: ClaimRef) -> None:

@@ -746,6 +746,7 @@ class DRARunner:
         driver_names: dict[str, str] | None = None,
         node: str | None = None,
         api_versions: Sequence[str] | None = None,
+        resync_interval: float = 0,
     ) -> Any:
         from ..config import load_config
         from ..dra.runner import DRADaemon, DRAOptions
@@ -761,7 +762,7 @@ class DRARunner:
             node_name=self.node if node is None else node,
             driver_names=dict(driver_names or {}),
             plugins_dir=self.plugins_dir,
-            resync_interval=0,
+            resync_interval=resync_interval,
         )
         if api_versions:
             opts.api_versions = tuple(api_versions)

@@ -211,3 +211,18 @@ async def test_prepare_unprepare_through_the_daemon_of_a_resource_with_two_drive
     # the other driver does not take it
     wrong = (await kubelet.node_prepare(DRIVER, [ref])).claims[ref.uid]
     assert "no allocation results" in wrong.error
+
+
+async def test_a_cdi_write_failure_fails_that_claim_and_leaves_no_entry(dra, kubelet, api_server):
+    await dra.start(Npus(1))
+    await kubelet.wait_registered(DRIVER)
+    dra.cdi_dir.write_text("a file where the CDI dir should be")
+    ref = claim(api_server, "c", [("npu", N0)])
+    entry = (await kubelet.node_prepare(DRIVER, [ref])).claims[ref.uid]
+    assert "internal error: FileExistsError" in entry.error and str(dra.cdi_dir) in entry.error
+    doc = json.loads((dra.plugins_dir / DRIVER / "checkpoint.json").read_text())
+    assert doc["claims"] == {}
+    # the kubelet retries once the dir is fixed
+    dra.cdi_dir.unlink()
+    entry = (await kubelet.node_prepare(DRIVER, [ref])).claims[ref.uid]
+    assert entry.error == "" and entry.devices

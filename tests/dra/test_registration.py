@@ -6,12 +6,13 @@ import grpc
 import pytest
 
 from hetero_dp.dra import device_name, driver_name_for
+from hetero_dp.dra.runner import DRAOptions
 from hetero_dp.errors import ConfigError
 from hetero_dp.kubelet.api import pluginregistration_v1_pb2 as reg_pb
 from hetero_dp.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from hetero_dp.testing.dra import ClaimRef, FakeDRAKubelet, make_claim
 
-from .backend import DRIVER, RES, Npus
+from .backend import DRIVER, RES, Npus, npu
 
 
 async def test_get_info_offers_both_versions_and_a_socket_under_the_driver_dir(dra, kubelet):
@@ -117,3 +118,23 @@ def test_device_names_are_stable_dns_labels():
     long = device_name("MIG-" + "x" * 80)
     assert len(long) <= 63 and long == device_name("MIG-" + "x" * 80)
     assert device_name("0:1") != device_name("0-1")
+
+
+async def test_bare_driver_name_fits_one_resource_only(dra):
+    other = Npus(1)
+    other.hetero_dp_name = "other"
+    other.devices = [npu(5, resource="acme.example.com/fpga")]
+    with pytest.raises(ConfigError, match="RESOURCE=NAME"):
+        await dra.start(Npus(1), other, driver_names={"": "one.example.com"})
+
+
+def test_driver_name_flags():
+    opts = DRAOptions.from_flags(
+        node_name=None,
+        driver_names=["x.example.com", "acme.example.com/fpga=fpga.example.org"],
+        env={"NODE_NAME": "node-7"},
+    )
+    assert opts.node_name == "node-7"
+    assert opts.driver_names == {"": "x.example.com", "acme.example.com/fpga": "fpga.example.org"}
+    with pytest.raises(ConfigError, match="driverName"):
+        DRAOptions.from_flags(node_name="n", driver_names=["UPPER.example.com"], env={})

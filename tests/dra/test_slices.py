@@ -258,3 +258,10 @@ async def test_unreachable_api_server_is_retried(dra, caplog):
         await driver.resync()
         assert driver.api_ready and len(back.devices_of(DRIVER)) == 1
         await dra.stop_all()
+
+
+async def test_the_periodic_check_republishes_on_its_own(dra, api_server):
+    await dra.start(Npus(2), resync_interval=0.05)
+    [s] = api_server.slices_of(DRIVER)
+    api_server.delete_slice(s["metadata"]["name"])
+    await api_server.wait_for(lambda: len(api_server.devices_of(DRIVER)) == 2)
