@@ -13,6 +13,7 @@ import json
 import os
 import re
 import tempfile
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -117,8 +118,6 @@ def qualified_name(kind: str, device_id: str) -> str:
 
 
 # --- spec generation ------------------------------------------------------------------------
-
-_VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0")
 
 
 def _all_edits(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -231,7 +230,7 @@ def build_spec(kind: str, devices: Sequence[Device]) -> dict[str, Any]:
     if not devices:
         raise ConfigError(f"CDI kind {kind!r}: a spec needs at least one device", field="devices")
     check_device_names([d.id for d in devices], kind)
-    dupes = sorted({d.id for d in devices if sum(e.id == d.id for e in devices) > 1})
+    dupes = sorted(i for i, n in Counter(d.id for d in devices).items() if n > 1)
     if dupes:
         raise ConfigError(f"CDI kind {kind!r}: duplicate device IDs {dupes}", field="devices")
     list_keys = list_env_keys(devices)

@@ -165,5 +165,62 @@ def demo(count: int) -> None:
     sys.exit(asyncio.run(run_demo(count, echo=click.echo)))
 
 
+@main.command()
+@click.option("--vendor-domain", help="Your DNS domain, the resource prefix (acme.example.com).")
+@click.option("--resource", help="Resource name after the domain (npu).")
+@click.option("--device-glob", help="Device nodes that are devices (/dev/acme*).")
+@click.option("--package", "package_name", help="Python module name [derived].")
+@click.option("--project-name", help="Human-readable name [derived].")
+@click.option("--image", help="Container image in the DaemonSet [derived].")
+@click.option(
+    "--output",
+    type=click.Path(file_okay=False),
+    help="Project directory to create [./<package with dashes>-device-plugin].",
+)
+@click.option("--force", is_flag=True, help="Write into a non-empty directory.")
+def new(output: str | None, force: bool, **values: str | None) -> None:
+    """Create a plugin project: module, tests, Dockerfile, DaemonSet, README.
+
+    Without a terminal every value comes from flags (--vendor-domain, --resource and
+    --device-glob are required); on a terminal, missing values are asked for.
+    """
+    from . import scaffold
+
+    try:
+        if sys.stdin.isatty():
+            values = _ask_missing(values)
+        project, written = scaffold.generate(values, output, force=force)
+    except ConfigError as e:
+        click.echo(f"hetero-dp new: {e}", err=True)
+        sys.exit(EXIT_CONFIG)
+    click.echo(f"created {project} ({len(written)} files)")
+    click.echo(f"next: cd {project} && pip install -e '.[test]' && pytest")
+
+
+def _ask_missing(values: dict[str, str | None]) -> dict[str, str | None]:
+    """Prompt for missing values, re-asking until each one is valid."""
+    from . import scaffold
+
+    defaults = scaffold.template_variables(scaffold.template_dir())
+    answers = dict(values)
+    for key in ("vendor_domain", "resource", "device_glob", "package_name"):
+        if answers.get(key):
+            continue
+        default = defaults[key]
+        if key == "package_name":
+            domain, resource = answers["vendor_domain"] or "", answers["resource"] or ""
+            default = scaffold.default_package(domain, resource)
+
+        def check(value: str, key: str = key) -> str:
+            why = scaffold.problem(key, value, {k: v for k, v in answers.items() if v})
+            if why:
+                raise click.UsageError(why)
+            return value
+
+        label = scaffold.FLAGS[key].lstrip("-").replace("-", " ")
+        answers[key] = click.prompt(label, default=default, value_proc=check)
+    return answers
+
+
 if __name__ == "__main__":
     main()

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from .delivery import parse_delivery
 from .errors import ConfigError
 from .names import DEFAULT_DEVICE_PLUGIN_DIR, DEFAULT_PLUGINS_REGISTRY_DIR, validate_resource_name
 from .sharing import SharingConfig, parse_sharing
@@ -266,6 +267,10 @@ def _resources(value: Any, source: str) -> dict[str, dict[str, Any]]:
                 field=f"resources.{name}.preferredAllocation",
                 source=source,
             )
+        try:
+            parse_delivery(s, f"resources.{name}", resource=name)
+        except ConfigError as e:
+            raise ConfigError(e.reason, field=e.field, source=source) from None
         out[name] = dict(s)
     return out
 

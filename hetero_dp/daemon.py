@@ -19,7 +19,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from . import observe
+from .cdi import CDIWriter
 from .config import Config
+from .delivery import CDIPublisher, parse_delivery
 from .device import Device
 from .errors import BackendError, ConfigError
 from .events import EventSink
@@ -91,6 +93,7 @@ class Daemon:
         self.resources: dict[str, Resource] = {}
         self.endpoints: dict[str, PluginEndpoint] = {}
         self.owner: dict[str, str] = {}  # advertised resource -> backend name
+        self.resource_defaults: dict[str, dict[str, Any]] = {}  # from backends' hook
         self.publishers: list[Publisher] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self._watchers: list[DirectoryWatcher] = []
@@ -116,6 +119,13 @@ class Daemon:
                 raise ConfigError(str(e), source=f"backend {b.name}") from None
             except BackendError as e:
                 raise ConfigError(str(e), source=f"backend {b.name}") from None
+        if self.config.cdi.get("enabled"):
+            writer = CDIWriter(self.config.cdi["dir"])
+            try:
+                writer.check(field="cdi.dir")
+            except ConfigError as e:
+                raise ConfigError(e.reason, field=e.field, source=self.config.source) from None
+            self.publishers.append(CDIPublisher(writer, self.settings_for))
         for rt in self.runtimes.values():
             await self._discover(rt, initial=True)
         self._check_startup_names()
@@ -192,6 +202,25 @@ class Daemon:
 
     # --- resources -------------------------------------------------------
 
+    def settings_for(self, name: str) -> dict[str, Any]:
+        """A resource's settings: the backend's defaults under the config file's section."""
+        return {**self.resource_defaults.get(name, {}), **self.config.resource_settings(name)}
+
+    async def _load_defaults(self, name: str, rt: BackendRuntime) -> None:
+        if name in self.resource_defaults or not rt.backend.implements("resource_defaults"):
+            return
+        try:
+            defaults = await rt.backend.resource_defaults(name)
+            parse_delivery(
+                {**defaults, **self.config.resource_settings(name)},
+                f"resource_defaults({name})",
+                resource=name,
+            )
+        except (BackendError, ConfigError) as e:
+            self._hook_error(rt, "resource_defaults", e)
+            defaults = {}
+        self.resource_defaults[name] = dict(defaults)
+
     def _ensure_resource(self, name: str, rt: BackendRuntime) -> Resource | None:
         owner = self.owner.get(name)
         if owner is not None and owner != rt.backend.name:
@@ -208,7 +237,7 @@ class Daemon:
             res = Resource(
                 name,
                 rt.backend,
-                settings=self.config.resource_settings(name),
+                settings=self.settings_for(name),
                 sharing=self.config.sharing,
             )
             self.resources[name] = res
@@ -254,6 +283,7 @@ class Daemon:
                 grouped.setdefault(d.resource, []).append(d)
             names = set(grouped) | rt.resources.get(phys, set())
             for name in names:
+                await self._load_defaults(name, rt)
                 res = self._ensure_resource(name, rt)
                 if res is None:
                     continue

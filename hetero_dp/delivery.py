@@ -14,16 +14,20 @@ With CDI strategies only, the response carries no DeviceSpecs and no mounts
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from .cdi import CDINameError, check_device_names, kind_problem
+from .cdi import CDINameError, CDIWriter, check_device_names, kind_problem
 from .device import Device
 from .errors import AllocationError, ConfigError
 from .response import ContainerResponse
+
+log = logging.getLogger(__name__)
 
 DEVICE_SPECS = "device-specs"
 CDI_ANNOTATIONS = "cdi-annotations"
@@ -164,10 +168,14 @@ def apply_delivery(
     ``default`` is built from the device records; ``devices`` are the physical
     devices of the request; ``settings`` is the resource's config section. Returns
     a new response; ``default`` is not changed. Annotations and CDI names already
-    in ``default`` stay.
+    in ``default`` stay. Raises AllocationError (``FAILED_PRECONDITION``) for IDs
+    that are not CDI names and for bad settings.
     """
     resource = devices[0].resource if devices else None
-    delivery = parse_delivery(settings, resource=resource)
+    try:
+        delivery = parse_delivery(settings, resource=resource)
+    except ConfigError as e:  # start-up validation should have caught it
+        raise AllocationError(f"{resource}: {e}", code="FAILED_PRECONDITION") from e
     out = ContainerResponse(
         envs=dict(default.envs),
         mounts=list(default.mounts),
@@ -190,3 +198,79 @@ def apply_delivery(
         key = annotation_key(delivery.annotation_prefix, kind, [d.id for d in devices])
         out.annotations[key] = ",".join(names)
     return out
+
+
+class _Runtime(Protocol):
+    """What :class:`CDIPublisher` reads of the daemon's per-backend runtime."""
+
+    published: dict[str, Device]
+    resources: dict[str, set[str]]
+
+
+class CDIPublisher:
+    """A daemon publisher that keeps CDI specs in step with the device records.
+
+    After every publish of a backend it works out, per physical resource, which
+    advertised resources deliver through CDI and under which kind (``cdiKind``, or
+    the physical resource name, exactly as :func:`apply_delivery` names devices),
+    and rewrites the spec of each kind with all physical devices under it (a
+    renamed shared resource and the plain one share a spec). Unchanged specs are
+    not rewritten. Errors are logged and the previous spec is kept. Writes run in
+    a worker thread, one at a time.
+    """
+
+    def __init__(self, writer: CDIWriter, settings_for: Callable[[str], Mapping[str, Any]]) -> None:
+        self.writer = writer
+        self.settings_for = settings_for
+        # kind -> physical resource -> its devices, across all backends
+        self._devices: dict[str, dict[str, list[Device]]] = {}
+        self._lock = asyncio.Lock()
+
+    def kinds(self, physical: str, advertised: set[str]) -> set[str]:
+        """The CDI kinds whose specs hold the devices of ``physical``."""
+        out = set()
+        for name in advertised or {physical}:
+            delivery = parse_delivery(self.settings_for(name), f"resources.{name}")
+            if delivery.uses_cdi:
+                out.add(delivery.kind_for(physical))
+        return out
+
+    async def __call__(self, rt: _Runtime) -> None:
+        changed = set()
+        for physical, advertised in rt.resources.items():
+            devices = [d for d in rt.published.values() if d.resource == physical]
+            try:
+                kinds = self.kinds(physical, advertised)
+            except ConfigError as e:
+                log.error("CDI spec for %s not written: %s", physical, e)
+                continue
+            for kind, per_resource in self._devices.items():
+                if kind not in kinds and per_resource.pop(physical, None) is not None:
+                    changed.add(kind)
+            for kind in kinds:
+                per_resource = self._devices.setdefault(kind, {})
+                if per_resource.get(physical) != devices:
+                    per_resource[physical] = devices
+                    changed.add(kind)
+        async with self._lock:
+            for kind in sorted(changed):
+                devices = [d for ds in self._devices.get(kind, {}).values() for d in ds]
+                await asyncio.to_thread(self._write, kind, devices)
+
+    def _write(self, kind: str, devices: list[Device]) -> None:
+        try:
+            path = self.writer.write(kind, devices)
+        except (ConfigError, OSError) as e:
+            log.error(
+                "CDI spec of %s not updated (the previous one stays): %s",
+                kind,
+                e,
+                extra={"kind": kind, "devices": [d.id for d in devices]},
+            )
+            return
+        log.info(
+            "CDI spec of %s: %s",
+            kind,
+            f"{len(devices)} devices in {path}" if path else "removed (no devices)",
+            extra={"kind": kind},
+        )

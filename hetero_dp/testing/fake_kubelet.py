@@ -352,13 +352,18 @@ class FakeKubelet:
     ) -> FakeResource:
         """Wait until ``name`` has registered more than ``after`` times and streams."""
 
+        found: list[FakeResource] = []
+
         def done() -> bool:
             count = sum(1 for n, _ in self.registrations if n == name)
             res = self.resources.get(name)
-            return count > after and res is not None and (res.updates > 0 or not self.open_streams)
+            if count > after and res is not None and (res.updates > 0 or not self.open_streams):
+                found[:] = [res]
+                return True
+            return False
 
         await self.wait_for(done, timeout)
-        return self.resources[name]
+        return found[0]
 
     def registration_count(self, name: str) -> int:
         return sum(1 for n, _ in self.registrations if n == name)

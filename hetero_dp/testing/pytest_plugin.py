@@ -12,19 +12,25 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 try:
     import pytest_asyncio
 except ImportError:  # fixtures need pytest-asyncio; without it, offer none
     pytest_asyncio = None  # type: ignore[assignment]
 
-from .fake_kubelet import FakeKubelet
-from .runner import PluginRunner, short_tempdir
+
+if TYPE_CHECKING:  # imported lazily so coverage of a test run sees every import
+    from .fake_kubelet import FakeKubelet
+    from .runner import PluginRunner
 
 if pytest_asyncio is not None:
 
     @pytest_asyncio.fixture
     async def fake_kubelet() -> AsyncIterator[FakeKubelet]:
+        from .fake_kubelet import FakeKubelet
+        from .runner import short_tempdir
+
         root = short_tempdir()
         kubelet = FakeKubelet(root / "dp", root / "reg")
         await kubelet.start()
@@ -36,6 +42,8 @@ if pytest_asyncio is not None:
 
     @pytest_asyncio.fixture
     async def plugin_runner(fake_kubelet: FakeKubelet) -> AsyncIterator[PluginRunner]:
+        from .runner import PluginRunner
+
         runner = PluginRunner(fake_kubelet.plugin_dir, fake_kubelet.registry_dir)
         try:
             yield runner

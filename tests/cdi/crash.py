@@ -1,10 +1,10 @@
 """Run a real write in a child process and SIGKILL it at a chosen system call.
 
-The child installs a profiler (``sys.setprofile``) that watches for the call of
-one builtin (``os.fsync`` or ``os.replace``), reports "at <call>" on stdout and
-blocks on stdin; the parent checks the files while the child is frozen just
-before that call, then kills it with SIGKILL. Nothing of ours is patched: the
-write runs unchanged, and the process really dies mid-write.
+The child installs a profiler (``sys.setprofile``) that watches for one builtin
+(``os.fsync`` or ``os.replace``) called from ``hetero_dp/atomic.py``, reports
+"at <call>" on stdout and blocks on stdin; the parent checks the files while the
+child is frozen just before that call, then kills it with SIGKILL. Nothing of
+ours is patched: the write runs unchanged, and the process really dies mid-write.
 """
 
 from __future__ import annotations
@@ -25,8 +25,12 @@ _CHILD = textwrap.dedent(
 
     stop_at = {"fsync": os.fsync, "replace": os.replace}[sys.argv[1]]
 
+    # Only the call made by write_atomic itself: imports call os.replace too
+    # (when they write .pyc files).
+    ours = os.path.join("hetero_dp", "atomic.py")
+
     def watch(frame, event, arg):
-        if event == "c_call" and arg is stop_at:
+        if event == "c_call" and arg is stop_at and frame.f_code.co_filename.endswith(ours):
             sys.setprofile(None)
             os.write(1, ("at " + sys.argv[1] + "\\n").encode())
             os.read(0, 1)  # frozen here until killed

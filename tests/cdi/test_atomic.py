@@ -91,7 +91,7 @@ def test_readers_never_see_half_a_file(tmp_path: Path) -> None:
     a, b = b"a" * 300_000, b"b" * 200_003
     write_atomic(target, a)
     writer = subprocess.Popen(
-        [sys.executable, "-c", _WRITER, str(target), "300"],
+        [sys.executable, "-c", _WRITER, str(target), "150"],
         env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
     reads = 0

@@ -234,7 +234,7 @@ _mounts = st.builds(Mount, host_path=_paths, container_path=_paths, read_only=st
 _env = st.dictionaries(st.sampled_from(["A_LIST", "B", "C"]), st.text(string.printable, max_size=8))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     ids=st.lists(_ids, min_size=1, max_size=6, unique=True),
     data=st.data(),

@@ -183,7 +183,9 @@ async def test_preferred_allocation_honours_must_include_and_numa(fake_kubelet, 
     ],
     ids=["too-big", "must-outside", "unknown", "zero"],
 )
-async def test_preferred_allocation_errors(fake_kubelet, plugin_runner, available, must, size, named):
+async def test_preferred_allocation_errors(
+    fake_kubelet, plugin_runner, available, must, size, named
+):
     await plugin_runner.start(Scripted(make_devices(RES, 2)))
     await fake_kubelet.wait_registered(RES)
     with pytest.raises(grpc.aio.AioRpcError) as err:

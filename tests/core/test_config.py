@@ -1,0 +1,193 @@
+"""Configuration: file, env and flags, and errors that name the file, field and reason."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hetero_dp.config import env_name, load_config, set_option
+from hetero_dp.errors import ConfigError
+from hetero_dp.names import resource_name_problem, validate_resource_name
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "config.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_precedence_flags_over_env_over_file(tmp_path):
+    p = write(tmp_path, "kubeletDir: /from/file\nhealthInterval: 5\nregistration: classic\n")
+    cfg = load_config(
+        p, env={"HETERO_DP_KUBELET_DIR": "/from/env", "HETERO_DP_HEALTH_INTERVAL": "7"}
+    )
+    assert str(cfg.kubelet_dir) == "/from/env" and cfg.health_interval == 7.0
+    cfg = load_config(
+        p, env={"HETERO_DP_KUBELET_DIR": "/from/env"}, overrides={"kubeletDir": "/from/flag"}
+    )
+    assert str(cfg.kubelet_dir) == "/from/flag"
+    assert cfg.registration == "classic"
+
+
+def test_nvidia_config_file_is_accepted_as_is(tmp_path):
+    p = write(
+        tmp_path,
+        """
+version: v1
+flags:
+  migStrategy: single
+  failOnInitError: true
+  plugin:
+    deviceListStrategy: envvar
+sharing:
+  timeSlicing:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4
+""",
+    )
+    cfg = load_config(p, env={})
+    assert cfg.backend_options("nvidia")["migStrategy"] == "single"
+    assert cfg.backend_options("nvidia")["plugin"] == {"deviceListStrategy": "envvar"}
+
+
+def test_option_flags_set_nested_backend_options():
+    overrides: dict = {}
+    set_option(overrides, "simulated.count=8")
+    set_option(overrides, "nvidia.plugin.deviceIDStrategy=index")
+    cfg = load_config(env={}, overrides=overrides)
+    assert cfg.backend_options("simulated") == {"count": 8}
+    assert cfg.backend_options("nvidia") == {"plugin": {"deviceIDStrategy": "index"}}
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "reason"),
+    [
+        ("kubeletDirr: /x\n", "kubeletDirr", "unknown key"),
+        ("healthInterval: soon\n", "healthInterval", "expected a number"),
+        ("healthInterval: -1\n", "healthInterval", "must be >= 0"),
+        ("registration: magic\n", "registration", "must be one of classic, watcher"),
+        (
+            "resources:\n  nvidia.com/gpu:\n    deliverr: []\n",
+            "resources.nvidia.com/gpu.deliverr",
+            "unknown key",
+        ),
+        ("resources:\n  gpu:\n    deliver: []\n", "resources.gpu", "no vendor prefix"),
+        (
+            "resources:\n  a.com/x:\n    replicaPolicy: random\n",
+            "resources.a.com/x.replicaPolicy",
+            "'distributed' or 'packed'",
+        ),
+        ("cdi:\n  enabled: maybe\n", "cdi.enabled", "expected true or false"),
+        ("version: v2\n", "version", "unsupported version"),
+        ("backends: [1, 2]\n", "backends", "expected a mapping"),
+    ],
+)
+def test_bad_config_names_file_field_and_reason(tmp_path, text, field, reason):
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(p, env={})
+    msg = str(err.value)
+    assert str(p) in msg and f"field {field!r}" in msg and reason in msg
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    p = write(tmp_path, "kubeletDir: /x\nbackends: {a: [\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(p, env={})
+    assert str(p) in str(err.value) and "line" in str(err.value)
+
+
+def test_missing_file_and_non_mapping(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "nope.yaml", env={})
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(write(tmp_path, "- a\n- b\n"), env={})
+
+
+def test_bad_env_value_names_the_variable():
+    with pytest.raises(ConfigError) as err:
+        load_config(env={"HETERO_DP_REGISTRATION": "sometimes"})
+    assert "env HETERO_DP_REGISTRATION" in str(err.value)
+    assert env_name("rediscoverInterval") == "HETERO_DP_REDISCOVER_INTERVAL"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["nvidia.com/gpu", "amd.com/gpu", "example.com/mig-1g.5gb", "vendor/x", "a.b.c/Name_1.x"],
+)
+def test_valid_resource_names(name):
+    assert resource_name_problem(name) is None
+    assert validate_resource_name(name) == name
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("gpu", "no vendor prefix"),
+        ("Nvidia.com/gpu", "not a lowercase DNS subdomain"),
+        ("kubernetes.io/gpu", "reserved"),
+        ("foo.kubernetes.io/gpu", "reserved"),
+        ("requests.nvidia.com/gpu", "requests."),
+        ("nvidia.com/", "empty name part"),
+        ("nvidia.com/-gpu", "starting and ending"),
+        ("nvidia.com/" + "g" * 64, "longer than 63"),
+        ("a/b/c", "more than one"),
+        ("nvidia.com/gp u", "letters, digits"),
+    ],
+)
+def test_invalid_resource_names(name, why):
+    problem = resource_name_problem(name)
+    assert problem is not None and why in problem
+
+
+def test_cli_config_error_exits_2_before_touching_sockets(tmp_path, cli_env, hetero_dp_cmd):
+    kdir = tmp_path / "dp"
+    kdir.mkdir()
+    p = write(tmp_path, "healthInterval: [1]\n")
+    proc = subprocess.run(
+        [*hetero_dp_cmd, "run", "simulated", "--config", str(p), "--kubelet-dir", str(kdir)],
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert str(p) in proc.stderr and "healthInterval" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert list(kdir.iterdir()) == []
+
+
+def test_cli_invalid_backend_resource_name_exits_2(tmp_path, cli_env, hetero_dp_cmd):
+    kdir = tmp_path / "dp"
+    proc = subprocess.run(
+        [
+            *hetero_dp_cmd,
+            "run",
+            "simulated",
+            "-o",
+            "simulated.resource=Bad/Name",
+            "--kubelet-dir",
+            str(kdir),
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Bad/Name" in proc.stderr and "DNS subdomain" in proc.stderr
+    assert not kdir.exists() or not any(kdir.iterdir())
+
+
+def test_cli_unknown_backend_exits_2(cli_env, hetero_dp_cmd):
+    proc = subprocess.run(
+        [*hetero_dp_cmd, "run", "no-such-backend"],
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "unknown backend 'no-such-backend'" in proc.stderr

@@ -1,0 +1,132 @@
+"""A backend that raises or hangs harms only its own devices; the daemon keeps serving."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from hetero_dp import Device, hookimpl
+from hetero_dp.errors import ConfigError
+
+from .scripted import Scripted, make_devices
+
+A, B = "example.com/a", "example.com/b"
+
+
+async def test_discover_raising_marks_devices_unhealthy_then_recovers(fake_kubelet, plugin_runner):
+    backend = Scripted(make_devices(A, 2))
+    daemon = await plugin_runner.start(backend)
+    await fake_kubelet.wait_registered(A)
+    backend.discover_error = RuntimeError("driver went away")
+    await daemon.rediscover()
+    devices = await fake_kubelet.wait_devices(A, lambda d: not any(x.healthy for x in d.values()))
+    assert len(devices) == 2  # last known devices stay, unhealthy
+    reason = daemon.resources[A].state.get("dev0").reason
+    assert "discovery failed" in reason and "driver went away" in reason
+    backend.discover_error = None
+    await daemon.rediscover()
+    await fake_kubelet.wait_devices(A, lambda d: all(x.healthy for x in d.values()))
+
+
+async def test_check_health_raising_is_contained_per_device(fake_kubelet, plugin_runner):
+    backend = Scripted(make_devices(A, 2))
+    daemon = await plugin_runner.start(backend)
+    await fake_kubelet.wait_registered(A)
+    backend.health_error["dev1"] = OSError("sysfs read failed")
+    await daemon.poll_health()
+    devices = await fake_kubelet.wait_devices(A, lambda d: not d["dev1"].healthy)
+    assert devices["dev0"].healthy
+    assert "sysfs read failed" in daemon.resources[A].state.get("dev1").reason
+
+
+async def test_check_health_hanging_times_out(fake_kubelet, plugin_runner):
+    backend = Scripted(make_devices(A, 1))
+    daemon = await plugin_runner.start(backend, config={"hookTimeout": 0.2})
+    await fake_kubelet.wait_registered(A)
+    backend.health_hang.set()
+    try:
+        await daemon.poll_health()
+        await fake_kubelet.wait_devices(A, lambda d: not d["dev0"].healthy)
+        assert "timed out" in daemon.resources[A].state.get("dev0").reason
+    finally:
+        backend.release.set()
+
+
+class Garbage:
+    hetero_dp_name = "garbage"
+
+    def __init__(self) -> None:
+        self.mode = "ok"
+
+    @hookimpl
+    def discover(self):
+        if self.mode == "garbage":
+            return ["not a device", 42]
+        return [Device(id="g0", resource=B)]
+
+
+async def test_garbage_from_one_backend_leaves_another_serving(fake_kubelet, plugin_runner):
+    good = Scripted(make_devices(A, 2))
+    bad = Garbage()
+    daemon = await plugin_runner.start(good, bad)
+    await fake_kubelet.wait_registered(A)
+    await fake_kubelet.wait_registered(B)
+    bad.mode = "garbage"
+    await daemon.rediscover()
+    await fake_kubelet.wait_devices(B, lambda d: not d["g0"].healthy)
+    assert "non-Device" in daemon.resources[B].state.get("g0").reason
+    resp = await fake_kubelet.allocate(A, ["dev0"])  # the other backend is untouched
+    assert resp.envs["VISIBLE"] == "0"
+
+
+class CrashingWatch(Scripted):
+    hetero_dp_name = "crashing"
+
+    @hookimpl
+    def watch(self, events):
+        self.watch_started.set()
+        raise RuntimeError("event loop of the vendor library died")
+
+
+async def test_watch_hook_raising_marks_devices_unhealthy(fake_kubelet, plugin_runner):
+    backend = CrashingWatch(make_devices(A, 2))
+    daemon = await plugin_runner.start(backend)
+    await fake_kubelet.wait_devices(A, lambda d: len(d) == 2 and not d["dev0"].healthy)
+    assert "health watcher failed" in daemon.resources[A].state.get("dev0").reason
+
+
+class AllocRaises(Scripted):
+    @hookimpl
+    def allocate(self, devices, response):
+        raise KeyError("vendor table")
+
+
+async def test_allocate_hook_raising_is_a_clean_grpc_error(fake_kubelet, plugin_runner):
+    await plugin_runner.start(AllocRaises(make_devices(A, 1)))
+    await fake_kubelet.wait_registered(A)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await fake_kubelet.allocate(A, ["dev0"])
+    assert err.value.code() == grpc.StatusCode.INTERNAL
+    assert "dev0" in err.value.details() and "vendor table" in err.value.details()
+
+
+async def test_invalid_resource_name_from_backend_stops_startup(fake_kubelet, plugin_runner):
+    backend = Scripted([Device(id="x", resource="no-slash")])
+    with pytest.raises(ConfigError) as err:
+        await plugin_runner.start(backend)
+    assert "no vendor prefix" in str(err.value) and "backend scripted" in str(err.value)
+    assert [p.name for p in fake_kubelet.plugin_dir.iterdir()] == ["kubelet.sock"]
+
+
+async def test_two_backends_claiming_one_resource_is_a_config_error(plugin_runner):
+    with pytest.raises(ConfigError) as err:
+        await plugin_runner.start(Scripted(make_devices(A, 1)), OtherA())
+    assert "served by backend 'scripted' already" in str(err.value)
+
+
+class OtherA:
+    hetero_dp_name = "other"
+
+    @hookimpl
+    def discover(self):
+        return [Device(id="z", resource=A)]

@@ -1,0 +1,99 @@
+"""Kubelet restarts, by both signals, re-register; other resources stay undisturbed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from .scripted import Scripted, make_devices
+
+A, B = "example.com/a", "example.com/b"
+
+
+def two_resources() -> Scripted:
+    return Scripted(make_devices(A, 2, prefix="a") + make_devices(B, 2, prefix="b"))
+
+
+async def test_full_kubelet_restart_re_registers_every_resource(fake_kubelet, plugin_runner):
+    await plugin_runner.start(two_resources(), config={"streamTimeout": 60})
+    await fake_kubelet.wait_registered(A)
+    await fake_kubelet.wait_registered(B)
+    await fake_kubelet.restart()
+    for name in (A, B):
+        res = await fake_kubelet.wait_registered(name, after=1)
+        await fake_kubelet.wait_devices(name, lambda d: len(d) == 2)
+        assert res.allocatable == 2
+    assert fake_kubelet.registration_count(A) == 2
+    assert fake_kubelet.registration_count(B) == 2
+
+
+async def test_kubelet_sock_creation_alone_triggers_re_registration(fake_kubelet, plugin_runner):
+    # the stream watchdog is far away: only the inotify signal can explain a quick re-registration
+    await plugin_runner.start(two_resources(), config={"streamTimeout": 600})
+    await fake_kubelet.wait_registered(A)
+    await fake_kubelet.wait_registered(B)
+    await fake_kubelet.stop()  # plugin sockets stay; kubelet.sock goes
+    await fake_kubelet.start()  # kubelet.sock is created again
+    await fake_kubelet.wait_registered(A, after=1, timeout=10)
+    await fake_kubelet.wait_registered(B, after=1, timeout=10)
+
+
+async def test_own_socket_deletion_restarts_only_that_resource(fake_kubelet, plugin_runner):
+    daemon = await plugin_runner.start(two_resources(), config={"streamTimeout": 600})
+    res_a = await fake_kubelet.wait_registered(A)
+    res_b = await fake_kubelet.wait_registered(B)
+    updates_b = res_b.updates
+    daemon.endpoints[A].socket_path.unlink()
+    await fake_kubelet.wait_registered(A, after=1)
+    assert daemon.endpoints[A].socket_path.exists()
+    assert daemon.endpoints[A].restarts == 1
+    # B: same registration, same stream, still open
+    assert fake_kubelet.registration_count(B) == 1
+    assert daemon.endpoints[B].restarts == 0
+    assert res_b.stream_open and not res_b.stream_ended and res_b.updates == updates_b
+    assert res_a is not fake_kubelet.resources[A]
+
+
+async def test_registration_retries_until_kubelet_appears(fake_kubelet, plugin_runner):
+    await fake_kubelet.stop()
+    starting = asyncio.create_task(plugin_runner.start(two_resources()))
+    daemon = await asyncio.wait_for(starting, 10)
+    assert not daemon.resources[A].registered
+    await fake_kubelet.start()
+    await fake_kubelet.wait_registered(A)
+    await fake_kubelet.wait_registered(B)
+
+
+async def test_lost_stream_leads_to_re_registration(fake_kubelet, plugin_runner):
+    await plugin_runner.start(two_resources(), config={"streamTimeout": 0.3})
+    await fake_kubelet.wait_registered(A)
+    await fake_kubelet.drop_stream(A)
+    await fake_kubelet.wait_registered(A, after=1)
+    await fake_kubelet.wait_devices(A, lambda d: len(d) == 2)
+
+
+async def test_watcher_mode_registers_and_survives_restart(fake_kubelet, plugin_runner):
+    daemon = await plugin_runner.start(
+        two_resources(), config={"registration": "watcher", "streamTimeout": 60}
+    )
+    res = await fake_kubelet.wait_registered(A)
+    await fake_kubelet.wait_registered(B)
+    assert ("example.com/a", "watcher") in fake_kubelet.registrations
+    assert daemon.resources[A].registered  # NotifyRegistrationStatus reached the plugin
+    assert res.allocatable == 2
+    await fake_kubelet.restart()
+    await fake_kubelet.wait_registered(A, after=1)
+    await fake_kubelet.wait_registered(B, after=1)
+    # deleting the registration socket deregisters; the plugin puts it back
+    ep = daemon.endpoints[A]
+    await fake_kubelet.wait_for(lambda: ep.registry_socket.exists() and A in fake_kubelet.resources)
+    restarts, count = ep.restarts, fake_kubelet.registration_count(A)
+    with contextlib.suppress(FileNotFoundError):
+        ep.registry_socket.unlink()
+    await fake_kubelet.wait_for(
+        lambda: (
+            ep.restarts > restarts
+            and fake_kubelet.registration_count(A) > count
+            and A in fake_kubelet.resources
+        )
+    )
