@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 
+from ..cdi import CDIWriter
 from ..device import Device
 from ..errors import ConfigError
 from ..inotify import DirectoryWatcher
@@ -112,6 +113,7 @@ class DRADriver:
 
     async def start(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
+        CDIWriter(self.settings.cdi_dir).check(field="cdi.dir")  # exists and takes files
         try:
             self.checkpoint.load()
         except CheckpointError as e:

@@ -167,6 +167,13 @@ async def test_a_device_that_left_is_refused(dra, kubelet, api_server):
     assert "does not have" in entry.error and N1 in entry.error
 
 
+async def test_unusable_cdi_dir_stops_start_up_naming_the_field(dra):
+    dra.cdi_dir.parent.mkdir(parents=True, exist_ok=True)
+    dra.cdi_dir.write_text("not a dir")
+    with pytest.raises(ConfigError, match=r"cdi\.dir"):
+        await dra.start(Npus(1))
+
+
 async def test_corrupt_checkpoint_stops_start_up_naming_the_file(dra):
     path = dra.plugins_dir / DRIVER / "checkpoint.json"
     path.parent.mkdir(parents=True)
@@ -216,6 +223,7 @@ async def test_prepare_unprepare_through_the_daemon_of_a_resource_with_two_drive
 async def test_a_cdi_write_failure_fails_that_claim_and_leaves_no_entry(dra, kubelet, api_server):
     await dra.start(Npus(1))
     await kubelet.wait_registered(DRIVER)
+    dra.cdi_dir.rmdir()  # made (empty) at start-up; someone replaced it since
     dra.cdi_dir.write_text("a file where the CDI dir should be")
     ref = claim(api_server, "c", [("npu", N0)])
     entry = (await kubelet.node_prepare(DRIVER, [ref])).claims[ref.uid]
