@@ -30,5 +30,9 @@ lint:
 proto:
 	$(PYTHON) scripts/gen_proto.py
 
+docs:
+	$(PYTHON) scripts/gen_hook_docs.py --check
+	$(PYTHON) -m mkdocs build --strict -d site
+
 bench: install
 	$(PYTHON) -m benchmarks

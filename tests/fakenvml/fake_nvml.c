@@ -1,0 +1,864 @@
+/*
+ * A fake libnvidia-ml.so.1 for tests: enough of NVML for discovery, MIG, topology,
+ * metrics and XID health, driven by a scenario file and controlled from the test.
+ *
+ * The scenario is read from the file named by FAKE_NVML_SCENARIO each time the
+ * library goes from uninitialised to initialised (so one process can switch
+ * scenarios between tests). Format: one record per line, "kind key=value ...";
+ * values may be double-quoted; '#' starts a comment. See scenarios/README.md.
+ *
+ * Test controls (exported, called through ctypes):
+ *   fake_nvml_inject_event(gpu, type, data, gi, ci) -> number of event sets woken
+ *   fake_nvml_inject_xid(gpu, xid)                  -> same, whole-GPU XID
+ *   fake_nvml_set_lost(gpu, lost)                   -> mark a GPU lost (or back)
+ *   fake_nvml_wait_waiters(n, timeout_ms)           -> 1 once n threads wait in nvmlEventSetWait
+ *   fake_nvml_set_value(gpu, name, value)           -> change temp/util/power/memused
+ *   fake_nvml_reset()                               -> forget everything (next init reloads)
+ *   fake_nvml_call_count(gpu)                       -> device calls so far on a GPU
+ *
+ * Build: gcc -shared -fPIC -O2 -pthread -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 fake_nvml.c
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef int nvmlReturn_t;
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
+    NVML_ERROR_LIBRARY_NOT_FOUND = 12,
+    NVML_ERROR_FUNCTION_NOT_FOUND = 13,
+    NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
+    NVML_ERROR_UNKNOWN = 999,
+};
+
+/* Public NVML structures, laid out as nvml.h (and pynvml's ctypes) define them. */
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+typedef struct {
+    unsigned long long total, free, used;
+} nvmlMemory_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+
+typedef struct {
+    unsigned int gpu, memory;
+} nvmlUtilization_t;
+
+typedef struct {
+    unsigned int multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount,
+        sharedEncoderCount, sharedJpegCount, sharedOfaCount, gpuInstanceSliceCount,
+        computeInstanceSliceCount;
+    unsigned long long memorySizeMB;
+} nvmlDeviceAttributes_t;
+
+typedef struct fdev *nvmlDevice_t;
+typedef struct fset *nvmlEventSet_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+/* Sizes the Python side checks against pynvml's ctypes structures. */
+unsigned int fake_nvml_sizeof(const char *name) {
+    if (!strcmp(name, "nvmlPciInfo_t")) return sizeof(nvmlPciInfo_t);
+    if (!strcmp(name, "nvmlMemory_t")) return sizeof(nvmlMemory_t);
+    if (!strcmp(name, "nvmlMemory_v2_t")) return sizeof(nvmlMemory_v2_t);
+    if (!strcmp(name, "nvmlUtilization_t")) return sizeof(nvmlUtilization_t);
+    if (!strcmp(name, "nvmlDeviceAttributes_t")) return sizeof(nvmlDeviceAttributes_t);
+    if (!strcmp(name, "nvmlEventData_t")) return sizeof(nvmlEventData_t);
+    return 0;
+}
+
+#define MAXGPU 16
+#define MAXMIG 8
+#define MAXLINK 36
+#define MAXFAULT 64
+#define MAXSET 16
+#define QLEN 64
+
+struct fdev {
+    int is_mig;
+    int index; /* GPU index, or MIG index within its parent */
+    struct fdev *parent;
+    char uuid[96];
+    char name[96];
+    unsigned minor;
+    unsigned long long mem_mb, used_mb;
+    int cc_major, cc_minor;
+    char busid[32];
+    unsigned pci_device_id, pci_subsys;
+    int board, sw, bridge, numa;
+    int mig_capable, mig_mode;
+    int nmig;
+    struct fdev *migs[MAXMIG];
+    unsigned gi, ci, gi_slices, ci_slices, sms;
+    unsigned util, memutil, temp, power_mw;
+    int lost;
+    long calls, lost_after;
+    int max_links;
+    int link_remote[MAXLINK]; /* GPU index, -1 (inactive) or -2 (an NVSwitch) */
+};
+
+struct fault {
+    char fn[96];
+    int dev; /* -1: any device (or none) */
+    int mig; /* -1: any handle; >=0: only that MIG index of dev */
+    int err;
+    long after, times, hits, fired;
+};
+
+struct event {
+    struct fdev *dev;
+    unsigned long long type, data;
+    unsigned gi, ci;
+};
+
+struct fset {
+    int used;
+    unsigned long long mask[MAXGPU];
+    struct event q[QLEN];
+    int head, len;
+    int lost_pending;
+};
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv; /* monotonic clock; initialised once */
+static pthread_once_t cv_once = PTHREAD_ONCE_INIT;
+
+static int initialised; /* NVML refcount */
+static int loaded;      /* scenario loaded */
+static int init_error;
+static char driver_version[80] = "550.54.15";
+static char nvml_version[80] = "12.550.54.15";
+static int cuda_version = 12040;
+static struct fdev gpus[MAXGPU];
+static int ngpu;
+static struct fdev migpool[MAXGPU * MAXMIG];
+static int nmigpool;
+static struct fault faults[MAXFAULT];
+static int nfault;
+static int topo_override[MAXGPU][MAXGPU]; /* -1: derive */
+static struct fset sets[MAXSET];
+static int waiters;
+
+static void cv_init(void) {
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&cv, &a);
+    pthread_condattr_destroy(&a);
+}
+
+/* ---- scenario parsing ---- */
+
+static char *next_token(char **p, char *out, size_t n) {
+    char *s = *p;
+    size_t i = 0;
+    while (*s == ' ' || *s == '\t') s++;
+    if (!*s || *s == '\n' || *s == '#') return NULL;
+    while (*s && *s != ' ' && *s != '\t' && *s != '\n') {
+        if (*s == '"') {
+            s++;
+            while (*s && *s != '"') {
+                if (i + 1 < n) out[i++] = *s;
+                s++;
+            }
+            if (*s == '"') s++;
+            continue;
+        }
+        if (i + 1 < n) out[i++] = *s;
+        s++;
+    }
+    out[i] = 0;
+    *p = s;
+    return out;
+}
+
+static const char *kv(int ntok, char toks[][128], const char *key) {
+    size_t kl = strlen(key);
+    for (int i = 1; i < ntok; i++)
+        if (!strncmp(toks[i], key, kl) && toks[i][kl] == '=') return toks[i] + kl + 1;
+    return NULL;
+}
+
+static long kvl(int ntok, char toks[][128], const char *key, long dflt) {
+    const char *v = kv(ntok, toks, key);
+    return v ? strtol(v, NULL, 0) : dflt;
+}
+
+static void fill_common(struct fdev *d, int ntok, char toks[][128]) {
+    const char *v;
+    if ((v = kv(ntok, toks, "uuid"))) snprintf(d->uuid, sizeof d->uuid, "%s", v);
+    if ((v = kv(ntok, toks, "name"))) snprintf(d->name, sizeof d->name, "%s", v);
+    d->mem_mb = kvl(ntok, toks, "mem", d->mem_mb);
+    d->used_mb = kvl(ntok, toks, "used", d->used_mb);
+}
+
+static void reset_state(void) {
+    memset(gpus, 0, sizeof gpus);
+    memset(migpool, 0, sizeof migpool);
+    memset(faults, 0, sizeof faults);
+    memset(sets, 0, sizeof sets);
+    memset(topo_override, 0xff, sizeof topo_override);
+    ngpu = nmigpool = nfault = 0;
+    init_error = 0;
+    loaded = 0;
+    snprintf(driver_version, sizeof driver_version, "550.54.15");
+    snprintf(nvml_version, sizeof nvml_version, "12.550.54.15");
+    cuda_version = 12040;
+}
+
+static int load_scenario(const char *path) {
+    FILE *f = fopen(path, "r");
+    char line[1024];
+    if (!f) {
+        fprintf(stderr, "fake-nvml: cannot open scenario %s\n", path);
+        return -1;
+    }
+    while (fgets(line, sizeof line, f)) {
+        char toks[24][128];
+        int ntok = 0;
+        char *p = line;
+        while (ntok < 24 && next_token(&p, toks[ntok], sizeof toks[ntok])) ntok++;
+        if (!ntok) continue;
+        const char *k = toks[0];
+        if (!strcmp(k, "driver") && ntok > 1) {
+            snprintf(driver_version, sizeof driver_version, "%s", toks[1]);
+        } else if (!strcmp(k, "nvml") && ntok > 1) {
+            snprintf(nvml_version, sizeof nvml_version, "%s", toks[1]);
+        } else if (!strcmp(k, "cuda") && ntok > 1) {
+            cuda_version = (int)strtol(toks[1], NULL, 0);
+        } else if (!strcmp(k, "init_error") && ntok > 1) {
+            init_error = (int)strtol(toks[1], NULL, 0);
+        } else if (!strcmp(k, "gpu") && ngpu < MAXGPU) {
+            struct fdev *d = &gpus[ngpu];
+            d->index = ngpu++;
+            d->minor = kvl(ntok, toks, "minor", d->index);
+            fill_common(d, ntok, toks);
+            const char *cc = kv(ntok, toks, "cc");
+            if (cc) sscanf(cc, "%d.%d", &d->cc_major, &d->cc_minor);
+            const char *pci = kv(ntok, toks, "pci");
+            snprintf(d->busid, sizeof d->busid, "%s", pci ? pci : "00000000:00:00.0");
+            d->pci_device_id = kvl(ntok, toks, "pciid", 0x20b010de);
+            d->pci_subsys = kvl(ntok, toks, "subsys", 0x134f10de);
+            d->board = kvl(ntok, toks, "board", 1000 + d->index);
+            d->sw = kvl(ntok, toks, "switch", d->index);
+            d->bridge = kvl(ntok, toks, "bridge", d->index);
+            d->numa = kvl(ntok, toks, "numa", 0);
+            d->mig_capable = kvl(ntok, toks, "migcap", 1);
+            d->mig_mode = kvl(ntok, toks, "mig", 0);
+            d->sms = kvl(ntok, toks, "sms", 108);
+            d->util = kvl(ntok, toks, "util", 0);
+            d->memutil = kvl(ntok, toks, "memutil", 0);
+            d->temp = kvl(ntok, toks, "temp", 35);
+            d->power_mw = kvl(ntok, toks, "power", 60000);
+            d->lost_after = kvl(ntok, toks, "lost_after", 0);
+            d->max_links = kvl(ntok, toks, "nvlinks", 0);
+            for (int i = 0; i < MAXLINK; i++) d->link_remote[i] = -1;
+            /* switchlinks=N: the first N links go to NVSwitches, not to GPUs */
+            long sw = kvl(ntok, toks, "switchlinks", 0);
+            for (long i = 0; i < sw && i < d->max_links; i++) d->link_remote[i] = -2;
+        } else if (!strcmp(k, "mig") && nmigpool < MAXGPU * MAXMIG) {
+            long g = kvl(ntok, toks, "gpu", -1);
+            if (g < 0 || g >= ngpu || gpus[g].nmig >= MAXMIG) continue;
+            struct fdev *m = &migpool[nmigpool++];
+            struct fdev *p = &gpus[g];
+            m->is_mig = 1;
+            m->parent = p;
+            m->index = p->nmig;
+            p->migs[p->nmig++] = m;
+            fill_common(m, ntok, toks);
+            m->gi = kvl(ntok, toks, "gi", 0);
+            m->ci = kvl(ntok, toks, "ci", 0);
+            m->gi_slices = kvl(ntok, toks, "slices", 1);
+            m->ci_slices = kvl(ntok, toks, "cislices", m->gi_slices);
+            m->sms = kvl(ntok, toks, "sms", 14 * m->ci_slices);
+            if (!m->name[0]) snprintf(m->name, sizeof m->name, "%s MIG", p->name);
+        } else if (!strcmp(k, "nvlink")) {
+            /* nvlink a=0 b=1 n=2: n links between GPUs a and b */
+            long a = kvl(ntok, toks, "a", -1), b = kvl(ntok, toks, "b", -1);
+            long n = kvl(ntok, toks, "n", 1);
+            if (a < 0 || b < 0 || a >= ngpu || b >= ngpu) continue;
+            for (long i = 0; i < n; i++) {
+                for (int j = 0; j < gpus[a].max_links; j++)
+                    if (gpus[a].link_remote[j] < 0) { gpus[a].link_remote[j] = b; break; }
+                for (int j = 0; j < gpus[b].max_links; j++)
+                    if (gpus[b].link_remote[j] < 0) { gpus[b].link_remote[j] = a; break; }
+            }
+        } else if (!strcmp(k, "topo")) {
+            long a = kvl(ntok, toks, "a", -1), b = kvl(ntok, toks, "b", -1);
+            long lvl = kvl(ntok, toks, "level", 50);
+            if (a >= 0 && b >= 0 && a < MAXGPU && b < MAXGPU)
+                topo_override[a][b] = topo_override[b][a] = (int)lvl;
+        } else if (!strcmp(k, "fault") && nfault < MAXFAULT) {
+            struct fault *ft = &faults[nfault++];
+            const char *fn = kv(ntok, toks, "fn");
+            snprintf(ft->fn, sizeof ft->fn, "%s", fn ? fn : "*");
+            ft->dev = kvl(ntok, toks, "dev", -1);
+            ft->mig = kvl(ntok, toks, "migdev", -1);
+            ft->err = kvl(ntok, toks, "err", NVML_ERROR_UNKNOWN);
+            ft->after = kvl(ntok, toks, "after", 0);
+            ft->times = kvl(ntok, toks, "times", 0);
+        } else {
+            fprintf(stderr, "fake-nvml: %s: unknown record %s\n", path, k);
+        }
+    }
+    fclose(f);
+    loaded = 1;
+    return 0;
+}
+
+/* ---- helpers ---- */
+
+static int fault_check(const char *fn, struct fdev *d) {
+    int phys = d ? (d->is_mig ? d->parent->index : d->index) : -1;
+    int mig = d && d->is_mig ? d->index : -1;
+    for (int i = 0; i < nfault; i++) {
+        struct fault *ft = &faults[i];
+        if (strcmp(ft->fn, "*") && strcmp(ft->fn, fn)) continue;
+        if (ft->dev >= 0 && ft->dev != phys) continue;
+        if (ft->mig >= 0 && ft->mig != mig) continue;
+        ft->hits++;
+        if (ft->hits <= ft->after) continue;
+        if (ft->times && ft->fired >= ft->times) continue;
+        ft->fired++;
+        return ft->err;
+    }
+    return 0;
+}
+
+/* Every device entry point starts here: init check, lost GPUs, injected faults. */
+static int enter(const char *fn, struct fdev *d) {
+    int rc = 0;
+    pthread_mutex_lock(&mu);
+    if (!initialised) {
+        rc = NVML_ERROR_UNINITIALIZED;
+    } else if (d) {
+        struct fdev *p = d->is_mig ? d->parent : d;
+        p->calls++;
+        if (p->lost_after && p->calls > p->lost_after) p->lost = 1;
+        if (p->lost) rc = NVML_ERROR_GPU_IS_LOST;
+    }
+    if (!rc) rc = fault_check(fn, d);
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+#define ENTER(d)                                    \
+    do {                                            \
+        int rc_ = enter(__func__, (d));             \
+        if (rc_) return rc_;                        \
+    } while (0)
+
+static int copy_str(char *dst, unsigned len, const char *src) {
+    if (!dst) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(src) + 1 > len) return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(dst, src, strlen(src) + 1);
+    return NVML_SUCCESS;
+}
+
+static void fill_pci(struct fdev *g, nvmlPciInfo_t *pci) {
+    memset(pci, 0, sizeof *pci);
+    snprintf(pci->busId, sizeof pci->busId, "%s", g->busid);
+    /* The legacy field holds the 4-digit domain form. */
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%s",
+             strlen(g->busid) > 4 ? g->busid + 4 : g->busid);
+    unsigned dom = 0, bus = 0, dev = 0;
+    sscanf(g->busid, "%x:%x:%x", &dom, &bus, &dev);
+    pci->domain = dom;
+    pci->bus = bus;
+    pci->device = dev;
+    pci->pciDeviceId = g->pci_device_id;
+    pci->pciSubSystemId = g->pci_subsys;
+}
+
+/* ---- init / system ---- */
+
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    pthread_once(&cv_once, cv_init);
+    pthread_mutex_lock(&mu);
+    if (initialised == 0) {
+        const char *path = getenv("FAKE_NVML_SCENARIO");
+        reset_state();
+        if (path && *path && load_scenario(path) != 0) {
+            pthread_mutex_unlock(&mu);
+            return NVML_ERROR_UNKNOWN;
+        }
+    }
+    int rc = init_error ? init_error : fault_check("nvmlInitWithFlags", NULL);
+    if (!rc) initialised++;
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+nvmlReturn_t nvmlShutdown(void) {
+    pthread_mutex_lock(&mu);
+    int rc = initialised ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
+    if (initialised) initialised--;
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+const char *nvmlErrorString(nvmlReturn_t r) {
+    switch (r) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_LIBRARY_NOT_FOUND: return "NVML Shared Library Not Found";
+    case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "RM has detected an NVML/RM version mismatch.";
+    default: return "Unknown Error";
+    }
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *v, unsigned int len) {
+    ENTER(NULL);
+    return copy_str(v, len, driver_version);
+}
+
+nvmlReturn_t nvmlSystemGetNVMLVersion(char *v, unsigned int len) {
+    ENTER(NULL);
+    return copy_str(v, len, nvml_version);
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v) {
+    ENTER(NULL);
+    *v = cuda_version;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) {
+    ENTER(NULL);
+    *v = cuda_version;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n) {
+    ENTER(NULL);
+    *n = ngpu;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *d) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (i >= (unsigned)ngpu) return NVML_ERROR_INVALID_ARGUMENT;
+    ENTER(&gpus[i]);
+    *d = &gpus[i];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d) {
+    struct fdev *found = NULL;
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    for (int i = 0; i < ngpu && !found; i++) {
+        if (!strcmp(gpus[i].uuid, uuid)) found = &gpus[i];
+        for (int j = 0; j < gpus[i].nmig && !found; j++)
+            if (!strcmp(gpus[i].migs[j]->uuid, uuid)) found = gpus[i].migs[j];
+    }
+    if (!found) return NVML_ERROR_NOT_FOUND;
+    ENTER(found);
+    *d = found;
+    return NVML_SUCCESS;
+}
+
+/* ---- device queries ---- */
+
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int len) {
+    ENTER(d);
+    return copy_str(uuid, len, d->uuid);
+}
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int len) {
+    ENTER(d);
+    return copy_str(name, len, d->name);
+}
+
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *i) {
+    ENTER(d);
+    if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    *i = d->index;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *m) {
+    ENTER(d);
+    if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    *m = d->minor;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
+    ENTER(d);
+    m->total = d->mem_mb << 20;
+    m->used = d->used_mb << 20;
+    m->free = m->total - m->used;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
+    ENTER(d);
+    if (m->version != 0x02000028) return NVML_ERROR_INVALID_ARGUMENT;
+    m->total = d->mem_mb << 20;
+    m->used = d->used_mb << 20;
+    m->reserved = 0;
+    m->free = m->total - m->used;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *major, int *minor) {
+    ENTER(d);
+    struct fdev *g = d->is_mig ? d->parent : d;
+    *major = g->cc_major;
+    *minor = g->cc_minor;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *pci) {
+    ENTER(d);
+    fill_pci(d->is_mig ? d->parent : d, pci);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
+    ENTER(d);
+    if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    u->gpu = d->util;
+    u->memory = d->memutil;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, unsigned int sensor, unsigned int *t) {
+    ENTER(d);
+    if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    if (sensor != 0) return NVML_ERROR_INVALID_ARGUMENT;
+    *t = d->temp;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *mw) {
+    ENTER(d);
+    if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    *mw = d->power_mw;
+    return NVML_SUCCESS;
+}
+
+/* ---- MIG (left out with -DFAKE_NO_MIG: an older driver without these symbols) ---- */
+#ifndef FAKE_NO_MIG
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *cur, unsigned int *pending) {
+    ENTER(d);
+    if (d->is_mig || !d->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+    *cur = *pending = d->mig_mode;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t d, unsigned int *is) {
+    ENTER(d);
+    *is = d->is_mig;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *n) {
+    ENTER(d);
+    if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    *n = d->mig_capable ? 7 : 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int i, nvmlDevice_t *m) {
+    ENTER(d);
+    if (d->is_mig || !d->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+    if (!d->mig_mode) return NVML_ERROR_INVALID_ARGUMENT;
+    if (i >= 7) return NVML_ERROR_INVALID_ARGUMENT;
+    if (i >= (unsigned)d->nmig) return NVML_ERROR_NOT_FOUND;
+    *m = d->migs[i];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t m, nvmlDevice_t *d) {
+    ENTER(m);
+    if (!m->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    *d = m->parent;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t m, unsigned int *id) {
+    ENTER(m);
+    if (!m->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    *id = m->gi;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t m, unsigned int *id) {
+    ENTER(m);
+    if (!m->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    *id = m->ci;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t d, nvmlDeviceAttributes_t *a) {
+    ENTER(d);
+    memset(a, 0, sizeof *a);
+    a->multiprocessorCount = d->sms;
+    if (d->is_mig) {
+        a->gpuInstanceSliceCount = d->gi_slices;
+        a->computeInstanceSliceCount = d->ci_slices;
+    }
+    a->memorySizeMB = d->mem_mb;
+    return NVML_SUCCESS;
+}
+
+#endif /* FAKE_NO_MIG */
+
+/* ---- topology ---- */
+
+nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_t b, unsigned int *lvl) {
+    ENTER(a);
+    ENTER(b);
+    if (a->is_mig || b->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    int o = topo_override[a->index][b->index];
+    if (o >= 0) *lvl = o;
+    else if (a->board == b->board) *lvl = 0;
+    else if (a->sw == b->sw) *lvl = 10;
+    else if (a->bridge == b->bridge) *lvl = 30;
+    else if (a->numa == b->numa) *lvl = 40;
+    else *lvl = 50;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t d, unsigned int link, unsigned int *active) {
+    ENTER(d);
+    if (d->is_mig || d->max_links == 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (link >= (unsigned)d->max_links) return NVML_ERROR_INVALID_ARGUMENT;
+    *active = d->link_remote[link] != -1;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t d, unsigned int link, nvmlPciInfo_t *pci) {
+    ENTER(d);
+    if (d->is_mig || d->max_links == 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (link >= (unsigned)d->max_links) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->link_remote[link] == -1) return NVML_ERROR_NOT_FOUND;
+    if (d->link_remote[link] == -2) {
+        static struct fdev nvswitch = {.busid = "00000000:C5:00.0", .pci_device_id = 0x22a310de};
+        fill_pci(&nvswitch, pci);
+        return NVML_SUCCESS;
+    }
+    fill_pci(&gpus[d->link_remote[link]], pci);
+    return NVML_SUCCESS;
+}
+
+/* ---- events ---- */
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long *types) {
+    ENTER(d);
+    if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    *types = 0x1 | 0x2 | 0x8;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *s) {
+    ENTER(NULL);
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < MAXSET; i++) {
+        if (!sets[i].used) {
+            memset(&sets[i], 0, sizeof sets[i]);
+            sets[i].used = 1;
+            *s = &sets[i];
+            pthread_mutex_unlock(&mu);
+            return NVML_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return NVML_ERROR_UNKNOWN;
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types, nvmlEventSet_t s) {
+    ENTER(d);
+    if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    if (types & ~0xbULL) return NVML_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&mu);
+    s->mask[d->index] |= types;
+    pthread_mutex_unlock(&mu);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t s) {
+    pthread_mutex_lock(&mu);
+    s->used = 0;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t s, nvmlEventData_t *data, unsigned int timeout_ms) {
+    ENTER(NULL);
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    int rc = NVML_SUCCESS;
+    pthread_mutex_lock(&mu);
+    waiters++;
+    pthread_cond_broadcast(&cv); /* wakes fake_nvml_wait_waiters */
+    while (s->used && s->len == 0 && !s->lost_pending) {
+        if (pthread_cond_timedwait(&cv, &mu, &until) == ETIMEDOUT) break;
+    }
+    waiters--;
+    if (!s->used) {
+        rc = NVML_ERROR_UNINITIALIZED;
+    } else if (s->lost_pending) {
+        s->lost_pending = 0;
+        rc = NVML_ERROR_GPU_IS_LOST;
+    } else if (s->len) {
+        struct event *e = &s->q[s->head];
+        data->device = e->dev;
+        data->eventType = e->type;
+        data->eventData = e->data;
+        data->gpuInstanceId = e->gi;
+        data->computeInstanceId = e->ci;
+        s->head = (s->head + 1) % QLEN;
+        s->len--;
+    } else {
+        rc = NVML_ERROR_TIMEOUT;
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+/* ---- test controls ---- */
+
+int fake_nvml_inject_event(unsigned gpu, unsigned long long type, unsigned long long data,
+                           unsigned gi, unsigned ci) {
+    int n = 0;
+    pthread_once(&cv_once, cv_init);
+    pthread_mutex_lock(&mu);
+    if (gpu < (unsigned)ngpu) {
+        for (int i = 0; i < MAXSET; i++) {
+            struct fset *s = &sets[i];
+            if (!s->used || !(s->mask[gpu] & type) || s->len == QLEN) continue;
+            struct event *e = &s->q[(s->head + s->len) % QLEN];
+            e->dev = &gpus[gpu];
+            e->type = type;
+            e->data = data;
+            e->gi = gi;
+            e->ci = ci;
+            s->len++;
+            n++;
+        }
+        pthread_cond_broadcast(&cv);
+    }
+    pthread_mutex_unlock(&mu);
+    return n;
+}
+
+int fake_nvml_inject_xid(unsigned gpu, unsigned long long xid) {
+    return fake_nvml_inject_event(gpu, 0x8, xid, 0xffffffffu, 0xffffffffu);
+}
+
+int fake_nvml_set_lost(unsigned gpu, int lost) {
+    int n = 0;
+    pthread_once(&cv_once, cv_init);
+    pthread_mutex_lock(&mu);
+    if (gpu < (unsigned)ngpu) {
+        gpus[gpu].lost = lost;
+        gpus[gpu].lost_after = 0;
+        if (lost) {
+            for (int i = 0; i < MAXSET; i++)
+                if (sets[i].used && sets[i].mask[gpu]) { sets[i].lost_pending = 1; n++; }
+            pthread_cond_broadcast(&cv);
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return n;
+}
+
+int fake_nvml_wait_waiters(int n, int timeout_ms) {
+    struct timespec until;
+    pthread_once(&cv_once, cv_init);
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&mu);
+    while (waiters < n)
+        if (pthread_cond_timedwait(&cv, &mu, &until) == ETIMEDOUT) break;
+    int ok = waiters >= n;
+    pthread_mutex_unlock(&mu);
+    return ok;
+}
+
+int fake_nvml_set_value(unsigned gpu, const char *name, long value) {
+    int ok = 1;
+    pthread_mutex_lock(&mu);
+    if (gpu >= (unsigned)ngpu) ok = 0;
+    else if (!strcmp(name, "temp")) gpus[gpu].temp = value;
+    else if (!strcmp(name, "util")) gpus[gpu].util = value;
+    else if (!strcmp(name, "power")) gpus[gpu].power_mw = value;
+    else if (!strcmp(name, "used")) gpus[gpu].used_mb = value;
+    else ok = 0;
+    pthread_mutex_unlock(&mu);
+    return ok;
+}
+
+long fake_nvml_call_count(unsigned gpu) {
+    long n;
+    pthread_mutex_lock(&mu);
+    n = gpu < (unsigned)ngpu ? gpus[gpu].calls : -1;
+    pthread_mutex_unlock(&mu);
+    return n;
+}
+
+void fake_nvml_reset(void) {
+    pthread_once(&cv_once, cv_init);
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < MAXSET; i++) sets[i].used = 0;
+    pthread_cond_broadcast(&cv);
+    initialised = 0;
+    reset_state();
+    pthread_mutex_unlock(&mu);
+}

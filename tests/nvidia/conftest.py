@@ -1,0 +1,81 @@
+"""Fixtures for the NVIDIA backend: the fake libnvidia-ml.so.1 and fake host roots.
+
+The fake library (tests/fakenvml/fake_nvml.c) is built once per session with gcc
+and loaded with RTLD_GLOBAL, so pynvml's ``CDLL("libnvidia-ml.so.1")`` resolves
+to it (the dynamic loader matches the already-loaded soname). Each test picks a
+scenario through FAKE_NVML_SCENARIO; the fake re-reads it on the next nvmlInit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .support import FakeNode, Watching, build_fake, make_node
+
+
+@pytest.fixture(scope="session")
+def fake_nvml_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    import pynvml
+
+    if pynvml.nvmlLib is not None and not hasattr(pynvml.nvmlLib, "fake_nvml_reset"):
+        pytest.skip("a real libnvidia-ml is already loaded in this process")
+    path = build_fake(tmp_path_factory.mktemp("fakenvml"))
+    lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    lib.fake_nvml_inject_event.argtypes = [
+        ctypes.c_uint,
+        ctypes.c_ulonglong,
+        ctypes.c_ulonglong,
+        ctypes.c_uint,
+        ctypes.c_uint,
+    ]
+    lib.fake_nvml_inject_xid.argtypes = [ctypes.c_uint, ctypes.c_ulonglong]
+    lib.fake_nvml_set_lost.argtypes = [ctypes.c_uint, ctypes.c_int]
+    lib.fake_nvml_wait_waiters.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.fake_nvml_set_value.argtypes = [ctypes.c_uint, ctypes.c_char_p, ctypes.c_long]
+    lib.fake_nvml_call_count.argtypes = [ctypes.c_uint]
+    lib.fake_nvml_call_count.restype = ctypes.c_long
+    lib.fake_nvml_sizeof.argtypes = [ctypes.c_char_p]
+    lib.fake_nvml_sizeof.restype = ctypes.c_uint
+    lib.path = str(path)  # type: ignore[attr-defined]
+    return lib
+
+
+@pytest.fixture
+def fake_node(
+    fake_nvml_lib: ctypes.CDLL, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[object]:
+    """``fake_node("a100-8x-nvlink.scn", extra_lines...)`` -> FakeNode, NVML env set."""
+    for var in (
+        "MIG_STRATEGY",
+        "DEVICE_LIST_STRATEGY",
+        "DEVICE_ID_STRATEGY",
+        "PASS_DEVICE_SPECS",
+        "FAIL_ON_INIT_ERROR",
+        "NVIDIA_DRIVER_ROOT",
+        "DP_DISABLE_HEALTHCHECKS",
+        "DP_ENABLE_HEALTHCHECKS",
+        "CONTAINER_DRIVER_ROOT",
+        "NVIDIA_DEV_ROOT",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    counter = iter(range(1000))
+
+    def make(base: str, *extra: str, **kw: object) -> FakeNode:
+        node = make_node(fake_nvml_lib, tmp_path / f"node{next(counter)}", base, extra, **kw)
+        fake_nvml_lib.fake_nvml_reset()
+        monkeypatch.setenv("FAKE_NVML_SCENARIO", str(node.scenario))
+        return node
+
+    yield make
+    fake_nvml_lib.fake_nvml_reset()
+    os.environ.pop("FAKE_NVML_SCENARIO", None)
+
+
+@pytest.fixture
+def watching() -> type[Watching]:
+    return Watching

@@ -1,0 +1,171 @@
+"""The DaemonSet manifest and Helm chart: valid offline, least privilege, and in step."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from .minihelm import referenced_values, render
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy/nvidia"
+CHART = DEPLOY / "helm/hetero-dp-nvidia"
+PLAIN = DEPLOY / "nvidia-device-plugin.yml"
+RELEASE = {"Name": "hetero-dp-nvidia", "Namespace": "kube-system"}
+K8S = "1.32"
+
+
+def chart_values(**overrides):
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    values.update(overrides)
+    return values
+
+
+def render_chart(values):
+    docs = []
+    for template in sorted((CHART / "templates").glob("*.yaml")):
+        docs += [d for d in yaml.safe_load_all(render(template.read_text(), values, RELEASE)) if d]
+    return docs
+
+
+def validate(docs):
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S, strict=True)
+
+
+def container(docs):
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    return ds, ds["spec"]["template"]["spec"]["containers"][0]
+
+
+def env(c):
+    return {e["name"]: e["value"] for e in c["env"]}
+
+
+def test_plain_manifest_validates_with_the_cli():
+    out = subprocess.run(
+        [sys.executable, "-m", "kubernetes_validate", "-k", K8S, "--strict", str(PLAIN)],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "passed" in out.stdout + out.stderr
+
+
+def test_chart_with_default_values_renders_the_plain_manifest():
+    assert render_chart(chart_values()) == [d for d in yaml.safe_load_all(PLAIN.read_text()) if d]
+
+
+def test_values_and_templates_stay_in_step():
+    values = chart_values()
+    used = set()
+    for template in (CHART / "templates").glob("*.yaml"):
+        used |= referenced_values(template.read_text())
+    top_used = {u.split(".")[0] for u in used}
+    assert top_used == set(values), "values.yaml keys unused by templates, or missing"
+    for path in used:  # every reference resolves
+        node = values
+        for part in path.split("."):
+            assert part in node, f".Values.{path} missing from values.yaml"
+            node = node[part]
+
+
+def test_least_privilege_by_default():
+    ds, c = container(render_chart(chart_values()))
+    sc = c["securityContext"]
+    assert "privileged" not in sc
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["readOnlyRootFilesystem"] is True
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert "hostNetwork" not in pod and "hostPID" not in pod
+    mounts = {m["mountPath"]: m.get("readOnly", False) for m in c["volumeMounts"]}
+    assert mounts == {"/var/lib/kubelet/device-plugins": False, "/driver-root/dev": True}
+
+
+def test_pass_device_specs_makes_it_privileged():
+    docs = render_chart(chart_values(compatWithCPUManager=True))
+    validate(docs)
+    _, c = container(docs)
+    assert c["securityContext"] == {"privileged": True, "readOnlyRootFilesystem": True}
+    assert env(c)["PASS_DEVICE_SPECS"] == "true"
+
+
+@pytest.mark.parametrize(
+    ("values", "expected_env"),
+    [
+        (
+            {
+                "migStrategy": "mixed",
+                "deviceListStrategy": "volume-mounts",
+                "deviceIDStrategy": "index",
+                "failOnInitError": False,
+            },
+            {
+                "MIG_STRATEGY": "mixed",
+                "DEVICE_LIST_STRATEGY": "volume-mounts",
+                "DEVICE_ID_STRATEGY": "index",
+                "FAIL_ON_INIT_ERROR": "false",
+            },
+        ),
+        (
+            {"nvidiaDriverRoot": "/run/nvidia/driver"},
+            {"NVIDIA_DRIVER_ROOT": "/run/nvidia/driver", "CONTAINER_DRIVER_ROOT": "/driver-root"},
+        ),
+    ],
+)
+def test_values_reach_nvidias_env_vars(values, expected_env):
+    docs = render_chart(chart_values(**values))
+    validate(docs)
+    ds, c = container(docs)
+    assert expected_env.items() <= env(c).items()
+    if "nvidiaDriverRoot" in values:
+        vols = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+        assert vols["driver-dev"]["hostPath"]["path"] == "/run/nvidia/driver/dev"
+
+
+def test_config_map_tolerations_node_selector_and_runtime_class():
+    nvidia_config = "version: v1\nflags:\n  migStrategy: mixed\n"
+    docs = render_chart(
+        chart_values(
+            config={"map": {"default": nvidia_config}, "default": "default"},
+            nodeSelector={"nvidia.com/gpu.present": "true"},
+            tolerations=[{"key": "gpu", "operator": "Exists"}],
+            runtimeClassName="nvidia",
+            resources={"limits": {"memory": "256Mi"}},
+        )
+    )
+    validate(docs)
+    cm = next(d for d in docs if d["kind"] == "ConfigMap")
+    assert cm["data"] == {"default": nvidia_config}
+    ds, c = container(docs)
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
+    assert pod["runtimeClassName"] == "nvidia"
+    assert env(c)["CONFIG_FILE"] == "/config/default"
+    assert {"name": "config", "mountPath": "/config", "readOnly": True} in c["volumeMounts"]
+    assert c["resources"] == {"limits": {"memory": "256Mi"}}
+
+
+def test_config_file_in_the_chart_is_accepted_by_the_backend():
+    """The example config in values.yaml's comment parses with the backend's option rules."""
+    from hetero_dp_nvidia.options import parse_options
+
+    text = (CHART / "values.yaml").read_text()
+    block = text.split("#       default: |\n", 1)[1].split("#     default: default", 1)[0]
+    doc = yaml.safe_load("\n".join(line[10:] for line in block.splitlines()))
+    assert doc["version"] == "v1"
+    assert parse_options(doc["flags"], {}).mig_strategy == "mixed"
+
+
+def test_dockerfile_installs_core_and_backend_and_runs_nvidia():
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert "COPY vendors/nvidia ./vendors/nvidia" in text
+    assert 'ENTRYPOINT ["hetero-dp", "run", "nvidia"]' in text
+    assert "NVIDIA_DRIVER_CAPABILITIES=utility" in text

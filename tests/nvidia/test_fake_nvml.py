@@ -1,0 +1,91 @@
+"""The fake libnvidia-ml.so.1 itself: ABI against pynvml, scenario loading, faults."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pynvml
+import pytest
+
+
+@pytest.mark.parametrize(
+    ("c_name", "py_struct", "expected"),
+    [
+        ("nvmlPciInfo_t", pynvml.nvmlPciInfo_t, 68),
+        ("nvmlMemory_t", pynvml.c_nvmlMemory_t, 24),
+        ("nvmlMemory_v2_t", pynvml.c_nvmlMemory_v2_t, 40),
+        ("nvmlUtilization_t", pynvml.c_nvmlUtilization_t, 8),
+        ("nvmlDeviceAttributes_t", pynvml.c_nvmlDeviceAttributes, 40),
+        ("nvmlEventData_t", pynvml.c_nvmlEventData_t, 32),
+    ],
+)
+def test_struct_sizes_match_pynvml(fake_nvml_lib, c_name, py_struct, expected):
+    assert fake_nvml_lib.fake_nvml_sizeof(c_name.encode()) == ctypes.sizeof(py_struct) == expected
+
+
+def test_pynvml_reads_the_scenario(fake_node):
+    node = fake_node("h100-8x.scn")
+    pynvml.nvmlInit()
+    try:
+        assert pynvml.nvmlDeviceGetCount() == 8
+        h = pynvml.nvmlDeviceGetHandleByIndex(3)
+        assert pynvml.nvmlDeviceGetUUID(h) == node.uuid(3)
+        assert pynvml.nvmlDeviceGetName(h) == "NVIDIA H100 80GB HBM3"
+        assert pynvml.nvmlDeviceGetCudaComputeCapability(h) == (9, 0)
+        assert pynvml.nvmlDeviceGetPciInfo(h).busId == "00000000:4E:00.0"
+        mem = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+        assert mem.total == 81559 * 1024 * 1024
+        assert pynvml.nvmlSystemGetDriverVersion() == "550.54.15"
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def test_mig_handles_answer_not_supported_like_real_nvml(fake_node):
+    node = fake_node("a100-8x-nvlink.scn")
+    pynvml.nvmlInit()
+    try:
+        gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+        mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0)
+        assert pynvml.nvmlDeviceGetUUID(mig) == node.mig_uuids(0)[0]
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            pynvml.nvmlDeviceGetMinorNumber(mig)
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            pynvml.nvmlDeviceGetMigMode(mig)
+        with pytest.raises(pynvml.NVMLError_NotFound):
+            pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 5)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def test_fault_after_n_calls_on_one_device(fake_node):
+    fake_node("h100-8x.scn", "fault fn=nvmlDeviceGetTemperature dev=2 after=1 times=1 err=999")
+    pynvml.nvmlInit()
+    try:
+        h2 = pynvml.nvmlDeviceGetHandleByIndex(2)
+        h3 = pynvml.nvmlDeviceGetHandleByIndex(3)
+        pynvml.nvmlDeviceGetTemperature(h2, 0)  # first call passes (after=1)
+        pynvml.nvmlDeviceGetTemperature(h3, 0)  # another device is not affected
+        with pytest.raises(pynvml.NVMLError_Unknown):
+            pynvml.nvmlDeviceGetTemperature(h2, 0)
+        pynvml.nvmlDeviceGetTemperature(h2, 0)  # times=1: only once
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def test_event_wait_wakes_on_injection(fake_node, fake_nvml_lib):
+    fake_node("h100-8x.scn")
+    pynvml.nvmlInit()
+    try:
+        es = pynvml.nvmlEventSetCreate()
+        h = pynvml.nvmlDeviceGetHandleByIndex(5)
+        pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, es)
+        assert fake_nvml_lib.fake_nvml_inject_xid(5, 79) == 1
+        assert fake_nvml_lib.fake_nvml_inject_xid(4, 79) == 0  # not registered
+        data = pynvml.nvmlEventSetWait(es, 10_000)
+        assert data.eventData == 79
+        assert data.eventType == pynvml.nvmlEventTypeXidCriticalError
+        with pytest.raises(pynvml.NVMLError_Timeout):
+            pynvml.nvmlEventSetWait(es, 1)
+        pynvml.nvmlEventSetFree(es)
+    finally:
+        pynvml.nvmlShutdown()

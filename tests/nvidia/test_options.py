@@ -1,0 +1,99 @@
+"""NVIDIA's option names and env vars, and rejection of what we don't support."""
+
+from __future__ import annotations
+
+import pytest
+from hetero_dp_nvidia.options import DEFAULT_IGNORED_XIDS, parse_options
+
+from hetero_dp import ConfigError
+
+
+def test_defaults_match_nvidia():
+    o = parse_options({}, {})
+    assert o.mig_strategy == "none"
+    assert o.fail_on_init_error is True
+    assert o.pass_device_specs is False
+    assert o.device_list_strategy == ("envvar",)
+    assert o.device_id_strategy == "uuid"
+    assert o.cdi_annotation_prefix == "cdi.k8s.io/"
+    assert o.health.ignored_xids == DEFAULT_IGNORED_XIDS == {13, 31, 43, 45, 68, 109}
+
+
+def test_nested_and_dotted_names_and_env_wins():
+    flags = {
+        "migStrategy": "mixed",
+        "plugin": {"deviceIDStrategy": "index"},
+        "plugin.passDeviceSpecs": True,
+        "failOnInitError": False,
+    }
+    o = parse_options(flags, {"MIG_STRATEGY": "single", "DEVICE_LIST_STRATEGY": "volume-mounts"})
+    assert o.mig_strategy == "single"  # env wins over the file
+    assert o.device_id_strategy == "index"
+    assert o.pass_device_specs is True
+    assert o.fail_on_init_error is False
+    assert o.device_list_strategy == ("volume-mounts",)
+
+
+def test_list_strategy_as_list_and_comma_env():
+    o = parse_options({"plugin": {"deviceListStrategy": ["envvar", "cdi-annotations"]}}, {})
+    assert o.device_list_strategy == ("envvar", "cdi-annotations")
+    o = parse_options({}, {"DEVICE_LIST_STRATEGY": "cdi-cri,cdi-annotations"})
+    assert o.device_list_strategy == ("cdi-cri", "cdi-annotations")
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "field"),
+    [
+        ({"migStrategy": "half"}, {}, "migStrategy"),
+        ({"plugin": {"deviceIDStrategy": "serial"}}, {}, "plugin.deviceIDStrategy"),
+        ({"plugin": {"deviceListStrategy": "tarball"}}, {}, "plugin.deviceListStrategy"),
+        (
+            {"plugin": {"deviceListStrategy": ["envvar", "volume-mounts"]}},
+            {},
+            "plugin.deviceListStrategy",
+        ),
+        ({"gdsEnabled": True}, {}, "gdsEnabled"),
+        ({"mofedEnabled": "true"}, {}, "mofedEnabled"),
+        ({"mpsRoot": "/run/nvidia/mps"}, {}, "mpsRoot"),
+        ({"deviceDiscoveryStrategy": "tegra"}, {}, "deviceDiscoveryStrategy"),
+        ({"gfd": {"oneshot": True}}, {}, "gfd.oneshot"),
+        ({"somethingElse": 1}, {}, "somethingElse"),
+        ({"failOnInitError": "maybe"}, {}, "failOnInitError"),
+        ({}, {"MIG_STRATEGY": "bogus"}, "MIG_STRATEGY"),
+        ({}, {"DP_DISABLE_HEALTHCHECKS": "79,abc"}, "DP_DISABLE_HEALTHCHECKS"),
+    ],
+)
+def test_unsupported_is_rejected_by_name(flags, env, field):
+    with pytest.raises(ConfigError) as info:
+        parse_options(flags, env)
+    assert info.value.field == field
+    assert field in str(info.value)
+
+
+def test_feature_off_values_are_accepted():
+    parse_options(
+        {
+            "gdsEnabled": False,
+            "mofedEnabled": False,
+            "mpsRoot": "",
+            "deviceDiscoveryStrategy": "auto",
+            "plugin": {"nvidiaCTKPath": "/x"},
+        },
+        {},
+    )
+
+
+def test_healthcheck_env_vars():
+    o = parse_options({}, {"DP_DISABLE_HEALTHCHECKS": "79,48", "DP_ENABLE_HEALTHCHECKS": "13"})
+    assert not o.health.counts(79) and not o.health.counts(48)
+    assert o.health.counts(13)  # enabled although on NVIDIA's default ignore list
+    assert not o.health.counts(31)
+    assert parse_options({}, {"DP_DISABLE_HEALTHCHECKS": "xids"}).health.counts(79) is False
+    assert parse_options({}, {"DP_DISABLE_HEALTHCHECKS": "all"}).health.disabled
+    assert parse_options({}, {"DP_ENABLE_HEALTHCHECKS": "all"}).health.counts(13)
+
+
+def test_recovery_quiet_period_option():
+    assert parse_options({"recoveryQuietPeriod": 2.5}, {}).health.recovery_quiet_s == 2.5
+    with pytest.raises(ConfigError, match="recoveryQuietPeriod"):
+        parse_options({"recoveryQuietPeriod": "soon"}, {})

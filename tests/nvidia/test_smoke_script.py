@@ -1,0 +1,50 @@
+"""scripts/gpu-smoke.py, run as on a GPU machine but with the fake driver in its place."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .support import make_node
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_smoke(fake_nvml_lib, node, *args):
+    env = {
+        **os.environ,
+        "LD_LIBRARY_PATH": str(Path(fake_nvml_lib.path).parent),
+        "FAKE_NVML_SCENARIO": str(node.scenario),
+        "PYTHONPATH": f"{REPO}:{REPO / 'vendors/nvidia'}",
+    }
+    opts = [f"-o{k}={v}" for k, v in node.options.items()]
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts/gpu-smoke.py"), *opts, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+
+
+def test_smoke_script_passes_on_a_mig_node(fake_nvml_lib, tmp_path):
+    node = make_node(fake_nvml_lib, tmp_path, "a100-8x-nvlink.scn")
+    out = run_smoke(fake_nvml_lib, node, "-omigStrategy=mixed")
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout
+    assert "PASS" in text
+    assert "8 GPU(s)" in text
+    assert "nvidia.com/mig-1g.5gb" in text and node.uuid(3) in text
+    assert "NVIDIA_VISIBLE_DEVICES" in text
+    assert "nvidia.com/gpu.product=NVIDIA-A100-SXM4-40GB" in text
+    assert "NV4 score 450" in text
+    assert "[pass] nvml" in text
+
+
+def test_smoke_script_fails_clearly_without_a_driver(fake_nvml_lib, tmp_path):
+    node = make_node(fake_nvml_lib, tmp_path, "h100-8x.scn", ("init_error 18",))
+    out = run_smoke(fake_nvml_lib, node)
+    assert out.returncode != 0
+    assert "version mismatch" in out.stdout + out.stderr

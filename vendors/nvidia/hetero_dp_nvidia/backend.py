@@ -1,0 +1,315 @@
+"""The NVIDIA backend's hooks (entry point ``hetero_dp: nvidia``).
+
+The module-level functions are the hookimpls pluggy finds; they delegate to one
+:class:`NvidiaBackend`. Tests (and anyone running two configurations in one
+process) register their own ``NvidiaBackend()`` instances instead: its methods
+carry the same hookimpl markers.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from hetero_dp import Check, ConfigError, Device, EventSink, Link, Sample, hookimpl
+
+from . import nvml
+from .discovery import GPU_RESOURCE, NodeInfo, build_devices, check_layout, read_node
+from .health import HealthMonitor, probe_gpu
+from .labels import node_labels
+from .metrics import node_samples
+from .nvml import NvmlUnavailable, log, log_once
+from .options import parse_options
+from .topology import compute_links
+
+CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
+hetero_dp_name = "nvidia"  # when this module is passed as an object rather than by name
+
+
+class NvidiaBackend:
+    """One configured NVIDIA backend: options, NVML state, topology cache, health."""
+
+    hetero_dp_name = "nvidia"  # the name config sections and NVIDIA's ``flags`` use
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        self._environ = environ
+        self.options = parse_options({}, environ if environ is not None else {})
+        self._configured = False
+        self._initialised = False
+        self.init_error: NvmlUnavailable | None = None
+        self.node = NodeInfo()
+        self._lock = threading.RLock()
+        self._links: tuple[frozenset[str], list[Link]] | None = None
+        self.monitor = HealthMonitor(self.options.health, probe_gpu)
+        self.init_retry_s = 5.0  # how often watch looks for a driver that came up late
+
+    # -- lifecycle -------------------------------------------------------------
+
+    @hookimpl
+    def configure(self, options: Mapping[str, Any]) -> None:
+        self.options = parse_options(options, self._environ)
+        self.monitor = HealthMonitor(self.options.health, probe_gpu)
+        self._configured = True
+        if self._start():
+            # A layout that cannot fit the MIG strategy stops start-up, named.
+            check_layout(read_node(self.options), self.options.mig_strategy)
+
+    def _start(self) -> bool:
+        """Initialise NVML once; False (logged) when unavailable and allowed to be."""
+        with self._lock:
+            if self._initialised:
+                return True
+            try:
+                nvml.init()
+            except NvmlUnavailable as err:
+                self.init_error = err
+                if self.options.fail_on_init_error:
+                    log.error("%s", err)
+                    raise
+                log_once(
+                    f"init:{err.code}",
+                    f"{err}; failOnInitError=false: serving 0 GPUs until the driver works",
+                )
+                return False
+            self._initialised = True
+            self.init_error = None
+            return True
+
+    @hookimpl
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._initialised:
+                nvml.shutdown()
+                self._initialised = False
+
+    # -- devices ---------------------------------------------------------------
+
+    @hookimpl
+    def discover(self) -> list[Device]:
+        if not self._configured:
+            self.configure({})
+        if not self._start():
+            return []
+        node = read_node(self.options)
+        devices = build_devices(node, self.options)
+        with self._lock:
+            self.node = node
+        return devices
+
+    @hookimpl
+    def check_health(self, device: Device) -> bool | str | None:
+        if self.options.health.disabled:
+            return True  # DP_DISABLE_HEALTHCHECKS=all: no checks of any kind
+        uuid = device.physical_id
+        held = self.monitor.reason(uuid)
+        if held:
+            return held  # an event holds it Unhealthy until the recovery rule frees it
+        if not self._initialised:
+            return str(self.init_error) if self.init_error else "NVML is not initialised"
+        failure = probe_gpu(uuid)
+        if failure is None and device.parent:
+            failure = probe_gpu(device.id)
+        return failure if failure else True
+
+    @hookimpl
+    def watch(self, events: EventSink) -> None:
+        # Without a driver (failOnInitError=false) wait for a later discover to bring
+        # NVML up; this slow check runs only in that degraded state.
+        while not self._initialised:
+            if events.wait(self.init_retry_s):
+                return
+        self.monitor.run(events, self._physical_handles)
+
+    def _physical_handles(self) -> list[tuple[str, object]]:
+        with self._lock:
+            node = self.node
+        if not node.gpus:
+            node = read_node(self.options)
+            with self._lock:
+                self.node = node
+        return [(g.uuid, g.handle) for g in node.gpus if g.uuid and g.handle is not None]
+
+    # -- topology, labels, metrics ---------------------------------------------
+
+    @hookimpl
+    def links(self, devices: list[Device]) -> list[Link]:
+        wanted = frozenset(d.physical_id for d in devices)
+        with self._lock:
+            if self._links and self._links[0] == wanted:
+                return list(self._links[1])
+            gpus = [g for g in self.node.gpus if g.uuid in wanted]
+        result = compute_links(gpus) if self._initialised else []
+        with self._lock:
+            self._links = (wanted, result)
+        return list(result)
+
+    @hookimpl
+    def labels(self, devices: list[Device]) -> dict[str, str]:
+        with self._lock:
+            node = self.node
+        return node_labels(devices, node, self.options)
+
+    @hookimpl
+    def metrics(self, devices: list[Device]) -> list[Sample]:
+        if not self._initialised:
+            return []
+        with self._lock:
+            node = self.node
+        return list(node_samples(node, socket.gethostname()))
+
+    # -- delivery defaults -----------------------------------------------------
+
+    @hookimpl
+    def resource_defaults(self, resource: str) -> dict[str, Any] | None:
+        if resource != GPU_RESOURCE and not resource.startswith("nvidia.com/mig-"):
+            return None
+        strategies = self.options.device_list_strategy
+        deliver = []
+        if self.options.uses_env or self.options.pass_device_specs:
+            # env, mounts and DeviceSpecs all come from the device records themselves
+            deliver.append("device-specs")
+        deliver += [s for s in strategies if s.startswith("cdi-")]
+        return {
+            "deliver": deliver,
+            "cdiKind": CDI_KIND,
+            "cdiAnnotationPrefix": self.options.cdi_annotation_prefix,
+        }
+
+    # -- doctor ----------------------------------------------------------------
+
+    @hookimpl
+    def doctor(self, options: Mapping[str, Any]) -> list[Check]:
+        return run_doctor(options, self._environ)
+
+
+def run_doctor(options: Mapping[str, Any], environ: Mapping[str, str] | None) -> list[Check]:
+    checks: list[Check] = []
+    try:
+        opts = parse_options(options, environ)
+    except ConfigError as err:
+        return [Check("nvidia options", "fail", str(err), "fix the named field")]
+    try:
+        nvml.init()
+    except NvmlUnavailable as err:
+        what = str(err).split("; fix:")[0]
+        name = "nvidia driver/library version" if err.code == nvml.VERSION_MISMATCH else "nvml"
+        return [Check(name, "fail", what, err.fix)]
+    try:
+        checks.append(Check("nvml", "pass", "libnvidia-ml.so.1 loads and initialises"))
+        node = read_node(opts)
+        cuda = node.cuda_major_minor
+        checks.append(
+            Check(
+                "nvidia driver", "pass", f"driver {node.driver_version}, CUDA {cuda[0]}.{cuda[1]}"
+            )
+        )
+        gpus = [g for g in node.gpus if g.uuid]
+        if not gpus:
+            checks.append(
+                Check("nvidia gpus", "warn", "NVML sees no GPUs", "check nvidia-smi -L on the node")
+            )
+        else:
+            names = ", ".join(sorted({g.name for g in gpus}))
+            checks.append(Check("nvidia gpus", "pass", f"{len(gpus)} GPU(s): {names}"))
+        for g in node.gpus:
+            failure = g.error or (probe_gpu(g.uuid) if g.uuid else "no UUID")
+            if failure:
+                checks.append(
+                    Check(f"gpu {g.index}", "fail", failure, failure.partition("fix: ")[2])
+                )
+        ctl = os.path.join(opts.visible_dev_root, "dev", "nvidiactl")
+        if os.path.exists(ctl):
+            checks.append(Check("nvidia device nodes", "pass", f"{ctl} present"))
+        else:
+            checks.append(
+                Check(
+                    "nvidia device nodes",
+                    "warn",
+                    f"{ctl} not found",
+                    "mount the host's /dev (or the driver root) and set nvidiaDriverRoot",
+                )
+            )
+        try:
+            check_layout(node, opts.mig_strategy)
+            checks.append(Check("mig layout", "pass", f"fits migStrategy {opts.mig_strategy}"))
+        except ConfigError as err:
+            checks.append(
+                Check(
+                    "mig layout",
+                    "fail",
+                    err.reason.split("; fix:")[0],
+                    err.reason.partition("fix: ")[2],
+                )
+            )
+    finally:
+        nvml.shutdown()
+    return checks
+
+
+# ---- module-level hookimpls for the entry point ----------------------------------
+
+BACKEND = NvidiaBackend(environ=None)
+
+
+@hookimpl
+def configure(options: Mapping[str, Any]) -> None:
+    """Apply NVIDIA's options (env vars win) and start NVML."""
+    BACKEND._environ = os.environ
+    BACKEND.configure(options)
+
+
+@hookimpl
+def discover() -> Iterable[Device]:
+    """GPUs and MIG devices under the configured strategies."""
+    return BACKEND.discover()
+
+
+@hookimpl
+def check_health(device: Device) -> bool | str | None:
+    """Probe the device's GPU (and MIG device)."""
+    return BACKEND.check_health(device)
+
+
+@hookimpl
+def watch(events: EventSink) -> None:
+    """XID / ECC / GPU-lost event loop with recovery."""
+    BACKEND.watch(events)
+
+
+@hookimpl
+def links(devices: list[Device]) -> Iterable[Link]:
+    """NVLink and PCIe pair scores (cached per device set)."""
+    return BACKEND.links(devices)
+
+
+@hookimpl
+def labels(devices: list[Device]) -> Mapping[str, str]:
+    """GPU feature discovery labels."""
+    return BACKEND.labels(devices)
+
+
+@hookimpl
+def metrics(devices: list[Device]) -> Iterable[Sample]:
+    """DCGM-exporter-named samples."""
+    return BACKEND.metrics(devices)
+
+
+@hookimpl
+def resource_defaults(resource: str) -> Mapping[str, Any] | None:
+    """deviceListStrategy mapped onto the framework's delivery settings."""
+    return BACKEND.resource_defaults(resource)
+
+
+@hookimpl
+def doctor(options: Mapping[str, Any]) -> Iterable[Check]:
+    """Driver, library, GPUs, device nodes and MIG layout checks."""
+    return run_doctor(options, os.environ)
+
+
+@hookimpl
+def shutdown() -> None:
+    """Shut NVML down."""
+    BACKEND.shutdown()

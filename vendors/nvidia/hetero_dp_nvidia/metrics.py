@@ -1,0 +1,106 @@
+"""Metric samples named after NVIDIA's DCGM exporter, per GPU and per MIG device."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pynvml
+
+from hetero_dp import Sample
+
+from . import nvml
+from .discovery import NodeInfo
+from .nvml import NVMLError, explain, log_once
+
+MIB = 1024 * 1024
+
+
+def _try(what: str, uuid: str, call: Any, *args: object) -> Any:
+    try:
+        return call(*args)
+    except NVMLError as err:
+        if err.value != nvml.NOT_SUPPORTED:
+            log_once(f"metric:{what}:{uuid}:{err.value}", explain(err, what, uuid))
+        return None
+
+
+def node_samples(node: NodeInfo, hostname: str = "") -> Iterator[Sample]:
+    for g in node.gpus:
+        if g.handle is None or not g.uuid:
+            continue
+        labels = {
+            "gpu": str(g.index),
+            "UUID": g.uuid,
+            "device": f"nvidia{g.minor}",
+            "modelName": g.name,
+            "pci_bus_id": g.pci_bus_id,
+        }
+        if hostname:
+            labels["Hostname"] = hostname
+        mem = _try("memory", g.uuid, pynvml.nvmlDeviceGetMemoryInfo, g.handle)
+        if mem is not None:
+            yield Sample(
+                "DCGM_FI_DEV_FB_USED",
+                mem.used // MIB,
+                labels,
+                "Framebuffer memory used (in MiB).",
+            )
+            yield Sample(
+                "DCGM_FI_DEV_FB_FREE",
+                mem.free // MIB,
+                labels,
+                "Framebuffer memory free (in MiB).",
+            )
+        util = _try("utilization", g.uuid, pynvml.nvmlDeviceGetUtilizationRates, g.handle)
+        if util is not None:
+            yield Sample(
+                "DCGM_FI_DEV_GPU_UTIL",
+                util.gpu,
+                labels,
+                "GPU utilization (in %).",
+            )
+            yield Sample(
+                "DCGM_FI_DEV_MEM_COPY_UTIL",
+                util.memory,
+                labels,
+                "Memory utilization (in %).",
+            )
+        temp = _try(
+            "temperature",
+            g.uuid,
+            pynvml.nvmlDeviceGetTemperature,
+            g.handle,
+            pynvml.NVML_TEMPERATURE_GPU,
+        )
+        if temp is not None:
+            yield Sample(
+                "DCGM_FI_DEV_GPU_TEMP",
+                float(temp),
+                labels,
+                "GPU temperature (in C).",
+            )
+        power = _try("power", g.uuid, pynvml.nvmlDeviceGetPowerUsage, g.handle)
+        if power is not None:
+            yield Sample(
+                "DCGM_FI_DEV_POWER_USAGE",
+                power / 1000.0,
+                labels,
+                "Power draw (in W).",
+            )
+        for m in g.migs:
+            mlabels = dict(labels, GPU_I_ID=str(m.gi), GPU_I_PROFILE=m.profile, MIG_UUID=m.uuid)
+            mmem = _try("memory", m.uuid, pynvml.nvmlDeviceGetMemoryInfo, m.handle)
+            if mmem is not None:
+                yield Sample(
+                    "DCGM_FI_DEV_FB_USED",
+                    mmem.used // MIB,
+                    mlabels,
+                    "Framebuffer memory used (in MiB).",
+                )
+                yield Sample(
+                    "DCGM_FI_DEV_FB_FREE",
+                    mmem.free // MIB,
+                    mlabels,
+                    "Framebuffer memory free (in MiB).",
+                )
