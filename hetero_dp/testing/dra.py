@@ -743,6 +743,7 @@ class DRARunner:
         self,
         *backends: Any,
         config: dict[str, Any] | None = None,
+        options: dict[str, dict[str, Any]] | None = None,
         driver_names: dict[str, str] | None = None,
         node: str | None = None,
         api_versions: Sequence[str] | None = None,
@@ -757,6 +758,11 @@ class DRARunner:
         raw["kubeletDir"] = str(self.root / "dp")
         raw["pluginsRegistryDir"] = str(self.registry_dir)
         raw.setdefault("cdi", {})["dir"] = str(self.cdi_dir)
+        if options:
+            merged = dict(raw.get("backends") or {})
+            for name, given in options.items():
+                merged[name] = {**merged.get(name, {}), **given}
+            raw["backends"] = merged
         cfg = load_config(raw=raw, env={})
         opts = DRAOptions(
             node_name=self.node if node is None else node,
