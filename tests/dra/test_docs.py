@@ -105,3 +105,13 @@ def test_doc_selectors_read_what_the_slices_carry():
     ]
     assert match == ["gpu.amd.com/numaNode"]
     assert "numaNode" in published["amd.com/gpu"]["attributes"]
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+def test_stand_in_claims_have_the_real_shape(version):
+    from hetero_dp.testing.dra import make_claim
+
+    claim = make_claim(
+        "c", [("npu", "d0"), ("npu", "d1")], driver="npu.a.example.com", pool="n", version=version
+    )
+    assert kubernetes_validate.validate(claim, "1.34", strict=True)

@@ -235,3 +235,19 @@ async def test_a_cdi_write_failure_fails_that_claim_and_leaves_no_entry(dra, kub
     dra.cdi_dir.unlink()
     entry = (await kubelet.node_prepare(DRIVER, [ref])).claims[ref.uid]
     assert entry.error == "" and entry.devices
+
+
+async def test_claims_are_read_through_v1beta1_on_an_old_api_server(dra, kubelet):
+    from hetero_dp.testing.dra import FakeAPIServer
+
+    with FakeAPIServer(versions=("v1beta1",)) as old:
+        dra.api = old
+        await dra.start(Npus(1))
+        await kubelet.wait_registered(DRIVER)
+        ref = claim(old, "beta", [("npu", N0)], version="v1beta1")
+        entry = (await kubelet.node_prepare(DRIVER, [ref])).claims[ref.uid]
+        assert entry.error == "" and entry.devices[0].device_name == N0
+        assert any(
+            "/v1beta1/namespaces/default/resourceclaims/beta" in r.path for r in old.requests
+        )
+        await dra.stop_all()
