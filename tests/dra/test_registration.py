@@ -138,3 +138,17 @@ def test_driver_name_flags():
     assert opts.driver_names == {"": "x.example.com", "acme.example.com/fpga": "fpga.example.org"}
     with pytest.raises(ConfigError, match="driverName"):
         DRAOptions.from_flags(node_name="n", driver_names=["UPPER.example.com"], env={})
+
+
+async def test_a_restarted_kubelet_finds_the_driver_again(dra, kubelet, api_server):
+    daemon = await dra.start(Npus(1))
+    await kubelet.wait_registered(DRIVER)
+    await kubelet.restart()
+    await kubelet.wait_registered(DRIVER, after=1)
+    assert daemon.drivers[RES].registered.is_set()
+    ref = ClaimRef.of(
+        api_server.add_claim(
+            make_claim("c", [("npu", device_name("NPU-0000"))], driver=DRIVER, pool="node-a")
+        )
+    )
+    assert (await kubelet.node_prepare(DRIVER, [ref])).claims[ref.uid].error == ""
