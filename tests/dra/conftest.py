@@ -8,14 +8,13 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import pytest_asyncio
 
-pytest.importorskip("kubernetes")
-
 from hetero_dp.testing import short_tempdir
 from hetero_dp.testing.dra import DRARunner, FakeAPIServer, FakeDRAKubelet
 
 
 @pytest.fixture
 def api_server() -> Iterator[FakeAPIServer]:
+    pytest.importorskip("kubernetes")  # DRA mode's optional dependency (extra "dra")
     with FakeAPIServer() as server:
         yield server
 

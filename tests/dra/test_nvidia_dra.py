@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("hetero_dp_nvidia")
+pytest.importorskip("kubernetes")
 
 CASE = Path(__file__).with_name("nvidia_case.py")
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,6 @@ import grpc
 import pytest
 
 from hetero_dp.dra import device_name, driver_name_for
-from hetero_dp.dra.runner import DRAOptions
 from hetero_dp.errors import ConfigError
 from hetero_dp.kubelet.api import pluginregistration_v1_pb2 as reg_pb
 from hetero_dp.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
@@ -129,6 +128,9 @@ async def test_bare_driver_name_fits_one_resource_only(dra):
 
 
 def test_driver_name_flags():
+    pytest.importorskip("kubernetes")
+    from hetero_dp.dra.runner import DRAOptions
+
     opts = DRAOptions.from_flags(
         node_name=None,
         driver_names=["x.example.com", "acme.example.com/fpga=fpga.example.org"],
