@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 
+from .. import observe
 from ..cdi import CDIWriter
 from ..device import Device
 from ..errors import ConfigError
@@ -53,6 +54,7 @@ class DriverSettings:
     resync_interval: float = DEFAULT_RESYNC_INTERVAL
     api_versions: tuple[str, ...] = VERSIONS
     remove_slices_on_stop: bool = True
+    resource: str = ""  # the resource name this driver serves (for events and logs)
 
     def validate(self) -> None:
         problem = driver_name_problem(self.driver)
@@ -165,14 +167,17 @@ class DRADriver:
         self._reg_server = reg
 
     def _on_status(self, registered: bool, error: str) -> None:
+        resource = self.settings.resource or self.name
         if registered:
             self.registration_error = ""
             log.info("DRA driver %s registered with the kubelet", self.name)
+            observe.emit("registered", resource=resource, mode="dra")
             self.registered.set()
         else:
             self.registered.clear()
             self.registration_error = error
             log.error("the kubelet refused DRA driver %s: %s", self.name, error)
+            observe.emit("registration_failed", resource=resource, reason=error)
 
     def _on_registry_event(self, name: str, kind: str) -> None:
         # Someone removed our registration socket: offer it again, or the kubelet

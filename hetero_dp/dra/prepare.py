@@ -16,11 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import observe
 from ..device import Device
 from ..errors import ConfigError
 from .api import APIError, ResourceAPI
@@ -69,6 +71,7 @@ class ClaimPreparer:
         self._lock = asyncio.Lock()
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        started = time.perf_counter()
         out: dict[str, PrepareResult] = {}
         for ref in claims:
             try:
@@ -87,6 +90,13 @@ class ClaimPreparer:
                     out[ref.uid].error,
                     extra={"driver": self.driver},
                 )
+        observe.emit(
+            "dra_prepare",
+            driver=self.driver,
+            seconds=time.perf_counter() - started,
+            claims=len(claims),
+            errors=sum(1 for r in out.values() if r.error),
+        )
         return out
 
     async def _prepare_one(self, ref: ClaimRef) -> list[PreparedDevice]:
@@ -193,6 +203,7 @@ class ClaimPreparer:
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Claim UID -> error ("" on success)."""
+        started = time.perf_counter()
         out: dict[str, str] = {}
         for ref in claims:
             try:
@@ -203,6 +214,13 @@ class ClaimPreparer:
                     "unpreparing claim %s/%s (%s) failed", ref.namespace, ref.name, ref.uid
                 )
                 out[ref.uid] = f"unprepare failed: {type(e).__name__}: {e}"
+        observe.emit(
+            "dra_unprepare",
+            driver=self.driver,
+            seconds=time.perf_counter() - started,
+            claims=len(claims),
+            errors=sum(1 for e in out.values() if e),
+        )
         return out
 
     async def _unprepare_one(self, ref: ClaimRef) -> None:

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from .. import observe
 from ..device import Device
 from .api import APIError, ResourceAPI
 from .slices import render_devices, render_slices
@@ -74,17 +75,21 @@ class SlicePublisher:
         if self.devices is None:
             return
         async with self._lock:
-            await asyncio.to_thread(self._sync_blocking, self.desired())
+            refused = await asyncio.to_thread(self._sync_blocking, self.desired())
             self.syncs += 1
+        for name, reason in refused:  # observers run on the loop, not in the worker thread
+            observe.emit("dra_slice_refused", driver=self.driver, slice=name, reason=reason)
 
-    def _sync_blocking(self, desired: list[dict[str, Any]]) -> None:
+    def _sync_blocking(self, desired: list[dict[str, Any]]) -> list[tuple[str, str]]:
+        """Runs in a worker thread; returns the refused slices as (name, reason)."""
+        refused: list[tuple[str, str]] = []
         try:
             current = {
                 s["metadata"]["name"]: s for s in self.api.list_slices(self.driver, self.node)
             }
         except APIError as e:
             log.error("cannot list ResourceSlices of %s on %s: %s", self.driver, self.node, e)
-            return
+            return refused
         for want in desired:
             name = want["metadata"]["name"]
             have = current.pop(name, None)
@@ -107,12 +112,14 @@ class SlicePublisher:
                     e,
                     extra={"driver": self.driver, "reason": e.message},
                 )
+                refused.append((name, str(e)))
         for name in current:  # left over from a larger pool or another process
             try:
                 self.api.delete_slice(name)
             except APIError as e:
                 if e.status != 404:
                     log.error("cannot delete stale ResourceSlice %s: %s", name, e)
+        return refused
 
     def _create(self, want: dict[str, Any]) -> None:
         name = want["metadata"]["name"]

@@ -109,6 +109,7 @@ class DRADaemon(Daemon):
                 cdi_dir=self.dra.cdi_dir or Path(self.config.cdi["dir"]),
                 resync_interval=self.dra.resync_interval,
                 api_versions=self.dra.api_versions,
+                resource=resource,
             )
             taken = {d.name: r for r, d in self.drivers.items()}
             if settings.driver in taken:

@@ -251,3 +251,25 @@ async def test_claims_are_read_through_v1beta1_on_an_old_api_server(dra, kubelet
             "/v1beta1/namespaces/default/resourceclaims/beta" in r.path for r in old.requests
         )
         await dra.stop_all()
+
+
+async def test_events_for_observers(dra, kubelet, api_server):
+    from hetero_dp import observe
+
+    seen: list[tuple[str, dict]] = []
+    unsubscribe = observe.subscribe(lambda event, fields: seen.append((event, fields)))
+    try:
+        await dra.start(Npus(1))
+        await kubelet.wait_registered(DRIVER)
+        await kubelet.wait_for(lambda: ("registered", {"resource": RES, "mode": "dra"}) in seen)
+        good = claim(api_server, "good", [("npu", N0)])
+        ghost = ClaimRef("default", "ghost", "33333333-3333-4333-8333-333333333333")
+        await kubelet.node_prepare(DRIVER, [good, ghost])
+        await kubelet.node_unprepare(DRIVER, [good])
+    finally:
+        unsubscribe()
+    [prep] = [f for e, f in seen if e == "dra_prepare"]
+    assert (prep["driver"], prep["claims"], prep["errors"]) == (DRIVER, 2, 1)
+    assert prep["seconds"] > 0
+    [unprep] = [f for e, f in seen if e == "dra_unprepare"]
+    assert (unprep["claims"], unprep["errors"]) == (1, 0)

@@ -183,9 +183,19 @@ async def test_stale_slices_of_a_bigger_pool_are_deleted(dra, api_server):
 async def test_refused_slice_is_logged_with_the_servers_reason_and_retried(
     dra, api_server, kubelet, caplog
 ):
+    from hetero_dp import observe
+
     api_server.refuse_slices = 'admission webhook "quota.example.com" denied the request'
-    with caplog.at_level(logging.ERROR, logger="hetero_dp.dra"):
-        daemon = await dra.start(Npus(2))
+    seen: list[dict] = []
+    unsubscribe = observe.subscribe(
+        lambda event, fields: seen.append(fields) if event == "dra_slice_refused" else None
+    )
+    try:
+        with caplog.at_level(logging.ERROR, logger="hetero_dp.dra"):
+            daemon = await dra.start(Npus(2))
+    finally:
+        unsubscribe()
+    assert [f["driver"] for f in seen] == [DRIVER] and "quota.example.com" in seen[0]["reason"]
     refused = [r for r in caplog.records if "refused ResourceSlice" in r.getMessage()]
     assert refused, caplog.text
     assert 'admission webhook "quota.example.com" denied the request' in refused[0].getMessage()
