@@ -663,10 +663,13 @@ class FakeDRAKubelet:
     async def prepare_pod(self, pod: str, driver: str, refs: Sequence[ClaimRef]) -> dict[str, Any]:
         """Prepare a pod's claims: only claims no other pod holds reach the driver.
 
-        Returns claim UID -> NodePrepareResourceResponse. A claim whose answer
-        carries an error is not recorded as prepared (the kubelet retries it).
+        Returns claim UID -> NodePrepareResourceResponse for every claim. A claim
+        whose answer carries an error is not recorded as prepared, and the pod
+        holds none of its claims until a retry prepares them all (as the kubelet
+        retries a pod whose claims failed).
         """
         fresh = [r for r in refs if r.uid not in self.prepared]
+        failed: dict[str, Any] = {}
         if fresh:
             response = await self.node_prepare(driver, fresh)
             missing = [r.uid for r in fresh if r.uid not in response.claims]
@@ -674,14 +677,15 @@ class FakeDRAKubelet:
                 raise AssertionError(f"driver answered no entry for claims {missing}")
             for r in fresh:
                 entry = response.claims[r.uid]
-                if not entry.error:
+                if entry.error:
+                    failed[r.uid] = entry
+                else:  # prepared claims stay prepared while the pod waits for the others
                     self.prepared[r.uid] = entry
                     self._claim_refs[r.uid] = (driver, r)
-                else:
-                    return {r.uid: entry}
-        for r in refs:
-            self.claim_pods.setdefault(r.uid, set()).add(pod)
-        return {r.uid: self.prepared[r.uid] for r in refs}
+        if not failed:  # the pod starts only when all its claims are prepared
+            for r in refs:
+                self.claim_pods.setdefault(r.uid, set()).add(pod)
+        return {r.uid: failed.get(r.uid) or self.prepared[r.uid] for r in refs}
 
     async def unprepare_pod(self, pod: str) -> list[str]:
         """Release a pod's claims; unprepare those no pod holds any more. Returns their UIDs."""

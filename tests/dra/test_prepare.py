@@ -273,3 +273,19 @@ async def test_events_for_observers(dra, kubelet, api_server):
     assert prep["seconds"] > 0
     [unprep] = [f for e, f in seen if e == "dra_unprepare"]
     assert (unprep["claims"], unprep["errors"]) == (1, 0)
+
+
+async def test_a_pod_with_a_failing_claim_holds_none_until_a_retry_works(dra, kubelet, api_server):
+    await dra.start(Npus(2))
+    await kubelet.wait_registered(DRIVER)
+    good = claim(api_server, "good", [("npu", N0)])
+    late = ClaimRef("default", "late", "44444444-4444-4444-8444-444444444444")
+    first = await kubelet.prepare_pod("pod", DRIVER, [good, late])
+    assert first[good.uid].error == "" and "not found" in first[late.uid].error
+    assert kubelet.claim_pods == {}
+    late = claim(api_server, "late", [("npu", N1)], uid=late.uid)
+    second = await kubelet.prepare_pod("pod", DRIVER, [good, late])
+    assert all(e.error == "" for e in second.values())
+    # the good claim was not prepared twice
+    assert [c[2] for c in kubelet.calls] == [[good.uid, late.uid], [late.uid]]
+    assert await kubelet.unprepare_pod("pod") == [good.uid, late.uid]
