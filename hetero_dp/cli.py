@@ -6,6 +6,7 @@ import asyncio
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import click
@@ -67,6 +68,16 @@ def main() -> None:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--log-format", type=click.Choice(["text", "json"]))
 @click.option(
+    "--metrics-address",
+    envvar="HETERO_DP_METRICS_ADDRESS",
+    help="Serve /metrics, /healthz, /readyz on HOST:PORT or :PORT (config metrics.address).",
+)
+@click.option(
+    "--labels-dir",
+    envvar="HETERO_DP_LABELS_DIR",
+    help="Write node labels for Node Feature Discovery into DIR (config labels.enabled/dir).",
+)
+@click.option(
     "--mode",
     type=click.Choice(["device-plugin", "dra"]),
     default="device-plugin",
@@ -95,6 +106,8 @@ def run(
     rediscover_interval: float | None,
     log_level: str | None,
     log_format: str | None,
+    metrics_address: str | None,
+    labels_dir: str | None,
     mode: str,
     node_name: str | None,
     driver_names: tuple[str, ...],
@@ -102,23 +115,28 @@ def run(
     api_server: str | None,
     kubeconfig: str | None,
 ) -> None:
-    """Serve BACKENDS (installed names or .py files) to the kubelet until SIGTERM."""
+    """Serve BACKENDS (installed names or .py files) to the kubelet until SIGTERM.
+
+    With --config, SIGHUP or a change of the file reloads it in place."""
     from .daemon import Daemon
     from .logs import setup_logging
     from .plugins import load_backends
 
+    flags: dict[str, Any] = dict(
+        kubeletDir=kubelet_dir,
+        registration=registration,
+        pluginsRegistryDir=plugins_registry_dir,
+        healthInterval=health_interval,
+        rediscoverInterval=rediscover_interval,
+        logLevel=log_level,
+        logFormat=log_format,
+    )
+    if metrics_address:
+        flags["metrics"] = {"address": metrics_address}
+    if labels_dir:
+        flags["labels"] = {"enabled": True, "dir": labels_dir}
     try:
-        cfg = _config(
-            config,
-            options,
-            kubeletDir=kubelet_dir,
-            registration=registration,
-            pluginsRegistryDir=plugins_registry_dir,
-            healthInterval=health_interval,
-            rediscoverInterval=rediscover_interval,
-            logLevel=log_level,
-            logFormat=log_format,
-        )
+        cfg = _config(config, options, **flags)
         setup_logging(cfg.log_level, cfg.log_format)
         loaded = load_backends(backends, timeout=cfg.hook_timeout)
         if mode == "dra":
@@ -129,6 +147,9 @@ def run(
             )
         else:
             daemon = Daemon(cfg, loaded)
+        if config:  # hot reload (hetero_dp/reload.py): the same sources, read again
+            daemon.config_path = Path(config)
+            daemon.config_loader = lambda: _config(config, options, **flags)
         asyncio.run(daemon.run())
     except ConfigError as e:
         _fail_config(e)
@@ -220,6 +241,95 @@ def _ask_missing(values: dict[str, str | None]) -> dict[str, str | None]:
         label = scaffold.FLAGS[key].lstrip("-").replace("-", " ")
         answers[key] = click.prompt(label, default=default, value_proc=check)
     return answers
+
+
+@main.command()
+@click.argument("source", metavar="BACKEND_OR_FILE")
+@config_option
+@set_option_flag
+@click.option("--size", type=int, help="Also show the set the engine would choose for N devices.")
+@click.option(
+    "--must",
+    multiple=True,
+    metavar="ID",
+    help="A device (ID or label such as D3) the set must hold.",
+)
+@click.option("--resource", help="The resource to show when the backend serves several.")
+def topo(
+    source: str,
+    config: str | None,
+    options: tuple[str, ...],
+    size: int | None,
+    must: tuple[str, ...],
+    resource: str | None,
+) -> None:
+    """Print the topology the allocation engine sees, like `nvidia-smi topo -m`.
+
+    BACKEND_OR_FILE is a backend or a topology file (.yaml, .yml, .json).
+    """
+    from .errors import AllocationError
+    from .topo_report import report
+
+    try:
+        cfg = _config(config, options)
+        text = report(source, cfg, size=size, must_include=must, resource=resource)
+    except ConfigError as e:
+        _fail_config(e)
+        return
+    except AllocationError as e:
+        click.echo(f"hetero-dp: {e}", err=True)
+        sys.exit(1)
+    click.echo(text, nl=False)
+
+
+@main.command()
+@click.argument("backends", nargs=-1)
+@config_option
+@set_option_flag
+@click.option("--root", default="/", show_default=True, help="Read every path under this dir.")
+@click.option("--kubelet-dir", help="Device-plugin dir (default: the config's kubeletDir).")
+@click.option("--containerd-config", default="/etc/containerd/config.toml", show_default=True)
+@click.option("--docker-config", default="/etc/docker/daemon.json", show_default=True)
+@click.option("--cdi-dir", "cdi_dirs", multiple=True, help="CDI spec dirs (repeatable).")
+@click.option("--daemon-address", help="Where to ask /readyz (default: metrics.address).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def doctor(
+    backends: tuple[str, ...],
+    config: str | None,
+    options: tuple[str, ...],
+    root: str,
+    kubelet_dir: str | None,
+    containerd_config: str,
+    docker_config: str,
+    cdi_dirs: tuple[str, ...],
+    daemon_address: str | None,
+    as_json: bool,
+) -> None:
+    """Walk the node's troubleshooting chain: driver, devices, container runtime,
+    kubelet sockets, the running daemon, CDI specs, labels. Exits 1 on any failure."""
+    from .doctor import DoctorSettings, exit_code, render_json, render_text, run_doctor
+    from .plugins import load_backends
+
+    try:
+        cfg = _config(config, options, kubeletDir=kubelet_dir)
+        loaded = load_backends(backends, timeout=cfg.hook_timeout)
+    except ConfigError as e:
+        _fail_config(e)
+        return
+    settings = DoctorSettings(
+        root=Path(root),
+        containerd_config=containerd_config,
+        docker_config=docker_config,
+        cdi_dirs=cdi_dirs,
+        daemon_address=daemon_address or "",
+    )
+    try:
+        findings = asyncio.run(run_doctor(cfg, loaded, settings))
+    finally:
+        for b in loaded:
+            b.close()
+    click.echo(render_json(findings) if as_json else render_text(findings))
+    sys.exit(exit_code(findings))
 
 
 if __name__ == "__main__":

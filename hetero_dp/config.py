@@ -22,7 +22,7 @@ import yaml
 from .delivery import parse_delivery
 from .errors import ConfigError
 from .names import DEFAULT_DEVICE_PLUGIN_DIR, DEFAULT_PLUGINS_REGISTRY_DIR, validate_resource_name
-from .sharing import SharingConfig, parse_sharing
+from .sharing import REPLICA_POLICIES, SharingConfig, parse_sharing
 
 ENV_PREFIX = "HETERO_DP_"
 NVIDIA_FLAGS_BACKEND = "nvidia"
@@ -208,7 +208,13 @@ def load_config(
     cfg.sharing = parse_sharing(raw.get("sharing"), source)
     cfg.resources = _resources(raw.get("resources"), source)
     for section in SECTION_KEYS:
-        setattr(cfg, section, _section(section, raw.get(section), source))
+        value = _section(section, raw.get(section), source)
+        # flags such as --metrics-address override single keys of a section
+        given = {k: v for k, v in _mapping(flags.get(section), section, "flags").items() if v}
+        if given:
+            parsed = _section(section, given, f"flag --{section}")
+            value.update({k: parsed[k] for k in given})
+        setattr(cfg, section, value)
     return cfg
 
 
@@ -254,9 +260,9 @@ def _resources(value: Any, source: str) -> dict[str, dict[str, Any]]:
                 field=f"resources.{name}.{unknown[0]}",
                 source=source,
             )
-        if "replicaPolicy" in s and s["replicaPolicy"] not in ("distributed", "packed"):
+        if "replicaPolicy" in s and s["replicaPolicy"] not in REPLICA_POLICIES:
             raise ConfigError(
-                f"must be 'distributed' or 'packed', got {s['replicaPolicy']!r}",
+                f"must be one of {', '.join(REPLICA_POLICIES)}, got {s['replicaPolicy']!r}",
                 field=f"resources.{name}.replicaPolicy",
                 source=source,
             )

@@ -16,6 +16,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from . import observe
@@ -28,7 +29,9 @@ from .events import EventSink
 from .inotify import DirectoryWatcher
 from .kubelet.endpoint import PluginEndpoint
 from .names import KUBELET_SOCKET, resource_name_problem
+from .ops import Operations
 from .plugins import Backend
+from .preferred import link_scores
 from .resource import Resource
 from .sharing import advertise
 
@@ -55,12 +58,29 @@ class BackendRuntime:
         self.watch_thread: threading.Thread | None = None
         self.watch_task: asyncio.Task[None] | None = None
         self.poll_busy = False
+        # Events are numbered; a discovery remembers the number current when it
+        # started, so a "healthy" event that arrives while a slow discovery still
+        # reads the old, unhealthy state wins over that stale verdict.
+        self.event_seq = 0
+        self.event_stamp: dict[str, int] = {}
+        self.discovered_at = 0
+
+    def _newer_recovery(self, d: Device) -> str | None:
+        for key in (d.parent, d.id):
+            if key is None or key not in self.event_health:
+                continue
+            ok, why = self.event_health[key]
+            if ok and self.event_stamp.get(key, 0) > self.discovered_at:
+                return why
+        return None
 
     def effective(self) -> list[Device]:
         fault = "; ".join(self.faults.values())
         out = []
         for d in self.discovered.values():
             healthy, reason = d.healthy, d.reason
+            if not healthy and (recovered := self._newer_recovery(d)) is not None:
+                healthy, reason = True, recovered
             for overlay in (self.event_health, self.poll_health):
                 for key in (d.parent, d.id):
                     if key is not None and key in overlay:
@@ -101,11 +121,16 @@ class Daemon:
         self._started = False
         self._stop_event = asyncio.Event()
         self.ready = asyncio.Event()
+        # --- operations: metrics, probes, labels, reload (hetero_dp/ops.py) ---
+        self.config_path: Path | None = None  # set with config_loader to enable reload
+        self.config_loader: Callable[[], Config] | None = None
+        self.ops = Operations(self)
 
     # --- start-up --------------------------------------------------------
 
     async def start(self) -> None:
         """Configure, discover, validate, then serve and register. ConfigError = bad setup."""
+        await self.ops.start()  # probes first: /readyz says "starting" meanwhile
         for b in self.backends:
             b.timeout = self.config.hook_timeout
             b.options = self.config.backend_options(b.name)
@@ -332,10 +357,7 @@ class Daemon:
         except BackendError as e:
             self._hook_error(rt, "links", e)
             return
-        table: dict[tuple[str, str], int] = {}
-        for link in links:
-            table[(link.a, link.b)] = link.score
-            table[(link.b, link.a)] = link.score
+        table = link_scores(links)
         for names in rt.resources.values():
             for name in names:
                 if name in self.resources:
@@ -353,6 +375,7 @@ class Daemon:
     # --- discovery and health -------------------------------------------
 
     async def _discover(self, rt: BackendRuntime, *, initial: bool = False) -> None:
+        started_at = rt.event_seq
         try:
             devices = await rt.backend.discover()
         except BackendError as e:
@@ -361,6 +384,7 @@ class Daemon:
             return
         rt.faults.pop("discover", None)
         rt.discovered = {d.id: d for d in devices}
+        rt.discovered_at = started_at
         known = set(rt.discovered) | {d.parent for d in devices if d.parent}
         for overlay in (rt.event_health, rt.poll_health):
             for key in [k for k in overlay if k not in known]:
@@ -425,7 +449,9 @@ class Daemon:
     ) -> None:
         """Record a pushed health event (fans out to slices and replicas) and publish."""
         rt = self.runtimes[backend_name]
+        rt.event_seq += 1
         rt.event_health[device_id] = (healthy, reason)
+        rt.event_stamp[device_id] = rt.event_seq
         self._spawn(self._publish(rt))
 
     # --- watch hooks -----------------------------------------------------
@@ -500,6 +526,14 @@ class Daemon:
             log.info("restarted the health watcher of backend %r", rt.backend.name)
             self._spawn(self._publish(rt))
 
+    # --- reload (hetero_dp/reload.py) ------------------------------------
+
+    async def apply_config(self, new: Config) -> dict[str, list[str]]:
+        """Apply a new config while running; ConfigError (and the old one kept) if it cannot."""
+        from .reload import apply_config
+
+        return await apply_config(self, new)
+
     # --- shutdown --------------------------------------------------------
 
     def request_stop(self) -> None:
@@ -510,6 +544,7 @@ class Daemon:
 
     async def stop(self) -> None:
         """End streams, stop servers, remove own sockets, shut backends down."""
+        await self.ops.stop()
         for rt in self.runtimes.values():
             if rt.sink is not None:
                 rt.sink.stopping.set()

@@ -8,7 +8,7 @@ import logging
 import sys
 import time
 
-FIELDS = ("resource", "device", "devices", "backend", "hook", "reason")
+FIELDS = ("resource", "device", "devices", "backend", "hook", "kind", "reason")
 
 
 class TextFormatter(logging.Formatter):

@@ -12,6 +12,7 @@ Events and their fields:
 - ``allocate``: resource, seconds, code ("OK" or the gRPC status name), devices
 - ``preferred_allocation``: resource, seconds, code
 - ``hook_error``: backend, hook, error
+- ``config_reload``: result ("applied", "unchanged", "rejected", "failed"), reason
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ class Resource:
         self.settings: Mapping[str, Any] = dict(settings or {})
         self.sharing = sharing or SharingConfig()
         self.state = ResourceState(name)
-        self.links: dict[tuple[str, str], int] = {}
+        self.links: dict[tuple[str, str], float] = {}
         self.registered = False
         self.open_streams = 0
         self.streams_changed = asyncio.Event()  # set on every stream open and close
@@ -127,4 +127,6 @@ class Resource:
                     extra={"resource": self.name},
                 )
         policy = str(self.settings.get("replicaPolicy", "distributed"))
-        return choose_preferred(avail, must, size, self.links, policy)
+        return choose_preferred(
+            avail, must, size, self.links, policy, advertised=self.state.devices
+        )

@@ -1,42 +1,69 @@
 """Time-slicing replicas and renaming, for every backend.
 
-PLACEHOLDER on main until the topology branch lands (it owns this file).
+The configuration is NVIDIA's ``sharing.timeSlicing`` block, unchanged::
+
+    sharing:
+      timeSlicing:
+        renameByDefault: false          # shared devices advertise as <name>.shared
+        failRequestsGreaterThanOne: false
+        resources:
+        - name: nvidia.com/gpu          # or a bare name part: gpu
+          replicas: 4                   # >= 2
+          rename: gpu.shared            # optional; bare names keep the prefix
+          devices: all                  # all | <count> | [IDs or indices]
+
+A shared physical device is advertised as ``replicas`` devices ``<id>::0`` ...
+``<id>::<replicas-1>`` under the shared name; devices the selection leaves out
+stay whole under the original name. Replicas copy every other field of their
+physical device, so its health reaches all of them on the next advertise.
+Allocate maps replica IDs back with :func:`to_physical`.
+
+Time-slicing isolates neither memory nor faults: replicas of one device share
+its memory, and a fault in one workload can take down the others.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .device import Device
+from .errors import AllocationError, ConfigError
+from .names import resource_name_problem
 
 REPLICA_SEPARATOR = "::"
+#: Suffix of the resource name shared devices get with ``renameByDefault``.
+SHARED_SUFFIX = ".shared"
+#: How replicas are picked for a request (see :mod:`hetero_dp.preferred`).
+REPLICA_POLICIES = ("distributed", "packed", "spread")
+DEFAULT_REPLICA_POLICY = "distributed"
+
+_FIELD = "sharing.timeSlicing"
 
 
-@dataclass(frozen=True)
-class SharingConfig:
-    """Parsed ``sharing.timeSlicing`` block (NVIDIA's schema)."""
-
-    raw: Mapping[str, Any] | None = None
-
-    def check_request(self, resource: str, ids: Sequence[str]) -> None:
-        """Raise AllocationError if the request breaks a rule (failRequestsGreaterThanOne)."""
+# --- replica IDs -------------------------------------------------------------------------
 
 
-def parse_sharing(raw: Mapping[str, Any] | None, source: str = "") -> SharingConfig:
-    """Parse and validate the ``sharing`` block; ConfigError names the field."""
-    return SharingConfig(raw)
+def replica_id(device_id: str, n: int) -> str:
+    """The ID of replica ``n`` of a physical device."""
+    return f"{device_id}{REPLICA_SEPARATOR}{n}"
 
 
-def advertise(physical: Sequence[Device], config: SharingConfig) -> list[Device]:
-    """The devices to advertise: replicas ``<id>::<n>`` where sharing applies."""
-    return list(physical)
+def is_replica(device_id: str) -> bool:
+    """Whether an advertised ID names a replica (``<id>::<n>``)."""
+    head, sep, tail = device_id.rpartition(REPLICA_SEPARATOR)
+    return bool(sep and head and tail.isdigit())
+
+
+def replica_number(device_id: str) -> int:
+    """The ``n`` of ``<id>::<n>``; 0 for a whole device."""
+    return int(device_id.rpartition(REPLICA_SEPARATOR)[2]) if is_replica(device_id) else 0
 
 
 def physical_id(device_id: str) -> str:
     """The physical device behind an advertised ID (strips ``::<n>``)."""
-    return device_id.split(REPLICA_SEPARATOR, 1)[0]
+    return device_id.rpartition(REPLICA_SEPARATOR)[0] if is_replica(device_id) else device_id
 
 
 def to_physical(ids: Sequence[str]) -> list[str]:
@@ -45,3 +72,363 @@ def to_physical(ids: Sequence[str]) -> list[str]:
     for i in ids:
         seen.setdefault(physical_id(i), None)
     return list(seen)
+
+
+# --- resource names ----------------------------------------------------------------------
+
+
+def _split(name: str) -> tuple[str, str]:
+    prefix, sep, part = name.rpartition("/")
+    return (prefix, part) if sep else ("", name)
+
+
+# --- configuration -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceSelection:
+    """Which devices of a resource are shared: all, the first ``count``, or ``refs``.
+
+    A ref matches a device whose ID equals it, or, when the ref is a number,
+    whose :attr:`Device.index` equals it. The first ``count`` devices are taken
+    in index order (devices without an index after, in discovery order).
+    """
+
+    count: int | None = None
+    refs: tuple[str, ...] | None = None
+
+    @property
+    def all(self) -> bool:
+        return self.count is None and self.refs is None
+
+    def select(self, devices: Sequence[Device]) -> list[Device]:
+        if self.count is not None:
+            ranked = sorted(
+                range(len(devices)),
+                key=lambda i: (devices[i].index is None, devices[i].index or 0, i),
+            )
+            keep = set(ranked[: self.count])
+            return [d for i, d in enumerate(devices) if i in keep]
+        if self.refs is not None:
+            return [d for d in devices if any(_matches_ref(d, r) for r in self.refs)]
+        return list(devices)
+
+
+def _matches_ref(device: Device, ref: str) -> bool:
+    return device.id == ref or (ref.isdigit() and device.index == int(ref))
+
+
+@dataclass(frozen=True)
+class ReplicatedResource:
+    """One entry of ``sharing.timeSlicing.resources``.
+
+    ``name`` and ``rename`` may be bare name parts (NVIDIA style ``gpu``):
+    a bare name matches any resource with that name part, and a bare rename
+    keeps the prefix of the resource it renames. ``field`` is the entry's path
+    in the config, for error messages.
+    """
+
+    name: str
+    replicas: int
+    rename: str = ""
+    devices: DeviceSelection = field(default_factory=DeviceSelection)
+    field: str = ""
+
+    def matches(self, resource: str) -> bool:
+        if "/" in self.name:
+            return resource == self.name
+        return _split(resource)[1] == self.name
+
+
+@dataclass(frozen=True)
+class SharingConfig:
+    """Parsed ``sharing.timeSlicing`` block (NVIDIA's schema). The default shares nothing."""
+
+    resources: tuple[ReplicatedResource, ...] = ()
+    rename_by_default: bool = False
+    fail_requests_greater_than_one: bool = False
+    source: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.resources)
+
+    def entry_for(self, resource: str) -> ReplicatedResource | None:
+        """The entry sharing ``resource`` (a discovered resource name), if any."""
+        # A full name beats a bare one, whatever the order in the file.
+        exact = [e for e in self.resources if e.name == resource]
+        if exact:
+            return exact[0]
+        return next((e for e in self.resources if e.matches(resource)), None)
+
+    def replicas_for(self, resource: str) -> int:
+        """Replicas per shared device of ``resource`` (1 when it is not shared)."""
+        entry = self.entry_for(resource)
+        return entry.replicas if entry else 1
+
+    def shared_name(self, resource: str) -> str:
+        """The name shared devices of ``resource`` are advertised under."""
+        entry = self.entry_for(resource)
+        if entry is None:
+            return resource
+        if entry.rename:
+            if "/" in entry.rename:
+                return entry.rename
+            prefix = _split(resource)[0]
+            return f"{prefix}/{entry.rename}" if prefix else entry.rename
+        return resource + SHARED_SUFFIX if self.rename_by_default else resource
+
+    def validate_devices(self, physical: Sequence[Device]) -> None:
+        """Check this config against the discovered devices (see :func:`validate_sharing`)."""
+        validate_sharing(self, physical)
+
+    def check_request(self, resource: str, ids: Sequence[str]) -> None:
+        """Raise AllocationError if the request breaks a rule (failRequestsGreaterThanOne).
+
+        With ``failRequestsGreaterThanOne`` a container may ask for one replica at
+        most; more would only time-slice one device several times over while
+        the workload believes it holds several.
+        """
+        if not self.fail_requests_greater_than_one or len(ids) <= 1:
+            return
+        if any(is_replica(i) for i in ids):
+            raise AllocationError(
+                f"request for {len(ids)} devices of {resource} ({', '.join(ids)}) is too large: "
+                "failRequestsGreaterThanOne allows at most 1 device per request of a shared "
+                "resource"
+            )
+
+
+def parse_sharing(raw: Mapping[str, Any] | None, source: str = "") -> SharingConfig:
+    """Parse and validate the ``sharing`` block; ConfigError names the field.
+
+    ``raw`` is the value of the config's ``sharing`` key (``None`` shares
+    nothing). Only ``timeSlicing`` is supported; a non-empty ``mps`` block is
+    refused rather than silently ignored.
+    """
+    if raw is None:
+        return SharingConfig(source=source)
+
+    def fail(reason: str, where: str) -> ConfigError:
+        return ConfigError(reason, field=where, source=source)
+
+    if not isinstance(raw, Mapping):
+        raise fail(f"must be a mapping, got {type(raw).__name__}", "sharing")
+    for key in raw:
+        if key not in ("timeSlicing", "mps"):
+            raise fail("unknown key; expected timeSlicing", f"sharing.{key}")
+    if raw.get("mps"):
+        raise fail("MPS sharing is not supported; use timeSlicing", "sharing.mps")
+    block = raw.get("timeSlicing")
+    if block is None:
+        return SharingConfig(source=source)
+    if not isinstance(block, Mapping):
+        raise fail(f"must be a mapping, got {type(block).__name__}", _FIELD)
+    allowed = ("renameByDefault", "failRequestsGreaterThanOne", "resources", "strategy")
+    for key in block:
+        if key not in allowed:
+            raise fail(f"unknown key; expected one of {', '.join(allowed)}", f"{_FIELD}.{key}")
+    if block.get("strategy") not in (None, ""):
+        # NVIDIA's old schema reserved this key and accepted only the empty value.
+        raise fail("unknown time-slicing strategy; leave it out", f"{_FIELD}.strategy")
+    flags = {}
+    for key in ("renameByDefault", "failRequestsGreaterThanOne"):
+        value = block.get(key, False)
+        if value is None:
+            value = False
+        if not isinstance(value, bool):
+            raise fail(f"must be true or false, got {value!r}", f"{_FIELD}.{key}")
+        flags[key] = value
+    items = block.get("resources") or []
+    if not isinstance(items, list):
+        raise fail(f"must be a list, got {type(items).__name__}", f"{_FIELD}.resources")
+    entries: list[ReplicatedResource] = []
+    for i, item in enumerate(items):
+        entry = _parse_entry(item, f"{_FIELD}.resources[{i}]", fail)
+        clash = next((e for e in entries if e.name == entry.name), None)
+        if clash is not None:
+            raise fail(f"{entry.name} is already shared by {clash.field}", f"{entry.field}.name")
+        entries.append(entry)
+    return SharingConfig(
+        resources=tuple(entries),
+        rename_by_default=flags["renameByDefault"],
+        fail_requests_greater_than_one=flags["failRequestsGreaterThanOne"],
+        source=source,
+    )
+
+
+def _check_name(value: Any, where: str, fail: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise fail(f"must be a resource name, got {value!r}", where)
+    if "/" in value:
+        problem = resource_name_problem(value)
+    else:
+        # A bare name part (NVIDIA style): check it under a stand-in prefix, then
+        # leave the stand-in out of the message.
+        stand_in = f"example.com/{value}"
+        problem = (resource_name_problem(stand_in) or "").replace(f" of {stand_in!r}", "")
+    if problem:
+        raise fail(f"invalid resource name {value!r}: {problem}", where)
+    return value
+
+
+def _parse_entry(item: Any, where: str, fail: Any) -> ReplicatedResource:
+    if not isinstance(item, Mapping):
+        raise fail(f"must be a mapping, got {type(item).__name__}", where)
+    for key in item:
+        if key not in ("name", "replicas", "rename", "devices"):
+            raise fail("unknown key; expected name, replicas, rename, devices", f"{where}.{key}")
+    if "name" not in item:
+        raise fail("is required", f"{where}.name")
+    name = _check_name(item["name"], f"{where}.name", fail)
+    if "replicas" not in item:
+        raise fail("is required", f"{where}.replicas")
+    replicas = item["replicas"]
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 2:
+        raise fail(f"must be a whole number of at least 2, got {replicas!r}", f"{where}.replicas")
+    rename = item.get("rename") or ""
+    if rename:
+        rename = _check_name(rename, f"{where}.rename", fail)
+    devices = _parse_devices(item.get("devices", "all"), f"{where}.devices", fail)
+    return ReplicatedResource(name, replicas, rename, devices, where)
+
+
+def _parse_devices(value: Any, where: str, fail: Any) -> DeviceSelection:
+    if value is None or value == "all":
+        return DeviceSelection()
+    if isinstance(value, bool):
+        raise fail(f"must be 'all', a count or a list, got {value!r}", where)
+    if isinstance(value, int):
+        if value <= 0:
+            raise fail(f"a count of devices must be at least 1, got {value}", where)
+        return DeviceSelection(count=value)
+    if isinstance(value, str):
+        raise fail(f"the only string allowed is 'all', got {value!r}", where)
+    if not isinstance(value, list) or not value:
+        raise fail(f"must be 'all', a count or a non-empty list, got {value!r}", where)
+    refs: list[str] = []
+    for k, ref in enumerate(value):
+        if isinstance(ref, bool) or not isinstance(ref, (int, str)) or ref == "":
+            raise fail(f"must be a device ID or index, got {ref!r}", f"{where}[{k}]")
+        if isinstance(ref, int) and ref < 0:
+            raise fail(f"an index must not be negative, got {ref}", f"{where}[{k}]")
+        refs.append(str(ref))
+    return DeviceSelection(refs=tuple(refs))
+
+
+def parse_replica_policy(value: Any, field: str = "replicaPolicy", source: str = "") -> str:
+    """Validate a replica policy (NVIDIA's ``sharedDevicesAllocationPolicy``)."""
+    if value in (None, ""):
+        return DEFAULT_REPLICA_POLICY
+    if value not in REPLICA_POLICIES:
+        raise ConfigError(
+            f"unknown replica policy {value!r}; use one of {', '.join(REPLICA_POLICIES)}",
+            field=field,
+            source=source,
+        )
+    return str(value)
+
+
+def validate_sharing(config: SharingConfig, physical: Sequence[Device]) -> None:
+    """Check the config against the discovered devices; ConfigError names the field.
+
+    Refused: a listed device ID or index that no device of the resource has, a
+    count larger than the resource's devices, a shared device whose ID already
+    contains ``::``, and a rename that makes an invalid resource name.
+    """
+
+    def fail(reason: str, where: str) -> ConfigError:
+        return ConfigError(reason, field=where, source=config.source)
+
+    by_resource = _by_resource(physical)
+    for entry in config.resources:
+        resources = [r for r in by_resource if config.entry_for(r) is entry]
+        devices = [d for r in resources for d in by_resource[r]]
+        sel = entry.devices
+        if sel.refs is not None:
+            for k, ref in enumerate(sel.refs):
+                if not any(_matches_ref(d, ref) for d in devices):
+                    raise fail(
+                        f"device {ref!r} does not exist in {entry.name} "
+                        f"(devices: {_describe(devices)})",
+                        f"{entry.field}.devices[{k}]",
+                    )
+        for resource in resources:
+            group = by_resource[resource]
+            if sel.count is not None and sel.count > len(group):
+                raise fail(
+                    f"asks for {sel.count} shared devices but {resource} has {len(group)}",
+                    f"{entry.field}.devices",
+                )
+            shared = config.shared_name(resource)
+            problem = resource_name_problem(shared)
+            if problem:
+                where = f"{entry.field}.rename" if entry.rename else f"{_FIELD}.renameByDefault"
+                raise fail(f"shared name {shared!r} is invalid: {problem}", where)
+            for d in sel.select(group):
+                if REPLICA_SEPARATOR in d.id:
+                    raise fail(
+                        f"device ID {d.id!r} contains {REPLICA_SEPARATOR!r}, which replica "
+                        "IDs use; it cannot be shared",
+                        f"{entry.field}.devices",
+                    )
+
+
+def _describe(devices: Sequence[Device]) -> str:
+    if not devices:
+        return "none discovered"
+    return ", ".join(d.id if d.index is None else f"{d.id} (index {d.index})" for d in devices)
+
+
+def _by_resource(physical: Sequence[Device]) -> dict[str, list[Device]]:
+    groups: dict[str, list[Device]] = {}
+    for d in physical:
+        groups.setdefault(d.resource, []).append(d)
+    return groups
+
+
+def advertise(physical: Sequence[Device], config: SharingConfig) -> list[Device]:
+    """The devices to advertise: replicas ``<id>::<n>`` where sharing applies.
+
+    Replicas go under the shared name (see :meth:`SharingConfig.shared_name`)
+    and copy every other field; devices not selected stay whole. Devices a
+    selection names but discovery no longer finds are skipped, not an error
+    (:func:`validate_sharing` checks at start-up).
+    """
+    if not config.enabled:
+        return list(physical)
+    shared: set[int] = set()
+    for resource, group in _by_resource(physical).items():
+        entry = config.entry_for(resource)
+        if entry is not None:
+            shared.update(id(d) for d in entry.devices.select(group))
+    out: list[Device] = []
+    for d in physical:
+        if id(d) not in shared:
+            out.append(d)
+            continue
+        entry = config.entry_for(d.resource)
+        assert entry is not None
+        name = config.shared_name(d.resource)
+        out.extend(_replica(d, n, name) for n in range(entry.replicas))
+    return out
+
+
+def _replica(device: Device, n: int, resource: str) -> Device:
+    """Replica ``n`` of ``device``: its record with another ID and resource.
+
+    Copied field by field rather than through ``dataclasses.replace``: the record
+    was validated when it was made, and a thousand replicas are rebuilt on every
+    publish. The maps are shared with the physical record; records are never
+    changed in place, only replaced.
+    """
+    replica = object.__new__(Device)
+    replica.__dict__.update(device.__dict__)
+    replica.__dict__["id"] = replica_id(device.id, n)
+    replica.__dict__["resource"] = resource
+    return replica
+
+
+def advertised_resources(physical: Sequence[Device], config: SharingConfig) -> list[str]:
+    """Resource names :func:`advertise` produces for ``physical``, first-seen order."""
+    return list(dict.fromkeys(d.resource for d in advertise(physical, config)))

@@ -142,6 +142,34 @@ class DRADaemon(Daemon):
             if self._dra_started and not driver.running:
                 await driver.start()
 
+    def dra_readiness(self) -> tuple[bool, list[str]]:
+        """(ready, one line per driver), the DRA counterpart of ``probes.readiness``.
+
+        A driver is ready when the kubelet registered it and its pool is on the
+        API server without refusals.
+        """
+        if not self.ready.is_set():
+            return False, ["daemon: starting"]
+        lines, ok = [], True
+        for resource, d in sorted(self.drivers.items()):
+            what = f"{d.name} ({resource})"
+            problem = ""
+            if not d.registered.is_set():
+                problem = d.registration_error or "not registered with the kubelet"
+            elif not d.api_ready:
+                problem = "API server not reachable"
+            elif d.publisher.errors:
+                problem = "ResourceSlice refused: " + next(iter(d.publisher.errors.values()))
+            if problem:
+                ok = False
+                lines.append(f"{what}: not ready: {problem}")
+            else:
+                n = len(d.publisher.devices or [])
+                lines.append(f"{what}: ready ({n} devices, generation {d.publisher.generation})")
+        if not lines:
+            lines.append("no resources: no backend found devices")
+        return ok, lines
+
     async def start(self) -> None:
         for resource in self.dra.driver_names:
             if resource:

@@ -169,3 +169,25 @@ def test_wire_names_and_field_numbers():
     assert req["available_deviceIDs"].number == 1 and req["allocation_size"].number == 3
     assert pb.ContainerAllocateRequest.DESCRIPTOR.fields_by_name["devices_ids"].number == 1
     assert os.path.basename(pb.__file__) == "deviceplugin_v1beta1_pb2.py"
+
+
+def test_topo_shows_matrix_and_choice(cli_env, hetero_dp_cmd):
+    proc = subprocess.run(
+        [*hetero_dp_cmd, "topo", "simulated", "--size", "2", "--must", "sim1"],
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "PIX" in out and "SYS" in out  # the simulated backend's link kinds
+    assert "sim1" in out and "sim0" in out  # sim0 shares a board with sim1: the best pair
+    bad = subprocess.run(
+        [*hetero_dp_cmd, "topo", "simulated", "--size", "9"],
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        timeout=60,
+    )
+    assert bad.returncode == 1 and "9" in bad.stderr

@@ -78,7 +78,7 @@ def test_option_flags_set_nested_backend_options():
         (
             "resources:\n  a.com/x:\n    replicaPolicy: random\n",
             "resources.a.com/x.replicaPolicy",
-            "'distributed' or 'packed'",
+            "one of distributed, packed, spread",
         ),
         ("cdi:\n  enabled: maybe\n", "cdi.enabled", "expected true or false"),
         ("version: v2\n", "version", "unsupported version"),

@@ -205,3 +205,48 @@ async def test_several_resources_from_one_backend(fake_kubelet, plugin_runner):
     assert resp.envs["VISIBLE"] == "2"
     with pytest.raises(grpc.aio.AioRpcError):
         await fake_kubelet.allocate("example.com/a", ["b2"])
+
+
+async def test_recovery_event_during_a_slow_discovery_wins_over_its_stale_verdict(
+    fake_kubelet, plugin_runner
+):
+    """A discovery that read 'unhealthy' before a healthy event must not undo the event."""
+    import asyncio
+    import threading
+
+    from hetero_dp import hookimpl
+
+    class Slow(Scripted):
+        def __init__(self, devices):
+            super().__init__(devices)
+            self.entered = threading.Event()
+            self.go = threading.Event()
+            self.slow = False
+
+        @hookimpl
+        def discover(self):
+            snapshot = list(self.devices)  # reads the state now ...
+            if self.slow:
+                self.entered.set()
+                self.go.wait(10)  # ... and returns it later
+            return snapshot
+
+    devices = make_devices(RES, 2)
+    backend = Slow(devices)
+    daemon = await plugin_runner.start(backend)
+    await fake_kubelet.wait_registered(RES)
+    assert backend.watch_started.wait(5)
+    backend.devices = [devices[0].with_health(False, "driver unbound"), devices[1]]
+    await daemon.rediscover()
+    await fake_kubelet.wait_devices(RES, lambda d: not d["dev0"].healthy)
+    backend.slow = True
+    pending = asyncio.create_task(daemon.rediscover())
+    assert await asyncio.to_thread(backend.entered.wait, 10)
+    backend.devices = devices  # the driver is back; the event says so
+    backend.sinks[0].set_health("dev0", True, "driver bound")
+    await fake_kubelet.wait_devices(RES, lambda d: d["dev0"].healthy)
+    backend.go.set()
+    await pending  # publishes the stale snapshot: dev0 must stay healthy
+    assert daemon.resources[RES].state.get("dev0").healthy
+    await daemon.rediscover()  # a fresh discovery agrees
+    assert daemon.resources[RES].state.get("dev0").healthy

@@ -154,3 +154,22 @@ async def test_a_restarted_kubelet_finds_the_driver_again(dra, kubelet, api_serv
         )
     )
     assert (await kubelet.node_prepare(DRIVER, [ref])).claims[ref.uid].error == ""
+
+
+async def test_readiness_says_what_is_missing(dra, api_server):
+    daemon = await dra.start(Npus(2))  # no kubelet yet
+    ok, lines = daemon.dra_readiness()
+    assert not ok and lines == [f"{DRIVER} ({RES}): not ready: not registered with the kubelet"]
+    kubelet = FakeDRAKubelet(dra.registry_dir)
+    await kubelet.start()
+    try:
+        await kubelet.wait_registered(DRIVER)
+        await kubelet.wait_for(lambda: daemon.dra_readiness()[0])
+        assert daemon.dra_readiness()[1] == [f"{DRIVER} ({RES}): ready (2 devices, generation 1)"]
+        api_server.refuse_slices = "no"
+        api_server.delete_slice(api_server.slices_of(DRIVER)[0]["metadata"]["name"])
+        await daemon.drivers[RES].resync()
+        ok, [line] = daemon.dra_readiness()
+        assert not ok and "ResourceSlice refused: HTTP 403 Forbidden: no" in line
+    finally:
+        await kubelet.stop()

@@ -1,0 +1,274 @@
+"""Prometheus metrics for one daemon.
+
+Event counters and the Allocate latency histogram follow :mod:`hetero_dp.observe`
+events; gauges (devices total/healthy, open streams, registration) are read from
+the daemon's state at scrape time, so they can never drift from it. Backends add
+their own samples through the ``metrics`` hook, gathered before each scrape.
+
+Every daemon gets its own registry (several daemons may share a test process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from . import observe
+from .device import Sample
+from .errors import BackendError
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
+
+log = logging.getLogger(__name__)
+
+PREFIX = "hetero_dp_"
+BACKEND_SCRAPE_TIMEOUT = 5.0
+MAX_REASON = 120  # a label value; long reasons are cut, not dropped
+_METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+
+class _StateCollector(Collector):
+    """Gauges read from the daemon at scrape time, plus the backends' last samples."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        daemon = self.metrics.daemon
+        total = GaugeMetricFamily(
+            PREFIX + "devices", "Devices advertised to the kubelet.", labels=["resource"]
+        )
+        healthy = GaugeMetricFamily(
+            PREFIX + "devices_healthy", "Healthy devices advertised.", labels=["resource"]
+        )
+        streams = GaugeMetricFamily(
+            PREFIX + "list_and_watch_streams", "Open ListAndWatch streams.", labels=["resource"]
+        )
+        registered = GaugeMetricFamily(
+            PREFIX + "resource_registered",
+            "1 while the resource is registered with the kubelet.",
+            labels=["resource"],
+        )
+        ready = GaugeMetricFamily(
+            PREFIX + "resource_ready",
+            "1 while the resource is registered and its ListAndWatch stream is open.",
+            labels=["resource"],
+        )
+        for name, res in sorted(daemon.resources.items()):
+            total.add_metric([name], len(res.state.devices))
+            healthy.add_metric([name], res.state.healthy_count)
+            streams.add_metric([name], res.open_streams)
+            registered.add_metric([name], 1 if res.registered else 0)
+            ready.add_metric([name], 1 if res.ready else 0)
+        yield from (total, healthy, streams, registered, ready)
+        yield from self.metrics.backend_families()
+
+
+class Metrics:
+    """The daemon's registry: counters fed by observe events, gauges from state."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.health_transitions = Counter(
+            PREFIX + "health_transitions",
+            "Device health transitions, by the health reached and its reason.",
+            ["resource", "health", "reason"],
+            registry=r,
+        )
+        self.allocations = Counter(
+            PREFIX + "allocations",
+            "Allocate calls, by gRPC status code.",
+            ["resource", "code"],
+            registry=r,
+        )
+        self.allocation_errors = Counter(
+            PREFIX + "allocation_errors",
+            "Allocate calls answered with an error.",
+            ["resource", "code"],
+            registry=r,
+        )
+        self.allocate_seconds = Histogram(
+            PREFIX + "allocate_seconds",
+            "Time to answer Allocate.",
+            ["resource"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.preferred = Counter(
+            PREFIX + "preferred_allocations",
+            "GetPreferredAllocation calls, by gRPC status code.",
+            ["resource", "code"],
+            registry=r,
+        )
+        self.registrations = Counter(
+            PREFIX + "registrations",
+            "Successful registrations with the kubelet.",
+            ["resource", "mode"],
+            registry=r,
+        )
+        self.registration_failures = Counter(
+            PREFIX + "registration_failures",
+            "Failed registration attempts.",
+            ["resource"],
+            registry=r,
+        )
+        self.kubelet_restarts = Counter(
+            PREFIX + "kubelet_restarts",
+            "Kubelet restarts seen (a new kubelet.sock).",
+            registry=r,
+        )
+        self.socket_deletions = Counter(
+            PREFIX + "socket_deletions",
+            "Own plugin sockets deleted by someone else (a kubelet restart, or a cleanup).",
+            registry=r,
+        )
+        self.stream_opens = Counter(
+            PREFIX + "list_and_watch_opened",
+            "ListAndWatch streams opened by the kubelet.",
+            ["resource"],
+            registry=r,
+        )
+        self.hook_errors = Counter(
+            PREFIX + "hook_errors",
+            "Backend hooks that raised, timed out or returned garbage.",
+            ["backend", "hook"],
+            registry=r,
+        )
+        self.reloads = Counter(
+            PREFIX + "config_reloads",
+            "Configuration reloads, by result (applied, unchanged, rejected).",
+            ["result"],
+            registry=r,
+        )
+        r.register(_StateCollector(self))
+        self._samples: dict[str, list[Sample]] = {}  # backend name -> last samples
+        self._unsubscribe = observe.subscribe(self._on_event)
+
+    def close(self) -> None:
+        self._unsubscribe()
+
+    # --- events ----------------------------------------------------------
+
+    def _ours(self, fields: dict[str, Any]) -> bool:
+        """Events of another daemon in the same process are not ours."""
+        resource = fields.get("resource")
+        if resource is not None:
+            d = self.daemon
+            return resource in d.resources or any(
+                resource in rt.resources for rt in d.runtimes.values()
+            )
+        backend = fields.get("backend")
+        if backend is not None:
+            return backend in self.daemon.runtimes
+        return True
+
+    def _on_event(self, event: str, fields: dict[str, Any]) -> None:
+        if not self._ours(fields):
+            return
+        resource = str(fields.get("resource", ""))
+        if event == "health_transition":
+            reason = str(fields.get("reason") or "")[:MAX_REASON]
+            health = "healthy" if fields.get("healthy") else "unhealthy"
+            self.health_transitions.labels(resource, health, reason).inc()
+        elif event == "allocate":
+            code = str(fields.get("code", "OK"))
+            self.allocations.labels(resource, code).inc()
+            if code != "OK":
+                self.allocation_errors.labels(resource, code).inc()
+            seconds = fields.get("seconds")
+            if isinstance(seconds, int | float):
+                self.allocate_seconds.labels(resource).observe(seconds)
+        elif event == "preferred_allocation":
+            self.preferred.labels(resource, str(fields.get("code", "OK"))).inc()
+        elif event == "registered":
+            self.registrations.labels(resource, str(fields.get("mode", ""))).inc()
+        elif event == "registration_failed":
+            self.registration_failures.labels(resource).inc()
+        elif event == "kubelet_restart":
+            # one restart is one new kubelet.sock plus a deletion per plugin socket
+            if fields.get("reason") == "kubelet.sock created":
+                self.kubelet_restarts.inc()
+            else:
+                self.socket_deletions.inc()
+        elif event == "stream_opened":
+            self.stream_opens.labels(resource).inc()
+        elif event == "hook_error":
+            self.hook_errors.labels(str(fields.get("backend")), str(fields.get("hook"))).inc()
+        elif event == "config_reload":
+            self.reloads.labels(str(fields.get("result", ""))).inc()
+
+    # --- backend samples -------------------------------------------------
+
+    async def refresh_backends(self) -> None:
+        """Ask every backend with a ``metrics`` hook for samples (concurrently)."""
+        runtimes = [rt for rt in self.daemon.runtimes.values() if rt.backend.implements("metrics")]
+        results = await asyncio.gather(*(self._backend_samples(rt) for rt in runtimes))
+        for rt, samples in zip(runtimes, results):
+            self._samples[rt.backend.name] = samples
+
+    async def _backend_samples(self, rt: Any) -> list[Sample]:
+        b = rt.backend
+        try:
+            result = await b.call(
+                "metrics",
+                devices=list(rt.published.values()),
+                timeout=min(b.timeout, BACKEND_SCRAPE_TIMEOUT),
+            )
+            samples = list(result or [])
+            bad = [s for s in samples if not isinstance(s, Sample)]
+            if bad:
+                raise BackendError(f"backend {b.name!r} metrics returned non-Sample items")
+        except BackendError as e:
+            log.error("%s", e, extra={"backend": b.name, "hook": "metrics"})
+            observe.emit("hook_error", backend=b.name, hook="metrics", error=str(e))
+            return []
+        return samples
+
+    def backend_families(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+        for backend, samples in sorted(self._samples.items()):
+            for s in samples:
+                problem = _sample_problem(s)
+                if problem:
+                    log.warning("dropping metric sample: %s", problem, extra={"backend": backend})
+                    continue
+                key = (s.name, tuple(sorted(s.labels.items())))
+                if key in seen:
+                    continue
+                seen.add(key)
+                fam = families.get(s.name)
+                if fam is None:
+                    fam = families[s.name] = Metric(s.name, s.help or s.name, "gauge")
+                fam.add_sample(s.name, dict(s.labels), float(s.value))
+        yield from families.values()
+
+    async def render(self) -> bytes:
+        """The text exposition, backend samples freshly gathered."""
+        await self.refresh_backends()
+        return generate_latest(self.registry)
+
+
+def _sample_problem(s: Sample) -> str | None:
+    if not _METRIC_NAME.match(s.name):
+        return f"invalid metric name {s.name!r}"
+    if s.name.startswith(PREFIX):
+        return f"metric name {s.name!r} uses hetero-dp's own prefix {PREFIX!r}"
+    bad = [k for k in s.labels if not _LABEL_NAME.match(k) or k.startswith("__")]
+    if bad:
+        return f"metric {s.name!r}: invalid label name {bad[0]!r}"
+    if not isinstance(s.value, int | float) or isinstance(s.value, bool):
+        return f"metric {s.name!r}: value {s.value!r} is not a number"
+    return None

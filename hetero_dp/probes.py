@@ -1,0 +1,160 @@
+"""One small HTTP server on the daemon's loop: ``/metrics``, ``/healthz``, ``/readyz``.
+
+It runs on the same asyncio loop as everything else on purpose: an answer
+from ``/healthz`` proves the loop is alive, which is what a liveness probe
+should ask. ``/readyz`` answers 200 only when every resource the daemon serves
+is registered with the kubelet and has its ListAndWatch stream open; the body
+names each resource that is not, and why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
+    from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+READ_TIMEOUT = 5.0
+MAX_HEADER_LINES = 100
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+REASONS[503] = "Service Unavailable"
+
+Handler = Callable[[], Awaitable[tuple[int, str, bytes]]]
+
+
+def parse_address(address: str, field: str = "metrics.address") -> tuple[str | None, int]:
+    """``host:port``, ``:port`` (all interfaces) or ``[v6]:port`` -> (host or None, port)."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ConfigError(
+            f"expected HOST:PORT or :PORT with a port from 0 to 65535, got {address!r}",
+            field=field,
+        )
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host in ("", "*"):
+        return None, int(port_text)
+    return host, int(port_text)
+
+
+def readiness(daemon: Daemon) -> tuple[bool, list[str]]:
+    """(ready, one line per resource) for ``/readyz`` and ``doctor``."""
+    if not daemon.ready.is_set():
+        return False, ["daemon: starting"]
+    lines = []
+    ok = True
+    for name, res in sorted(daemon.resources.items()):
+        if res.ready:
+            lines.append(f"{name}: ready ({len(res.state.devices)} devices)")
+            continue
+        ok = False
+        why = "not registered with the kubelet" if not res.registered else "no ListAndWatch stream"
+        lines.append(f"{name}: not ready: {why}")
+    if not lines:
+        lines.append("no resources: no backend found devices")
+    return ok, lines
+
+
+class ProbeServer:
+    """Serves ``/metrics`` (when ``metrics`` is given), ``/healthz`` and ``/readyz``."""
+
+    def __init__(self, daemon: Daemon, address: str, metrics: Metrics | None = None) -> None:
+        self.daemon = daemon
+        self.address = address
+        self.host, self._port = parse_address(address)
+        self.metrics = metrics
+        self._server: asyncio.base_events.Server | None = None
+        self._routes: dict[str, Handler] = {"/healthz": self._healthz, "/readyz": self._readyz}
+        if metrics is not None:
+            self._routes["/metrics"] = self._metrics
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful with port 0)."""
+        if self._server is not None and self._server.sockets:
+            return int(self._server.sockets[0].getsockname()[1])
+        return self._port
+
+    async def start(self) -> None:
+        try:
+            self._server = await asyncio.start_server(self._handle, self.host, self._port)
+        except OSError as e:
+            raise ConfigError(
+                f"cannot listen on {self.address}: {e.strerror}", field="metrics.address"
+            ) from e
+        log.info("serving /metrics, /healthz and /readyz on %s (port %d)", self.address, self.port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+            self._server = None
+
+    async def _healthz(self) -> tuple[int, str, bytes]:
+        return 200, "text/plain; charset=utf-8", b"ok\n"
+
+    async def _readyz(self) -> tuple[int, str, bytes]:
+        ok, lines = readiness(self.daemon)
+        body = ("\n".join(lines) + "\n").encode()
+        return (200 if ok else 503), "text/plain; charset=utf-8", body
+
+    async def _metrics(self) -> tuple[int, str, bytes]:
+        assert self.metrics is not None
+        return 200, CONTENT_TYPE_LATEST, await self.metrics.render()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            # only reading the request is bounded: a slow backend's metrics hook has its own
+            request = await asyncio.wait_for(self._read_request(reader), READ_TIMEOUT)
+        except (asyncio.TimeoutError, ConnectionError, ValueError):
+            writer.close()
+            return
+        try:
+            status, ctype, body, head = await self._answer(request)
+        except Exception:
+            log.exception("probe request failed")
+            status, ctype, body, head = 500, "text/plain", b"internal error\n", False
+        reason = REASONS.get(status, "Error")
+        header = (
+            f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        try:
+            writer.write(header.encode() + (b"" if head else body))
+            await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def _read_request(self, reader: asyncio.StreamReader) -> list[str]:
+        request = (await reader.readline()).decode("latin-1").split()
+        for _ in range(MAX_HEADER_LINES):  # headers are read and ignored
+            if (await reader.readline()) in (b"\r\n", b"\n", b""):
+                break
+        return request
+
+    async def _answer(self, request: list[str]) -> tuple[int, str, bytes, bool]:
+        if len(request) != 3:
+            return 400, "text/plain", b"bad request\n", False
+        method, target, _version = request
+        if method not in ("GET", "HEAD"):
+            return 405, "text/plain", b"only GET and HEAD\n", False
+        handler = self._routes.get(target.split("?", 1)[0])
+        if handler is None:
+            paths = ", ".join(sorted(self._routes))
+            return 404, "text/plain", f"not found; try {paths}\n".encode(), False
+        status, ctype, body = await handler()
+        return status, ctype, body, method == "HEAD"

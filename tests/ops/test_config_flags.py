@@ -1,0 +1,25 @@
+"""The metrics.address flag over the file, and its errors naming their source."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetero_dp.config import load_config
+from hetero_dp.errors import ConfigError
+
+
+def test_flag_overrides_the_files_metrics_address(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("metrics: {address: ':9000'}\nlabels: {enabled: true}\n")
+    assert load_config(path, env={}).metrics == {"address": ":9000"}
+    cfg = load_config(path, env={}, overrides={"metrics": {"address": "127.0.0.1:9435"}})
+    assert cfg.metrics == {"address": "127.0.0.1:9435"}
+    assert cfg.labels["enabled"] is True  # other sections untouched
+    cfg = load_config(path, env={}, overrides={"metrics": {"address": None}})
+    assert cfg.metrics == {"address": ":9000"}  # an unset flag leaves the file's value
+
+
+def test_bad_flag_value_names_the_flag():
+    with pytest.raises(ConfigError, match="flag --metrics") as e:
+        load_config(raw={}, env={}, overrides={"metrics": {"address": 9435}})
+    assert e.value.field == "metrics.address"

@@ -1,0 +1,128 @@
+"""/healthz and /readyz over real HTTP; /readyz follows registration and streams."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from hetero_dp.errors import ConfigError
+from hetero_dp.probes import parse_address
+from tests.core.scripted import Scripted, make_devices
+
+from .helpers import expect_event, http_get, port_of, wait_ready
+
+A = "example.com/a"
+B = "example.com/b"
+
+
+async def test_readyz_flips_when_a_stream_is_lost_and_back(fake_kubelet, plugin_runner):
+    backend = Scripted(make_devices(A, 2) + make_devices(B, 2, prefix="b"))
+    # a short stream timeout: the plugin re-registers soon after losing its stream
+    config = {"metrics": {"address": "127.0.0.1:0"}, "streamTimeout": 2.0}
+    daemon = await plugin_runner.start(backend, config=config)
+    port = port_of(daemon)
+    await fake_kubelet.wait_registered(A)
+    await fake_kubelet.wait_registered(B)
+    await wait_ready(daemon)
+    status, body = await http_get(port, "/readyz")
+    assert status == 200, body
+    assert f"{A}: ready (2 devices)" in body and f"{B}: ready (2 devices)" in body
+
+    closed = expect_event("stream_closed", lambda f: f["resource"] == A)
+    await fake_kubelet.drop_stream(A)
+    await asyncio.wait_for(closed, 10)
+    status, body = await http_get(port, "/readyz")
+    assert status == 503
+    assert f"{A}: not ready: no ListAndWatch stream" in body
+    assert f"{B}: ready" in body
+    assert (await http_get(port, "/healthz"))[0] == 200  # alive all along
+
+    await fake_kubelet.wait_registered(A, after=1, timeout=15)  # the plugin re-registers
+    await wait_ready(daemon)
+    status, body = await http_get(port, "/readyz")
+    assert status == 200, body
+    assert fake_kubelet.registration_count(B) == 1  # B was left alone
+
+
+async def test_readyz_while_not_registered(fake_kubelet, plugin_runner):
+    await fake_kubelet.stop()  # no kubelet: registration keeps retrying
+    daemon = await plugin_runner.start(
+        Scripted(make_devices(A, 1)), config={"metrics": {"address": "127.0.0.1:0"}}
+    )
+    status, body = await http_get(port_of(daemon), "/readyz")
+    assert status == 503
+    assert f"{A}: not ready: not registered with the kubelet" in body
+
+
+async def test_healthz_routes_and_methods(fake_kubelet, plugin_runner):
+    daemon = await plugin_runner.start(
+        Scripted(make_devices(A, 1)), config={"metrics": {"address": "127.0.0.1:0"}}
+    )
+    port = port_of(daemon)
+    assert await http_get(port, "/healthz") == (200, "ok\n")
+    assert (await http_get(port, "/healthz", method="HEAD"))[0] == 200
+    status, body = await http_get(port, "/nope")
+    assert status == 404 and "/metrics" in body
+    assert (await http_get(port, "/healthz", method="POST"))[0] == 405
+
+
+async def test_probe_server_stops_with_the_daemon(fake_kubelet, plugin_runner):
+    daemon = await plugin_runner.start(
+        Scripted(make_devices(A, 1)), config={"metrics": {"address": "127.0.0.1:0"}}
+    )
+    port = port_of(daemon)
+    await wait_ready(daemon)
+    await plugin_runner.stop(daemon)
+    with pytest.raises(OSError):
+        await http_get(port, "/healthz")
+
+
+async def test_busy_port_is_a_config_error(fake_kubelet, plugin_runner):
+    first = await plugin_runner.start(
+        Scripted(make_devices(A, 1)), config={"metrics": {"address": "127.0.0.1:0"}}
+    )
+    with pytest.raises(ConfigError, match=r"metrics.address.*cannot listen on 127.0.0.1:\d+"):
+        await plugin_runner.start(
+            Scripted(make_devices(B, 1)),
+            config={"metrics": {"address": f"127.0.0.1:{port_of(first)}"}},
+        )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (":9435", (None, 9435)),
+        ("0.0.0.0:80", ("0.0.0.0", 80)),
+        ("[::1]:9435", ("::1", 9435)),
+        ("localhost:0", ("localhost", 0)),
+    ],
+)
+def test_parse_address(text, expected):
+    assert parse_address(text) == expected
+
+
+@pytest.mark.parametrize("text", ["9435", "host:", "host:http", ":70000"])
+def test_parse_address_rejects(text):
+    with pytest.raises(ConfigError, match=r"metrics\.address"):
+        parse_address(text)
+
+
+async def test_malformed_and_silent_clients_do_not_hurt_the_server(fake_kubelet, plugin_runner):
+    daemon = await plugin_runner.start(
+        Scripted(make_devices(A, 1)), config={"metrics": {"address": "127.0.0.1:0"}}
+    )
+    port = port_of(daemon)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"garbage\r\n\r\n")
+    assert (await reader.read()).startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    writer.close()
+    _, silent = await asyncio.open_connection("127.0.0.1", port)
+    silent.close()  # connects and goes away without a request
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"X-Long: " + b"a" * 100_000 + b"\r\n\r\n"
+    )
+    await reader.read()  # an over-long header line: dropped, whatever it answers
+    writer.close()
+    assert await http_get(port, "/healthz") == (200, "ok\n")

@@ -1,0 +1,279 @@
+"""Hot reload: changed resources restart, the others keep their streams; bad configs
+are rejected and the old one stays in force."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import yaml
+from hetero_dp_simulated.backend import SimulatedBackend
+
+from hetero_dp.config import load_config
+from hetero_dp.errors import ConfigError
+from hetero_dp.reload import ConfigReloader
+from tests.core.scripted import Scripted, make_devices
+
+from .helpers import wait_ready
+
+A = "example.com/a"
+B = "example.com/b"
+SIM = "hetero-dp.io/sim"
+
+
+def base_doc(kubelet, **extra):
+    doc = {
+        "kubeletDir": str(kubelet.plugin_dir),
+        "pluginsRegistryDir": str(kubelet.registry_dir),
+        "healthInterval": 0,
+        "rediscoverInterval": 0,
+        "resources": {A: {"preferredAllocation": True}, B: {"preferredAllocation": True}},
+    }
+    doc.update(extra)
+    return doc
+
+
+async def start_two(fake_kubelet, plugin_runner, doc):
+    backend = Scripted(make_devices(A, 2) + make_devices(B, 2, prefix="b"))
+    daemon = await plugin_runner.start(backend, config=doc)
+    await fake_kubelet.wait_registered(A)
+    await fake_kubelet.wait_registered(B)
+    await wait_ready(daemon)
+    return backend, daemon
+
+
+async def test_reload_restarts_only_the_changed_resource(fake_kubelet, plugin_runner):
+    doc = base_doc(fake_kubelet)
+    _, daemon = await start_two(fake_kubelet, plugin_runner, doc)
+    res_b = fake_kubelet.resources[B]
+    updates_b = res_b.updates
+    assert fake_kubelet.resources[A].options.get_preferred_allocation_available is True
+
+    doc["resources"][A] = {"preferredAllocation": False}
+    summary = await daemon.apply_config(load_config(raw=doc, env={}))
+    assert summary == {"restarted": [A], "reconfigured": []}
+
+    res_a = await fake_kubelet.wait_registered(A, after=1)
+    assert res_a.options.get_preferred_allocation_available is False  # new options reached it
+    await wait_ready(daemon)
+    # B never noticed: same registration, same stream, no new device list
+    assert fake_kubelet.registration_count(B) == 1
+    assert fake_kubelet.resources[B] is res_b
+    assert res_b.stream_open and not res_b.stream_ended
+    assert res_b.updates == updates_b
+    assert daemon.resources[A].settings == {"preferredAllocation": False}
+
+
+async def test_reload_with_changed_backend_options_rediscovers_without_restart(
+    fake_kubelet, plugin_runner
+):
+    doc = base_doc(fake_kubelet, backends={"simulated": {"count": 2}})
+    del doc["resources"]
+    daemon = await plugin_runner.start(SimulatedBackend(), config=doc)
+    res = await fake_kubelet.wait_registered(SIM)
+    await fake_kubelet.wait_devices(SIM, lambda d: len(d) == 2)
+
+    doc["backends"]["simulated"]["count"] = 5
+    summary = await daemon.apply_config(load_config(raw=doc, env={}))
+    assert summary == {"restarted": [], "reconfigured": ["simulated"]}
+    await fake_kubelet.wait_devices(SIM, lambda d: len(d) == 5)
+    assert fake_kubelet.registration_count(SIM) == 1 and fake_kubelet.resources[SIM] is res
+
+    # a backend refusing its new options: rejected, old options and devices kept
+    doc["backends"]["simulated"]["count"] = -1
+    old = daemon.config
+    with pytest.raises(ConfigError, match=r"backends.simulated.count"):
+        await daemon.apply_config(load_config(raw=doc, env={}))
+    assert daemon.config is old
+    await daemon.rediscover()
+    assert len(fake_kubelet.resources[SIM].devices) == 5
+
+
+async def test_socket_settings_cannot_change_while_running(fake_kubelet, plugin_runner):
+    doc = base_doc(fake_kubelet)
+    _, daemon = await start_two(fake_kubelet, plugin_runner, doc)
+    old = daemon.config
+    doc["socketPrefix"] = "other"
+    with pytest.raises(ConfigError, match=r"socketPrefix.*restart the daemon"):
+        await daemon.apply_config(load_config(raw=doc, env={}))
+    assert daemon.config is old
+
+
+async def test_file_change_and_sighup_reload_and_invalid_files_are_rejected(
+    fake_kubelet, plugin_runner, tmp_path
+):
+    path = tmp_path / "config.yaml"
+    doc = base_doc(fake_kubelet)
+    path.write_text(yaml.safe_dump(doc))
+    _, daemon = await start_two(fake_kubelet, plugin_runner, load_config(path, env={}).raw)
+    reloader = ConfigReloader(daemon, path, lambda: load_config(path, env={}))
+    reloader.start()
+    try:
+        original = daemon.config
+        res_a, res_b = fake_kubelet.resources[A], fake_kubelet.resources[B]
+
+        path.write_text("resources: [unclosed\n")  # broken YAML
+        results = await reloader.wait_results(1)
+        assert results[0].startswith("rejected: ") and "invalid YAML" in results[0]
+        assert str(path) in results[0]
+        doc_bad = dict(doc, healthInterval="often")  # a bad field
+        path.write_text(yaml.safe_dump(doc_bad))
+        results = await reloader.wait_results(2)
+        assert "healthInterval" in results[1] and "expected a number" in results[1]
+        assert daemon.config is original  # the old config stays in force
+        assert fake_kubelet.resources[A] is res_a and res_a.stream_open
+        assert fake_kubelet.resources[B] is res_b and res_b.stream_open
+
+        doc["resources"][B] = {"preferredAllocation": False}
+        tmp = tmp_path / "config.yaml.new"  # the way editors and ConfigMaps replace files
+        tmp.write_text(yaml.safe_dump(doc))
+        os.replace(tmp, path)
+        results = await reloader.wait_results(3)
+        assert results[2].startswith("applied") and B in results[2]
+        await fake_kubelet.wait_registered(B, after=1)
+        assert fake_kubelet.registration_count(A) == 1 and res_a.stream_open
+        assert daemon.config.resources[B] == {"preferredAllocation": False}
+
+        assert reloader._sighup, "SIGHUP handler must be installed in the main thread"
+        os.kill(os.getpid(), signal.SIGHUP)  # same bytes: SIGHUP still reloads
+        results = await reloader.wait_results(4)
+        assert results[3].startswith("applied")
+        assert "'restarted': []" in results[3]  # nothing changed, nothing restarted
+        assert fake_kubelet.registration_count(B) == 2
+    finally:
+        await reloader.stop()
+
+
+async def test_health_interval_reload_starts_polling(fake_kubelet, plugin_runner):
+    doc = base_doc(fake_kubelet)
+    backend, daemon = await start_two(fake_kubelet, plugin_runner, doc)
+    assert not [t for t in daemon._tasks if t.get_name() == "health poll"]
+    doc["healthInterval"] = 0.05
+    await daemon.apply_config(load_config(raw=doc, env={}))
+    backend.unhealthy["dev1"] = "polled after reload"
+    await fake_kubelet.wait_devices(A, lambda d: not d["dev1"].healthy)
+    assert fake_kubelet.registration_count(A) == 1
+
+    doc["healthInterval"] = 0
+    await daemon.apply_config(load_config(raw=doc, env={}))
+    polls = [t for t in daemon._tasks if t.get_name() == "health poll"]
+    assert polls == []
+
+
+async def test_reload_turns_metrics_and_labels_on_without_touching_streams(
+    fake_kubelet, plugin_runner, tmp_path
+):
+    from .helpers import http_get, port_of
+
+    doc = base_doc(fake_kubelet)
+    _, daemon = await start_two(fake_kubelet, plugin_runner, doc)
+    assert daemon.ops.server is None and daemon.ops.labels is None
+    doc["metrics"] = {"address": "127.0.0.1:0"}
+    doc["labels"] = {"enabled": True, "dir": str(tmp_path / "features.d")}
+    summary = await daemon.apply_config(load_config(raw=doc, env={}))
+    assert summary == {"restarted": [], "reconfigured": []}
+    status, body = await http_get(port_of(daemon), "/readyz")
+    assert status == 200 and f"{A}: ready" in body
+    text = (tmp_path / "features.d" / "hetero-dp-scripted").read_text()
+    assert f"{A}.count=2\n{B}.count=2\n" == text
+    assert fake_kubelet.registration_count(A) == fake_kubelet.registration_count(B) == 1
+
+    doc["labels"] = {"enabled": False}
+    await daemon.apply_config(load_config(raw=doc, env={}))
+    assert not (tmp_path / "features.d" / "hetero-dp-scripted").exists()
+
+
+async def test_sharing_reload_restarts_only_the_shared_resource(fake_kubelet, plugin_runner):
+    doc = base_doc(fake_kubelet)
+    doc["sharing"] = {"timeSlicing": {"resources": [{"name": A, "replicas": 2}]}}
+    _, daemon = await start_two(fake_kubelet, plugin_runner, doc)
+    await fake_kubelet.wait_devices(A, lambda d: len(d) == 4)
+    res_b, updates_b = fake_kubelet.resources[B], fake_kubelet.resources[B].updates
+
+    doc["sharing"]["timeSlicing"]["resources"][0]["replicas"] = 3
+    summary = await daemon.apply_config(load_config(raw=doc, env={}))
+    assert summary["restarted"] == [A]
+    await fake_kubelet.wait_registered(A, after=1)
+    devices = await fake_kubelet.wait_devices(A, lambda d: len(d) == 6)
+    assert sorted(devices)[:3] == ["dev0::0", "dev0::1", "dev0::2"]
+
+    shared = "example.com/a-shared"
+    doc["sharing"]["timeSlicing"]["resources"][0]["rename"] = shared
+    summary = await daemon.apply_config(load_config(raw=doc, env={}))
+    assert summary["restarted"] == [A]  # the renamed resource is new: it simply starts
+    await fake_kubelet.wait_devices(shared, lambda d: len(d) == 6)
+    await fake_kubelet.wait_devices(A, lambda d: len(d) == 0)
+
+    # a sharing block that does not fit the devices is rejected
+    doc["sharing"]["timeSlicing"]["resources"][0]["devices"] = ["nope"]
+    old = daemon.config
+    bad = load_config(raw=doc, env={})  # parses; only the devices show it does not fit
+    with pytest.raises(ConfigError, match=r"sharing.*nope"):
+        await daemon.apply_config(bad)
+    assert daemon.config is old
+
+    assert fake_kubelet.registration_count(B) == 1 and fake_kubelet.resources[B] is res_b
+    assert res_b.stream_open and res_b.updates == updates_b  # B never noticed
+
+
+async def test_reload_turns_cdi_delivery_on_and_off(fake_kubelet, plugin_runner):
+    from hetero_dp.testing import short_tempdir
+
+    cdi_dir = short_tempdir("hdp-cdi-")
+    doc = base_doc(fake_kubelet, backends={"simulated": {"count": 2}})
+    del doc["resources"]
+    daemon = await plugin_runner.start(SimulatedBackend(), config=doc)
+    await fake_kubelet.wait_registered(SIM)
+    assert list(cdi_dir.iterdir()) == []
+
+    doc["cdi"] = {"enabled": True, "dir": str(cdi_dir)}
+    doc["resources"] = {SIM: {"deliver": ["cdi-cri"]}}
+    summary = await daemon.apply_config(load_config(raw=doc, env={}))
+    assert summary["restarted"] == [SIM]
+    specs = list(cdi_dir.iterdir())
+    assert len(specs) == 1 and "sim0" in specs[0].read_text()
+    await fake_kubelet.wait_registered(SIM, after=1)
+    resp = await fake_kubelet.allocate(SIM, ["sim1"])
+    assert [c.name for c in resp.cdi_devices] == [f"{SIM}=sim1"]
+
+    doc["cdi"] = {"enabled": False}
+    doc["resources"] = {}
+    await daemon.apply_config(load_config(raw=doc, env={}))
+    assert list(cdi_dir.iterdir()) == []  # nobody keeps that spec up to date any more
+    cdi_dir.rmdir()
+
+
+async def test_reload_to_a_busy_port_is_rejected_and_the_old_server_stays(
+    fake_kubelet, plugin_runner
+):
+    import socket
+
+    from .helpers import http_get, port_of
+
+    doc = base_doc(fake_kubelet, metrics={"address": "127.0.0.1:0"})
+    _, daemon = await start_two(fake_kubelet, plugin_runner, doc)
+    port = port_of(daemon)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        doc["metrics"] = {"address": f"127.0.0.1:{busy.getsockname()[1]}"}
+        doc["resources"][A] = {"preferredAllocation": False}  # would restart A, if accepted
+        old = daemon.config
+        with pytest.raises(ConfigError, match="cannot listen on"):
+            await daemon.apply_config(load_config(raw=doc, env={}))
+    assert daemon.config is old
+    assert (await http_get(port, "/healthz"))[0] == 200
+    assert fake_kubelet.registration_count(A) == 1
+
+    with socket.socket() as probe:  # a free port, different from the current one
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    doc["metrics"] = {"address": f"127.0.0.1:{free}"}
+    del doc["resources"][A]
+    await daemon.apply_config(load_config(raw=doc, env={}))
+    assert port_of(daemon) == free != port  # moved: the counters came along
+    with pytest.raises(OSError):
+        await http_get(port, "/healthz")
+    _, body = await http_get(free, "/metrics")
+    assert 'hetero_dp_registrations_total{mode="classic",resource="example.com/b"} 1.0' in body

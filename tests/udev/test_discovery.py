@@ -1,0 +1,198 @@
+"""Each shipped rule set against its recorded device tree, through real libudev."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from hetero_dp_udev import UdevBackend
+from hetero_dp_udev.testing import Testbed
+
+from hetero_dp import Device
+
+pytestmark = pytest.mark.umockdev
+
+
+def _discover(testbed: Testbed, data: Path, name: str, rules: object = None) -> list[Device]:
+    testbed.add_file(data / f"{name}.umockdev")
+    backend = UdevBackend()
+    backend.configure({"rules": rules if rules is not None else [name]})
+    return backend.discover()
+
+
+def _per_device(device: Device) -> list[str]:
+    return [n.host_path for n in device.nodes if not n.shared]
+
+
+def _shared(device: Device) -> list[str]:
+    return [n.host_path for n in device.nodes if n.shared]
+
+
+def test_amd_gpu(testbed: Testbed, data: Path) -> None:
+    devices = _discover(testbed, data, "amd-gpu")
+    # the ASPEED BMC VGA (card0) and the GPU's HDMI audio function are not GPUs
+    assert [d.id for d in devices] == ["0000:43:00.0", "0000:c3:00.0"]
+    first, second = devices
+    # card numbering follows probe order, not PCI order: found through drm children
+    assert _per_device(first) == ["/dev/dri/card2", "/dev/dri/renderD129"]
+    assert _per_device(second) == ["/dev/dri/card1", "/dev/dri/renderD128"]
+    assert _shared(first) == _shared(second) == ["/dev/kfd"]
+    assert (first.numa_nodes, second.numa_nodes) == ((0,), (1,))
+    assert first.env == {}
+    assert all(d.healthy for d in devices)
+    assert first.attributes["driver"] == "amdgpu"
+    assert first.attributes["vendor"] == "0x1002" and first.attributes["device"] == "0x740f"
+    assert first.attributes["product"] == "Aldebaran/MI200 [Instinct MI210]"
+
+
+def test_ascend_npu(testbed: Testbed, data: Path) -> None:
+    devices = _discover(testbed, data, "ascend-npu")
+    # the Huawei NIC (class 0x0200) is not an NPU
+    assert [d.id for d in devices] == ["0000:81:00.0", "0000:82:00.0"]
+    # the davinci index comes from the driver's dev_id, not from PCI order
+    assert [_per_device(d) for d in devices] == [["/dev/davinci1"], ["/dev/davinci0"]]
+    assert [d.env for d in devices] == [
+        {"ASCEND_VISIBLE_DEVICES": "1"},
+        {"ASCEND_VISIBLE_DEVICES": "0"},
+    ]
+    assert [d.index for d in devices] == [1, 0]
+    shared = ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
+    assert all(_shared(d) == shared for d in devices)
+    assert [d.numa_nodes for d in devices] == [(1,), (1,)]
+    assert all(d.healthy for d in devices)
+
+
+def test_gaudi_accel(testbed: Testbed, data: Path) -> None:
+    devices = _discover(testbed, data, "gaudi")
+    # the Intel NPU on the same accel subsystem has another vendor
+    assert [d.id for d in devices] == ["0000:33:00.0", "0000:9a:00.0"]
+    assert _per_device(devices[0]) == ["/dev/accel/accel0", "/dev/accel/accel_controlD0"]
+    assert _per_device(devices[1]) == ["/dev/accel/accel1", "/dev/accel/accel_controlD1"]
+    assert [d.env for d in devices] == [
+        {"HABANA_VISIBLE_DEVICES": "0"},
+        {"HABANA_VISIBLE_DEVICES": "1"},
+    ]
+    assert [d.numa_nodes for d in devices] == [(0,), (1,)]
+    assert devices[0].attributes["driver"] == "habanalabs"
+
+
+def test_xilinx_fpga(testbed: Testbed, data: Path) -> None:
+    devices = _discover(testbed, data, "xilinx-fpga")
+    assert [d.id for d in devices] == ["0000:d8:00.1"]  # the user function, not mgmt
+    assert _per_device(devices[0]) == [
+        "/dev/dri/renderD128",
+        "/dev/xclmgmt55296",
+        "/dev/xfpga/flash.m55296",
+    ]
+    assert devices[0].numa_nodes == (1,)
+
+
+def test_plain_dev_glob(testbed: Testbed, data: Path) -> None:
+    devices = _discover(testbed, data, "dev-glob")
+    by_resource: dict[str, list[Device]] = {}
+    for device in devices:
+        by_resource.setdefault(device.resource, []).append(device)
+    serial = by_resource["hetero-dp.io/serial"]
+    assert [d.id for d in serial] == ["ttyACM0", "ttyUSB0"]  # not the platform ttyS0
+    assert [_per_device(d) for d in serial] == [["/dev/ttyACM0"], ["/dev/ttyUSB0"]]
+    assert all(d.numa_nodes == () for d in devices)  # numa_node -1 means none
+    assert serial[1].attributes["vendor"] == "0x0403"  # the adapter's IDs, not the xHCI's
+    assert [d.id for d in by_resource["hetero-dp.io/video"]] == ["video0"]
+
+
+def test_labels_count_and_product(testbed: Testbed, data: Path) -> None:
+    testbed.add_file(data / "amd-gpu.umockdev")
+    backend = UdevBackend()
+    backend.configure({"rules": ["amd-gpu"]})
+    assert backend.labels(backend.discover()) == {
+        "amd.com/gpu.count": "2",
+        "amd.com/gpu.product": "Aldebaran-MI200-Instinct-MI210",
+    }
+
+
+def test_id_choice_limit_and_templates(testbed: Testbed, data: Path, tmp_path: Path) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(
+        "resources:\n"
+        "  - name: example.com/gpu\n"
+        "    match: {subsystem: pci, vendor: '0x1002', driver: amdgpu}\n"
+        "    id: serial\n"
+        "    limit: 1\n"
+        "    primaryNode: false\n"
+        "    companions: [{subsystem: drm, sysname: 'renderD*'}]\n"
+        "    env: {GPU_PCI: '{pci}', GPU_NODE: '{id}/{index}'}\n"
+        "    annotations: {example.com/vendor: '{vendor}:{device}'}\n"
+    )
+    devices = _discover(testbed, data, "amd-gpu", rules=str(rules))
+    assert [d.id for d in devices] == ["aa0f1c2e5e6b7d01"]
+    assert devices[0].env == {"GPU_PCI": "0000:43:00.0", "GPU_NODE": "aa0f1c2e5e6b7d01/0"}
+    assert devices[0].annotations == {"example.com/vendor": "0x1002:0x740f"}
+    assert _per_device(devices[0]) == ["/dev/dri/renderD129"]
+
+
+def test_rule_matching_nothing_warns_and_keeps_going(
+    testbed: Testbed, data: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "hetero_dp_udev")
+    devices = _discover(testbed, data, "gaudi", rules=["gaudi", "amd-gpu"])
+    assert [d.resource for d in devices] == ["habana.ai/gaudi"] * 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("shipped rule set 'amd-gpu'" in w and "amd.com/gpu" in w for w in warnings)
+
+
+def test_missing_shared_node_makes_devices_unhealthy_and_doctor_fails(
+    testbed: Testbed, data: Path
+) -> None:
+    testbed.add_file(data / "ascend-npu.umockdev")
+    testbed.remove_node("/dev/hisi_hdc")
+    backend = UdevBackend()
+    backend.configure({"rules": ["ascend-npu"]})
+    devices = backend.discover()
+    assert [d.healthy for d in devices] == [False, False]
+    assert devices[0].reason == "shared node /dev/hisi_hdc is missing"
+    checks = {c.name: c for c in backend.doctor({"rules": ["ascend-npu"]})}
+    assert checks["huawei.com/npu devices"].status == "pass"
+    assert checks["huawei.com/npu nodes"].status == "fail"
+    assert "/dev/hisi_hdc" in checks["huawei.com/npu nodes"].message
+
+
+def test_doctor_warns_on_a_rule_without_devices(testbed: Testbed, data: Path) -> None:
+    testbed.add_file(data / "gaudi.umockdev")
+    checks = UdevBackend().doctor({"rules": ["xilinx-fpga"]})
+    assert [c.status for c in checks] == ["pass", "warn"]
+    assert "matches no device" in checks[1].message
+
+
+def test_device_without_nodes_is_healthy_unless_nodes_are_expected(
+    testbed: Testbed, data: Path, tmp_path: Path
+) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(
+        "resources:\n"
+        "  - name: example.com/bare\n"
+        "    match: {subsystem: pci, vendor: '0x1002', driver: amdgpu}\n"
+        "  - name: example.com/expects\n"
+        "    match: {subsystem: pci, vendor: '0x1002', driver: amdgpu}\n"
+        "    companions: [{subsystem: drm, sysname: 'controlD*'}]\n"
+    )
+    devices = _discover(testbed, data, "amd-gpu", rules=str(rules))
+    bare = [d for d in devices if d.resource == "example.com/bare"]
+    expects = [d for d in devices if d.resource == "example.com/expects"]
+    assert [(d.healthy, d.nodes) for d in bare] == [(True, ()), (True, ())]
+    assert [d.healthy for d in expects] == [False, False]
+    assert expects[0].reason == "no device nodes found (driver still loading?)"
+
+
+@pytest.mark.parametrize("name", ["amd-gpu", "ascend-npu", "gaudi", "xilinx-fpga", "dev-glob"])
+def test_cdi_spec_of_each_rule_set_validates(testbed: Testbed, data: Path, name: str) -> None:
+    from hetero_dp.cdi import build_spec
+    from tests.cdi.schema_check import assert_valid_cdi_spec
+
+    devices = _discover(testbed, data, name)
+    assert devices
+    for resource in sorted({d.resource for d in devices}):
+        mine = [d for d in devices if d.resource == resource]
+        spec = build_spec(resource, mine)
+        assert_valid_cdi_spec(spec)
+        assert [d["name"] for d in spec["devices"]] == [d.id for d in mine]

@@ -1,0 +1,114 @@
+"""The udev backend served by the real daemon to a FakeKubelet over unix sockets,
+with devices coming and going in a umockdev testbed."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from hetero_dp_udev import UdevBackend
+from hetero_dp_udev.testing import Testbed
+
+from hetero_dp.testing import FakeDevice, FakeKubelet, PluginRunner, short_tempdir
+
+from .test_hotplug import GAUDI_33, GPU_43, NEW_GPU
+
+pytestmark = pytest.mark.umockdev
+
+AMD = "amd.com/gpu"
+
+
+@pytest.fixture
+async def kubelet() -> AsyncIterator[FakeKubelet]:
+    root = short_tempdir("hdp-udev-")
+    try:
+        async with FakeKubelet(root / "dp") as fake:
+            yield fake
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+async def runner(kubelet: FakeKubelet) -> AsyncIterator[PluginRunner]:
+    plugins = PluginRunner(kubelet.plugin_dir)
+    try:
+        yield plugins
+    finally:
+        await plugins.stop_all()
+
+
+def _health(devices: dict[str, FakeDevice]) -> dict[str, str]:
+    return {i: d.health for i, d in devices.items()}
+
+
+async def test_hotplug_and_health_reach_the_kubelet(
+    testbed: Testbed, data: Path, kubelet: FakeKubelet, runner: PluginRunner
+) -> None:
+    testbed.add_file(data / "amd-gpu.umockdev")
+    await runner.start(UdevBackend(), options={"udev": {"rules": ["amd-gpu"]}})
+    await kubelet.wait_registered(AMD)
+    devices = await kubelet.wait_devices(AMD, lambda d: len(d) == 2)
+    assert {i: d.numa_nodes for i, d in devices.items()} == {
+        "0000:43:00.0": (0,),
+        "0000:c3:00.0": (1,),
+    }
+
+    testbed.add(NEW_GPU)
+    devices = await kubelet.wait_devices(AMD, lambda d: "0000:83:00.0" in d)
+    assert devices["0000:83:00.0"].health == "Healthy"
+    testbed.remove("/sys/devices/pci0000:80/0000:80:01.1/0000:83:00.0")
+    await kubelet.wait_devices(AMD, lambda d: sorted(d) == ["0000:43:00.0", "0000:c3:00.0"])
+
+    response = await kubelet.allocate(AMD, ["0000:43:00.0"])
+    assert sorted(d.host_path for d in response.devices) == [
+        "/dev/dri/card2",
+        "/dev/dri/renderD129",
+        "/dev/kfd",
+    ]
+
+    testbed.unbind_driver(GPU_43)
+    devices = await kubelet.wait_devices(AMD, lambda d: d["0000:43:00.0"].health == "Unhealthy")
+    assert _health(devices) == {"0000:43:00.0": "Unhealthy", "0000:c3:00.0": "Healthy"}
+    testbed.bind_driver(GPU_43, "amdgpu")
+    await kubelet.wait_devices(AMD, lambda d: set(_health(d).values()) == {"Healthy"})
+
+
+async def test_ascend_allocation_joins_env_over_devices(
+    testbed: Testbed, data: Path, kubelet: FakeKubelet, runner: PluginRunner
+) -> None:
+    testbed.add_file(data / "ascend-npu.umockdev")
+    await runner.start(UdevBackend(), options={"udev": {"rules": ["ascend-npu"]}})
+    await kubelet.wait_devices("huawei.com/npu", lambda d: len(d) == 2)
+    response = await kubelet.allocate("huawei.com/npu", ["0000:81:00.0", "0000:82:00.0"])
+    assert response.envs["ASCEND_VISIBLE_DEVICES"] == "1,0"
+    assert sorted(d.host_path for d in response.devices) == [
+        "/dev/davinci0",
+        "/dev/davinci1",
+        "/dev/davinci_manager",
+        "/dev/devmm_svm",
+        "/dev/hisi_hdc",
+    ]
+
+
+async def test_attribute_flip_reaches_the_kubelet(
+    testbed: Testbed, data: Path, tmp_path: Path, kubelet: FakeKubelet, runner: PluginRunner
+) -> None:
+    testbed.add_file(data / "gaudi.umockdev")
+    testbed.set_attribute(GAUDI_33, "status", "operational", event=False)
+    rules = tmp_path / "gaudi.yaml"
+    rules.write_text(
+        "resources:\n"
+        "  - name: habana.ai/gaudi\n"
+        "    match: {subsystem: accel, sysname: 'accel0', vendor: '0x1da3'}\n"
+        "    health: {attribute: status, equals: operational, target: pci}\n"
+    )
+    await runner.start(UdevBackend(), options={"udev": {"rules": str(rules)}})
+    await kubelet.wait_devices(
+        "habana.ai/gaudi", lambda d: _health(d) == {"0000:33:00.0": "Healthy"}
+    )
+    testbed.set_attribute(GAUDI_33, "status", "malfunction")
+    await kubelet.wait_devices("habana.ai/gaudi", lambda d: d["0000:33:00.0"].health == "Unhealthy")
+    testbed.set_attribute(GAUDI_33, "status", "operational")
+    await kubelet.wait_devices("habana.ai/gaudi", lambda d: d["0000:33:00.0"].health == "Healthy")

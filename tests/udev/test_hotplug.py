@@ -1,0 +1,224 @@
+"""Hotplug and health through the watch hook: umockdev uevents reach a real
+pyudev.Monitor on the event loop and come out of the EventSink."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from hetero_dp_udev import UdevBackend
+from hetero_dp_udev.testing import Testbed
+
+from hetero_dp import EventSink
+
+pytestmark = pytest.mark.umockdev
+
+TIMEOUT = 5.0
+GPU_43 = "/sys/devices/pci0000:40/0000:40:01.1/0000:43:00.0"
+GAUDI_33 = "/sys/devices/pci0000:30/0000:30:01.0/0000:33:00.0"
+
+NEW_GPU = """P: /devices/pci0000:80/0000:80:01.1
+E: SUBSYSTEM=pci
+E: DRIVER=pcieport
+A: vendor=0x1022
+A: device=0x1483
+A: numa_node=1
+L: driver=../../../bus/pci/drivers/pcieport
+
+P: /devices/pci0000:80/0000:80:01.1/0000:83:00.0
+E: SUBSYSTEM=pci
+E: DRIVER=amdgpu
+A: vendor=0x1002
+A: device=0x740f
+A: numa_node=1
+L: driver=../../../../bus/pci/drivers/amdgpu
+
+P: /devices/pci0000:80/0000:80:01.1/0000:83:00.0/drm/card3
+N: dri/card3
+E: SUBSYSTEM=drm
+E: DEVNAME=/dev/dri/card3
+
+P: /devices/pci0000:80/0000:80:01.1/0000:83:00.0/drm/renderD130
+N: dri/renderD130
+E: SUBSYSTEM=drm
+E: DEVNAME=/dev/dri/renderD130
+"""
+
+
+class Recorder:
+    """An EventSink whose events land in a queue the test awaits."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[tuple[object, ...]] = asyncio.Queue()
+        self.sink = EventSink(
+            asyncio.get_running_loop(),
+            on_health=lambda i, h, r: self.queue.put_nowait(("health", i, h, r)),
+            on_rediscover=lambda: self.queue.put_nowait(("rediscover",)),
+        )
+
+    async def next(self, kind: str) -> tuple[object, ...]:
+        async with asyncio.timeout(TIMEOUT):
+            while True:
+                event = await self.queue.get()
+                if event[0] == kind:
+                    return event
+
+    def drain(self) -> None:
+        while not self.queue.empty():
+            self.queue.get_nowait()
+
+
+async def _watching(backend: UdevBackend) -> AsyncIterator[Recorder]:
+    recorder = Recorder()
+    task = asyncio.ensure_future(backend.watch(recorder.sink))
+    # watch() runs synchronously up to its first await, where the monitor is on
+    # the loop; one turn of the loop gets it there (no timing involved).
+    await asyncio.sleep(0)
+    assert not task.done(), task
+    try:
+        yield recorder
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.fixture
+async def amd(testbed: Testbed, data: Path) -> AsyncIterator[tuple[UdevBackend, Recorder]]:
+    testbed.add_file(data / "amd-gpu.umockdev")
+    backend = UdevBackend()
+    backend.configure({"rules": ["amd-gpu"]})
+    assert len(backend.discover()) == 2
+    async for recorder in _watching(backend):
+        yield backend, recorder
+
+
+async def test_hotplug_add_and_remove_reach_the_sink(
+    testbed: Testbed, amd: tuple[UdevBackend, Recorder]
+) -> None:
+    backend, recorder = amd
+    testbed.add(NEW_GPU)
+    await recorder.next("rediscover")
+    devices = {d.id: d for d in backend.discover()}
+    assert sorted(devices) == ["0000:43:00.0", "0000:83:00.0", "0000:c3:00.0"]
+    assert [n.host_path for n in devices["0000:83:00.0"].nodes if not n.shared] == [
+        "/dev/dri/card3",
+        "/dev/dri/renderD130",
+    ]
+    assert devices["0000:83:00.0"].healthy and devices["0000:83:00.0"].numa_nodes == (1,)
+
+    recorder.drain()
+    testbed.remove("/sys/devices/pci0000:80/0000:80:01.1/0000:83:00.0")
+    await recorder.next("rediscover")
+    assert sorted(d.id for d in backend.discover()) == ["0000:43:00.0", "0000:c3:00.0"]
+
+
+async def test_driver_unbind_marks_unhealthy_and_rebind_recovers(
+    testbed: Testbed, amd: tuple[UdevBackend, Recorder]
+) -> None:
+    backend, recorder = amd
+    testbed.unbind_driver(GPU_43)
+    assert await recorder.next("health") == (
+        "health",
+        "0000:43:00.0",
+        False,
+        "driver amdgpu unbound from 0000:43:00.0",
+    )
+    await recorder.next("rediscover")
+    devices = {d.id: d for d in backend.discover()}
+    # still listed (capacity kept), but no longer allocatable
+    assert not devices["0000:43:00.0"].healthy
+    assert devices["0000:43:00.0"].reason == "driver amdgpu unbound from 0000:43:00.0"
+    assert devices["0000:c3:00.0"].healthy
+
+    testbed.bind_driver(GPU_43, "amdgpu")
+    event = await recorder.next("health")
+    assert event[1:3] == ("0000:43:00.0", True)
+    assert "recovered" in str(event[3])
+    assert all(d.healthy for d in backend.discover())
+
+
+async def test_node_removed_makes_the_device_unhealthy(
+    testbed: Testbed, amd: tuple[UdevBackend, Recorder]
+) -> None:
+    backend, recorder = amd
+    device = next(d for d in backend.discover() if d.id == "0000:43:00.0")
+    assert backend.check_health(device) is True
+    testbed.remove(GPU_43 + "/drm/renderD129")
+    assert backend.check_health(device) == "device node /dev/dri/renderD129 is gone"
+    await recorder.next("rediscover")
+    again = next(d for d in backend.discover() if d.id == "0000:43:00.0")
+    assert not again.healthy
+    assert again.reason == "device node /dev/dri/renderD129 is gone"
+
+
+@pytest.fixture
+async def gaudi(
+    testbed: Testbed, data: Path, tmp_path: Path
+) -> AsyncIterator[tuple[UdevBackend, Recorder]]:
+    testbed.add_file(data / "gaudi.umockdev")
+    for pci in (
+        GAUDI_33,
+        GAUDI_33.replace("30:01.0/0000:33", "97:01.0/0000:9a").replace("pci0000:30", "pci0000:97"),
+    ):
+        testbed.set_attribute(pci, "status", "operational", event=False)
+    rules = tmp_path / "gaudi-health.yaml"
+    rules.write_text(
+        "resources:\n"
+        "  - name: habana.ai/gaudi\n"
+        "    match: {subsystem: accel, sysname: 'accel[0-9]*', vendor: '0x1da3'}\n"
+        "    health: {attribute: status, equals: operational, target: pci, interval: 0.05}\n"
+    )
+    backend = UdevBackend()
+    backend.configure({"rules": str(rules)})
+    assert [d.healthy for d in backend.discover()] == [True, True]
+    async for recorder in _watching(backend):
+        yield backend, recorder
+
+
+async def test_attribute_flip_with_change_event(
+    testbed: Testbed, gaudi: tuple[UdevBackend, Recorder]
+) -> None:
+    backend, recorder = gaudi
+    testbed.set_attribute(GAUDI_33, "status", "in reset")
+    assert await recorder.next("health") == (
+        "health",
+        "0000:33:00.0",
+        False,
+        "health attribute status='in reset', expected 'operational'",
+    )
+    device = next(d for d in backend.discover() if d.id == "0000:33:00.0")
+    assert not device.healthy
+    assert backend.check_health(device) == device.reason
+
+    testbed.set_attribute(GAUDI_33, "status", "operational")
+    event = await recorder.next("health")
+    assert event[1:3] == ("0000:33:00.0", True)
+    assert [d.healthy for d in backend.discover()] == [True, True]
+
+
+async def test_attribute_flip_without_event_is_caught_by_the_interval(
+    testbed: Testbed, gaudi: tuple[UdevBackend, Recorder]
+) -> None:
+    _, recorder = gaudi
+    testbed.set_attribute(GAUDI_33, "status", "needs reset", event=False)
+    event = await recorder.next("health")
+    assert event[1:3] == ("0000:33:00.0", False)
+    await recorder.next("rediscover")  # the discovered verdicts follow
+    testbed.set_attribute(GAUDI_33, "status", "operational", event=False)
+    event = await recorder.next("health")
+    assert event[1:3] == ("0000:33:00.0", True)
+
+
+async def test_recovery_seen_only_by_discovery_clears_the_reported_problem(
+    testbed: Testbed, gaudi: tuple[UdevBackend, Recorder]
+) -> None:
+    backend, recorder = gaudi
+    testbed.set_attribute(GAUDI_33, "status", "in reset")
+    assert (await recorder.next("health"))[1:3] == ("0000:33:00.0", False)
+    testbed.set_attribute(GAUDI_33, "status", "operational", event=False)
+    assert [d.healthy for d in backend.discover()] == [True, True]
+    event = await recorder.next("health")
+    assert event[1:3] == ("0000:33:00.0", True)
+    assert event[3] == "recovered (health attribute status='in reset', expected 'operational')"

@@ -1,0 +1,195 @@
+"""Rules files: shipped sets load, bad files fail with messages naming file and entry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hetero_dp_udev import UdevBackend, load_rules, shipped_rule_sets
+from hetero_dp_udev.rules import parse_rules
+
+from hetero_dp import ConfigError
+
+
+def test_every_shipped_rule_set_loads() -> None:
+    assert set(shipped_rule_sets()) >= {"amd-gpu", "ascend-npu", "gaudi", "xilinx-fpga", "dev-glob"}
+    resources = {r.resource for name in shipped_rule_sets() for r in load_rules([name])}
+    assert {"amd.com/gpu", "huawei.com/npu", "habana.ai/gaudi", "xilinx.com/fpga"} <= resources
+    assert "hetero-dp.io/serial" in resources
+
+
+def test_rules_option_forms(tmp_path: Path) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text("resources:\n  - name: example.com/thing\n    match: {subsystem: misc}\n")
+    assert [r.resource for r in load_rules(str(path))] == ["example.com/thing"]
+    both = load_rules(["amd-gpu", str(path)])
+    assert [r.resource for r in both] == ["amd.com/gpu", "example.com/thing"]
+    assert [r.resource for r in load_rules("amd-gpu,gaudi")] == ["amd.com/gpu", "habana.ai/gaudi"]
+
+
+def _error(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "rules.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_rules(str(path))
+    message = str(info.value)
+    assert str(path) in message, message  # every error names the file
+    return message
+
+
+GOOD = "  - name: example.com/good\n    match: {subsystem: pci}\n"
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        (
+            "  - name: example.com/x\n    match: {subsystem: pci}\n    colour: red\n",
+            ["resources[1].colour", "entry 'example.com/x'", "unknown key(s) colour"],
+        ),
+        (
+            "  - name: example.com/x\n    match: {subsytem: pci}\n",
+            ["resources[1].match.subsytem", "unknown key(s) subsytem"],
+        ),
+        (
+            "  - name: example.com/x\n    match:\n      attributes: {class: {regex: '0x03(['}}\n",
+            ["resources[1].match.attributes.class.regex", "bad regex '0x03(['"],
+        ),
+        (
+            "  - name: example.com/x\n    match: {subsystem: pci}\n"
+            "    health: {attribute: state, regex: '*bad'}\n",
+            ["resources[1].health.regex", "bad regex"],
+        ),
+        (
+            "  - name: gpu\n    match: {subsystem: pci}\n",
+            ["resources[1].name", "has no vendor prefix"],
+        ),
+        (
+            "  - name: Example.com/gpu\n    match: {subsystem: pci}\n",
+            ["resources[1].name", "not a lowercase DNS subdomain"],
+        ),
+        (
+            "  - name: example.com/-gpu\n    match: {subsystem: pci}\n",
+            ["resources[1].name", "starting and ending with a letter or digit"],
+        ),
+        (
+            "  - name: kubernetes.io/gpu\n    match: {subsystem: pci}\n",
+            ["resources[1].name", "reserved"],
+        ),
+        (
+            "  - name: example.com/x\n    match: {subsystem: pci}\n    env: {A: '{idx}'}\n",
+            ["resources[1].env.A", "unknown placeholder {idx}"],
+        ),
+        (
+            "  - name: example.com/x\n    match: {subsystem: pci}\n"
+            "    nodeTemplates: ['davinci{index}']\n",
+            ["resources[1].nodeTemplates[0]", "under /dev/"],
+        ),
+        (
+            "  - name: example.com/x\n    match: {vendor: nvidia}\n",
+            ["resources[1].match.vendor", "hex ID"],
+        ),
+        (
+            "  - name: example.com/x\n    match: {subsystem: pci}\n    id: uuid\n",
+            ["resources[1].id"],
+        ),
+        (
+            "  - name: example.com/x\n    match: {subsystem: pci}\n    index: [first]\n",
+            ["resources[1].index"],
+        ),
+        (
+            "  - name: example.com/x\n    match: {subsystem: pci}\n    limit: 0\n",
+            ["resources[1].limit", "positive integer"],
+        ),
+        (
+            "  - name: example.com/x\n    match: {subsystem: pci}\n"
+            "    health: {attribute: state, equals: ok, regex: ok}\n",
+            ["resources[1].health", "exactly one of equals, regex"],
+        ),
+        (
+            "  - name: example.com/x\n    match: {subsystem: pci}\n"
+            "    companions: [{subsystem: drm, scope: board}]\n",
+            ["resources[1].companions[0].scope"],
+        ),
+        ("  - name: example.com/x\n", ["resources[1].match", "is required"]),
+        ("  - name: example.com/good\n    match: {subsystem: usb}\n", ["defined twice"]),
+    ],
+)
+def test_bad_entry_names_file_entry_and_field(
+    tmp_path: Path, entry: str, expected: list[str]
+) -> None:
+    message = _error(tmp_path, "resources:\n" + GOOD + entry)
+    for part in expected:
+        assert part in message, message
+
+
+def test_bad_documents(tmp_path: Path) -> None:
+    assert "not valid YAML" in _error(tmp_path, "resources: [\n")
+    assert "unknown key(s) resource" in _error(tmp_path, "resource: []\n")
+    assert "non-empty list" in _error(tmp_path, "resources: []\n")
+    with pytest.raises(ConfigError, match="cannot read rules file"):
+        load_rules(str(tmp_path / "absent.yaml"))
+
+
+def test_unknown_shipped_name_lists_the_shipped_ones() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_rules(["amd-gpu", "nvidia"])
+    assert "unknown shipped rule set 'nvidia'" in str(info.value)
+    assert "ascend-npu" in str(info.value)
+
+
+def test_configure_requires_rules_and_rejects_bad_ones(tmp_path: Path) -> None:
+    backend = UdevBackend()
+    with pytest.raises(ConfigError, match="rules"):
+        backend.configure({})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("resources:\n  - name: nope\n    match: {subsystem: pci}\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml.*resources\[0\]\.name"):
+        backend.configure({"rules": str(bad)})
+
+
+def test_doctor_reports_bad_rules_as_fail(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("resources:\n  - name: example.com/x\n    match: {sysname: 3}\n")
+    checks = UdevBackend().doctor({"rules": str(bad)})
+    assert checks[0].status == "fail"
+    assert "bad.yaml" in checks[0].message and "match.sysname" in checks[0].message
+
+
+def test_unquoted_hex_ids_are_read_as_hex() -> None:
+    (rule,) = parse_rules(
+        "resources:\n  - name: amd.com/gpu\n"
+        "    match: {vendor: 0x1002, device: ['740f', 0x740C]}\n",
+        source="inline",
+    )
+    assert rule.match.vendor == {0x1002}
+    assert rule.match.device == {0x740F, 0x740C}
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [
+        ("amd.com/gpu", True),
+        ("habana.ai/gaudi", True),
+        ("vendor/device", True),  # a prefix without a dot is accepted
+        ("example.com/a.b_c-D9", True),
+        ("example.com/" + "a" * 63, True),
+        ("example.com/" + "a" * 64, False),
+        ("example.com/gpu.", False),
+        ("example.com/gp u", False),
+        ("EXAMPLE.com/gpu", False),
+        ("-example.com/gpu", False),
+        ("example.com/a/b", False),
+        ("example.com/", False),
+        ("/gpu", False),
+        ("requests.example.com/gpu", False),
+        ("foo.kubernetes.io/gpu", False),
+    ],
+)
+def test_resource_names_follow_the_kubelet(name: str, ok: bool) -> None:
+    text = f"resources:\n  - name: {name!r}\n    match: {{subsystem: pci}}\n"
+    if ok:
+        assert [r.resource for r in parse_rules(text, source="inline")] == [name]
+    else:
+        with pytest.raises(ConfigError, match=r"inline.*resources\[0\]\.name"):
+            parse_rules(text, source="inline")

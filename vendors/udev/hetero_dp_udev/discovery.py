@@ -1,0 +1,387 @@
+"""Enumerate udev devices with pyudev (libudev) and turn matches into device records.
+
+Everything is read through libudev, never by walking ``/sys`` by hand, so the
+same code runs against a real host and against a umockdev testbed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+
+import pyudev
+
+from hetero_dp import Device, DeviceNode
+
+from .rules import Companion, Match, Rule, render
+
+log = logging.getLogger("hetero_dp_udev")
+
+SERIAL_ATTRIBUTES = ("serial_number", "serial", "unique_id")
+SERIAL_PROPERTIES = ("ID_SERIAL_SHORT", "ID_SERIAL")
+
+
+@dataclass
+class Found:
+    """One matched udev device and what the backend needs to check it later."""
+
+    rule: Rule
+    id: str
+    syspath: str
+    pci_syspath: str | None
+    driver: str | None
+    driver_syspath: str | None
+    nodes: list[str]
+    values: dict[str, object]
+    numa: int | None
+    attributes: dict[str, str | int]
+    related: set[str] = field(default_factory=set)
+    index: int | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.rule.resource, self.id)
+
+
+def natural_key(text: str) -> tuple[object, ...]:
+    """Sort ``accel2`` before ``accel10``."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
+
+
+def attribute(dev: pyudev.Device, name: str) -> str | None:
+    """A sysfs attribute as stripped text, or None when absent or unreadable."""
+    try:
+        return str(dev.attributes.asstring(name)).strip()
+    except (KeyError, OSError, UnicodeDecodeError):
+        return None
+
+
+def pci_device(dev: pyudev.Device) -> pyudev.Device | None:
+    """The device itself when it is a PCI function, else its nearest PCI ancestor."""
+    node: pyudev.Device | None = dev
+    while node is not None:
+        if node.subsystem == "pci":
+            return node
+        node = node.parent
+    return None
+
+
+def usb_device(dev: pyudev.Device) -> pyudev.Device | None:
+    """The USB device a node hangs off (a serial adapter, a camera), if any: its IDs
+    describe the device better than those of the PCI host controller above it."""
+    node: pyudev.Device | None = dev
+    while node is not None and node.subsystem != "pci":
+        if node.subsystem == "usb" and node.device_type == "usb_device":
+            return node
+        node = node.parent
+    return None
+
+
+def _hex_id(dev: pyudev.Device | None, name: str) -> int | None:
+    value = attribute(dev, name) if dev is not None else None
+    try:
+        return int(value, 16) if value else None
+    except ValueError:
+        return None
+
+
+def device_ids(dev: pyudev.Device, pci: pyudev.Device | None) -> tuple[int | None, int | None]:
+    """Vendor and device ID: the USB device's (``idVendor``/``idProduct``) when the node
+    hangs off one, else the nearest PCI device's (``vendor``/``device``)."""
+    usb = usb_device(dev)
+    if usb is not None:
+        return _hex_id(usb, "idVendor"), _hex_id(usb, "idProduct")
+    return _hex_id(pci, "vendor"), _hex_id(pci, "device")
+
+
+def _driver_holder(dev: pyudev.Device, match: Match) -> pyudev.Device | None:
+    """The device whose driver counts: the nearest one (self or ancestor) with a driver,
+    or with a driver matching the rule's globs when the rule names drivers (like udev's
+    ``DRIVERS==``)."""
+    node: pyudev.Device | None = dev
+    while node is not None:
+        driver = node.driver
+        if driver and (not match.driver or any(fnmatchcase(driver, g) for g in match.driver)):
+            return node
+        node = node.parent
+    return None
+
+
+def matches(dev: pyudev.Device, match: Match, pci: pyudev.Device | None) -> bool:
+    """Whether one udev device satisfies every condition of ``match``."""
+    if match.subsystem and dev.subsystem != match.subsystem:
+        return False
+    if match.sysname and not any(fnmatchcase(dev.sys_name, g) for g in match.sysname):
+        return False
+    if match.devnode:
+        node = dev.device_node
+        if not node or not any(fnmatchcase(node, g) for g in match.devnode):
+            return False
+    if match.vendor or match.device:
+        vendor, device = device_ids(dev, pci)
+        if match.vendor and vendor not in match.vendor:
+            return False
+        if match.device and device not in match.device:
+            return False
+    if match.driver and _driver_holder(dev, match) is None:
+        return False
+    for name, pattern in match.attributes.items():
+        if not pattern.matches(attribute(dev, name)):
+            return False
+    for name, pattern in match.properties.items():
+        if not pattern.matches(dev.properties.get(name)):
+            return False
+    return True
+
+
+def _candidates(context: pyudev.Context, match: Match) -> Iterator[pyudev.Device]:
+    enumerator = context.list_devices()
+    if match.subsystem:
+        enumerator = enumerator.match_subsystem(match.subsystem)
+    if len(match.sysname) == 1:
+        enumerator = enumerator.match_sys_name(match.sysname[0])
+    return iter(enumerator)
+
+
+def _companion_roots(
+    context: pyudev.Context, dev: pyudev.Device, pci: pyudev.Device | None, scope: str
+) -> list[pyudev.Device]:
+    if scope == "device" or pci is None:
+        return [dev]
+    if scope == "pci":
+        return [pci]
+    # slot: every function of the same PCI slot (an FPGA's management and user functions)
+    slot = pci.sys_name.rsplit(".", 1)[0] + "."
+    return [d for d in context.list_devices(subsystem="pci") if d.sys_name.startswith(slot)]
+
+
+def _companions(
+    context: pyudev.Context, dev: pyudev.Device, pci: pyudev.Device | None, comp: Companion
+) -> Iterator[pyudev.Device]:
+    # Found through the sysfs tree (the PCI device's drm children ...), never by
+    # guessing names: card<N> numbering shifts with BMC VGA devices and nvidia-drm.
+    for root in _companion_roots(context, dev, pci, comp.scope):
+        below = context.list_devices()
+        if comp.subsystem:  # let libudev filter while it walks the subtree
+            below = below.match_subsystem(comp.subsystem)
+        for cand in below.match_parent(root):  # the subtree, root included
+            if cand.sys_path == dev.sys_path or not cand.device_node:
+                continue
+            if comp.subsystem and cand.subsystem != comp.subsystem:
+                continue
+            if comp.sysname and not any(fnmatchcase(cand.sys_name, g) for g in comp.sysname):
+                continue
+            if comp.devnode and not any(fnmatchcase(cand.device_node, g) for g in comp.devnode):
+                continue
+            yield cand
+
+
+def _first(*values: str | None) -> str | None:
+    return next((v for v in values if v), None)
+
+
+def _serial(dev: pyudev.Device, pci: pyudev.Device | None) -> str | None:
+    for holder in (dev, pci):
+        if holder is None:
+            continue
+        for name in SERIAL_ATTRIBUTES:
+            if value := attribute(holder, name):
+                return value
+        for name in SERIAL_PROPERTIES:
+            if value := holder.properties.get(name):
+                return str(value)
+    return None
+
+
+def _device_id(rule: Rule, dev: pyudev.Device, pci: pyudev.Device | None) -> str | None:
+    if rule.id_kind == "pci":
+        return pci.sys_name if pci is not None else None
+    if rule.id_kind == "node":
+        return os.path.basename(dev.device_node) if dev.device_node else None
+    if rule.id_kind == "sysname":
+        return str(dev.sys_name)
+    if rule.id_kind == "serial":
+        return _serial(dev, pci)
+    assert rule.id_attribute is not None
+    return _first(
+        attribute(dev, rule.id_attribute),
+        attribute(pci, rule.id_attribute) if pci is not None else None,
+    )
+
+
+def _index(rule: Rule, dev: pyudev.Device, pci: pyudev.Device | None, order: int) -> int | None:
+    for source in rule.index:
+        raw: str | None
+        if source == "order":
+            return order
+        if source == "sysnum":
+            raw = dev.sys_number
+        elif source.startswith("attribute:"):
+            name = source.split(":", 1)[1]
+            raw = _first(attribute(dev, name), attribute(pci, name) if pci is not None else None)
+        else:
+            raw = dev.properties.get(source.split(":", 1)[1])
+        try:
+            return int(str(raw), 0) if raw is not None else None
+        except ValueError:
+            continue
+    return None
+
+
+def _product(rule: Rule, dev: pyudev.Device, pci: pyudev.Device | None) -> str:
+    """The rule's product name, else the hwdb name or USB product string of the
+    device's owner (its USB device, else its PCI device), else ``vendor-device``."""
+    if rule.product:
+        return rule.product
+    usb = usb_device(dev)
+    owner = usb if usb is not None else pci
+    if owner is not None:
+        if name := owner.properties.get("ID_MODEL_FROM_DATABASE"):
+            return str(name)
+        if owner.subsystem == "usb" and (name := attribute(owner, "product")):
+            return name
+    vendor, device = device_ids(dev, pci)
+    if vendor is not None and device is not None:
+        return f"{vendor:04x}-{device:04x}"
+    return dev.subsystem or "device"
+
+
+def scan_rule(context: pyudev.Context, rule: Rule) -> list[Found]:
+    """Every device of one rule, sorted (PCI address, then natural kernel name)."""
+    hits: list[tuple[pyudev.Device, pyudev.Device | None]] = []
+    for dev in _candidates(context, rule.match):
+        pci = pci_device(dev)
+        if matches(dev, rule.match, pci):
+            hits.append((dev, pci))
+    hits.sort(key=lambda h: (h[1].sys_name if h[1] is not None else "", natural_key(h[0].sys_name)))
+    out: list[Found] = []
+    seen: set[str] = set()
+    for dev, pci in hits:
+        if rule.limit is not None and len(out) >= rule.limit:
+            break
+        found = _build_found(context, rule, dev, pci, order=len(out))
+        if found is None:
+            continue
+        if found.id in seen:
+            log.warning(
+                "%s: device %s has the same ID %r as another device; skipped (choose another id:)",
+                rule.where,
+                dev.sys_path,
+                found.id,
+            )
+            continue
+        seen.add(found.id)
+        out.append(found)
+    return out
+
+
+def _build_found(
+    context: pyudev.Context,
+    rule: Rule,
+    dev: pyudev.Device,
+    pci: pyudev.Device | None,
+    order: int,
+) -> Found | None:
+    device_id = _device_id(rule, dev, pci)
+    if not device_id:
+        log.warning(
+            "%s: device %s has no %s for its ID; skipped",
+            rule.where,
+            dev.sys_path,
+            rule.id_attribute or rule.id_kind,
+        )
+        return None
+    index = _index(rule, dev, pci, order)
+    nodes: list[str] = []
+    related = {dev.sys_path}
+    if pci is not None:
+        related.add(pci.sys_path)
+    if rule.primary_node and dev.device_node:
+        nodes.append(dev.device_node)
+    for comp in rule.companions:
+        found_nodes = sorted(
+            _companions(context, dev, pci, comp), key=lambda d: natural_key(d.device_node)
+        )
+        for cand in found_nodes:
+            related.add(cand.sys_path)
+            if cand.device_node not in nodes:
+                nodes.append(cand.device_node)
+    holder = _driver_holder(dev, rule.match)
+    vendor, device = device_ids(dev, pci)
+    values: dict[str, object] = {
+        "index": "" if index is None else index,
+        "id": device_id,
+        "pci": pci.sys_name if pci is not None else "",
+        "sysname": dev.sys_name,
+        "sysnum": dev.sys_number or "",
+        "node": os.path.basename(dev.device_node) if dev.device_node else "",
+        "serial": _serial(dev, pci) or "",
+        "vendor": f"0x{vendor:04x}" if vendor is not None else "",
+        "device": f"0x{device:04x}" if device is not None else "",
+    }
+    for template in rule.node_templates:
+        path = render(template, values)
+        if path not in nodes:
+            nodes.append(path)
+    numa_text = attribute(pci, "numa_node") if pci is not None else None
+    try:
+        numa = int(numa_text) if numa_text is not None else None
+    except ValueError:
+        numa = None
+    attrs: dict[str, str | int] = {
+        "sysname": dev.sys_name,
+        "subsystem": dev.subsystem or "",
+        "product": _product(rule, dev, pci),
+    }
+    if pci is not None:
+        attrs["pci"] = pci.sys_name
+    if vendor is not None:
+        attrs["vendor"] = str(values["vendor"])
+    if device is not None:
+        attrs["device"] = str(values["device"])
+    if holder is not None and holder.driver:
+        attrs["driver"] = holder.driver
+    if values["serial"]:
+        attrs["serial"] = str(values["serial"])
+    return Found(
+        rule=rule,
+        id=device_id,
+        syspath=dev.sys_path,
+        pci_syspath=pci.sys_path if pci is not None else None,
+        driver=holder.driver if holder is not None else None,
+        driver_syspath=holder.sys_path if holder is not None else None,
+        nodes=nodes,
+        values=values,
+        numa=numa if numa is not None and numa >= 0 else None,
+        attributes=attrs,
+        related=related,
+        index=index,
+    )
+
+
+def to_device(found: Found, reasons: Iterable[str]) -> Device:
+    """The record the framework sees; ``reasons`` empty means healthy."""
+    rule = found.rule
+    why = "; ".join(reasons)
+    nodes = [DeviceNode(host_path=p, permissions=rule.permissions) for p in found.nodes]
+    nodes += [
+        DeviceNode(host_path=p, permissions=rule.permissions, shared=True)
+        for p in rule.shared_nodes
+    ]
+    return Device(
+        id=found.id,
+        resource=rule.resource,
+        healthy=not why,
+        reason=why,
+        numa_nodes=(found.numa,) if found.numa is not None else (),
+        nodes=tuple(nodes),
+        mounts=rule.mounts,
+        env={k: render(v, found.values) for k, v in rule.env.items()},
+        annotations={k: render(v, found.values) for k, v in rule.annotations.items()},
+        index=found.index,
+        attributes=found.attributes,
+    )

@@ -1,0 +1,58 @@
+"""Health of one discovered device: still present, driver bound, nodes there,
+optional sysfs attribute as expected.
+
+Each check is a handful of sysfs reads through libudev and ``stat`` calls on the
+nodes: microseconds, so the watcher runs it on the event loop directly.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pyudev
+
+from .discovery import Found, attribute
+
+
+def _device(context: pyudev.Context, syspath: str) -> pyudev.Device | None:
+    try:
+        return pyudev.Devices.from_sys_path(context, syspath)
+    except pyudev.DeviceNotFoundError:
+        return None
+
+
+def problems(context: pyudev.Context, found: Found, nodes: list[str] | None = None) -> list[str]:
+    """Why the device is unhealthy; an empty list means healthy.
+
+    ``nodes`` are the per-device nodes to expect (defaults to those found at
+    discovery; the backend adds nodes it saw earlier and that have since gone).
+    """
+    out: list[str] = []
+    dev = _device(context, found.syspath)
+    if dev is None:
+        return [f"device {found.syspath} is gone"]
+    if found.driver_syspath and found.driver:
+        holder = _device(context, found.driver_syspath)
+        bound = holder.driver if holder is not None else None
+        name = os.path.basename(found.driver_syspath)
+        if not bound:
+            out.append(f"driver {found.driver} unbound from {name}")
+        elif bound != found.driver:
+            out.append(f"{name} is now bound to {bound}, not {found.driver}")
+    for node in nodes if nodes is not None else found.nodes:
+        if not os.path.exists(node):
+            out.append(f"device node {node} is gone")
+    for node in found.rule.shared_nodes:
+        if not os.path.exists(node):
+            out.append(f"shared node {node} is missing")
+    rule = found.rule.health
+    if rule is not None:
+        target: pyudev.Device | None = dev
+        if rule.target == "pci":
+            target = _device(context, found.pci_syspath) if found.pci_syspath else None
+        value = attribute(target, rule.attribute) if target is not None else None
+        if value is None:
+            out.append(f"health attribute {rule.attribute} is missing")
+        elif not rule.pattern.matches(value):
+            out.append(f"health attribute {rule.attribute}={value!r}, expected {rule.pattern}")
+    return out
