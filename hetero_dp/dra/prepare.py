@@ -83,12 +83,13 @@ class ClaimPreparer:
                 out[ref.uid] = PrepareResult(error=f"internal error: {type(e).__name__}: {e}")
             if out[ref.uid].error:
                 log.error(
-                    "cannot prepare ResourceClaim %s/%s (uid %s): %s",
+                    "DRA driver %s cannot prepare ResourceClaim %s/%s (uid %s): %s",
+                    self.driver,
                     ref.namespace,
                     ref.name,
                     ref.uid,
                     out[ref.uid].error,
-                    extra={"driver": self.driver},
+                    extra={"reason": out[ref.uid].error},
                 )
         observe.emit(
             "dra_prepare",
@@ -147,11 +148,12 @@ class ClaimPreparer:
                     await asyncio.to_thread(self.checkpoint.save)
                 raise
         log.info(
-            "prepared ResourceClaim %s/%s: %s",
+            "DRA driver %s prepared ResourceClaim %s/%s: %s",
+            self.driver,
             ref.namespace,
             ref.name,
             ", ".join(d.device_id for d in prepared),
-            extra={"driver": self.driver},
+            extra={"devices": [d.device_id for d in prepared]},
         )
         return prepared
 
@@ -236,8 +238,8 @@ class ClaimPreparer:
                     self.checkpoint.claims[ref.uid] = entry
                     raise
                 log.info(
-                    "unprepared ResourceClaim %s/%s",
+                    "DRA driver %s unprepared ResourceClaim %s/%s",
+                    self.driver,
                     ref.namespace,
                     ref.name,
-                    extra={"driver": self.driver},
                 )

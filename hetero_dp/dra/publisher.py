@@ -105,12 +105,13 @@ class SlicePublisher:
             except APIError as e:
                 self.errors[name] = str(e)
                 log.error(
-                    "the API server refused ResourceSlice %s (pool %s, generation %d): %s",
+                    "the API server refused ResourceSlice %s (%s, pool %s, generation %d): %s",
                     name,
+                    self.driver,
                     self.node,
                     self.generation,
                     e,
-                    extra={"driver": self.driver, "reason": e.message},
+                    extra={"reason": e.message},
                 )
                 refused.append((name, str(e)))
         for name in current:  # left over from a larger pool or another process
