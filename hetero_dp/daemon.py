@@ -102,6 +102,10 @@ class BackendRuntime:
 
 
 class Daemon:
+    # False: discover, watch health and publish, but serve no device-plugin
+    # endpoints (DRA mode serves the devices through its own drivers).
+    serve_device_plugins = True
+
     def __init__(self, config: Config, backends: list[Backend]) -> None:
         self.config = config
         self.backends = backends
@@ -152,7 +156,8 @@ class Daemon:
         self._check_startup_names()
         for rt in self.runtimes.values():
             await self._publish(rt)
-        self._watch_kubelet_dir()
+        if self.serve_device_plugins:
+            self._watch_kubelet_dir()
         self._started = True
         await asyncio.gather(*(ep.start() for ep in self.endpoints.values()))
         loop = asyncio.get_running_loop()
@@ -267,6 +272,8 @@ class Daemon:
             )
             self.resources[name] = res
             self.owner[name] = rt.backend.name
+            if not self.serve_device_plugins:
+                return res
             ep = PluginEndpoint(
                 res,
                 plugin_dir=self.config.kubelet_dir,
