@@ -20,12 +20,10 @@ from tests.cdi.schema_check import assert_valid_cdi_spec
 pytest.importorskip("hetero_dp_nvidia")
 from hetero_dp_nvidia.backend import NvidiaBackend
 
-from tests.nvidia.conftest import fake_node, fake_nvml_lib  # noqa: F401  (fixtures)
-
 DRIVER = "gpu.nvidia.com"
 
 
-async def test_gpus_as_dra_devices_prepare_and_xid(dra, kubelet, api_server, fake_node):  # noqa: F811
+async def test_gpus_as_dra_devices_prepare_and_xid(dra, kubelet, api_server, fake_node):
     node = fake_node("h100-8x.scn")
     backend = NvidiaBackend(environ={})
     await dra.start(backend, options={"nvidia": {**node.options, "recoveryQuietPeriod": 60}})
