@@ -77,6 +77,24 @@ def main() -> None:
     envvar="HETERO_DP_LABELS_DIR",
     help="Write node labels for Node Feature Discovery into DIR (config labels.enabled/dir).",
 )
+@click.option(
+    "--mode",
+    type=click.Choice(["device-plugin", "dra"]),
+    default="device-plugin",
+    show_default=True,
+    help="Serve as device plugins, or as DRA drivers (needs hetero-dp[dra]; see docs/dra.md).",
+)
+@click.option("--node-name", help="DRA: this node's name (env NODE_NAME).")
+@click.option(
+    "--driver-name",
+    "driver_names",
+    multiple=True,
+    metavar="[RESOURCE=]NAME",
+    help="DRA: driver name (default: gpu.nvidia.com for nvidia.com/gpu).",
+)
+@click.option("--dra-plugins-dir", help="DRA: dir of driver sockets [/var/lib/kubelet/plugins].")
+@click.option("--api-server", help="DRA: API server URL (default: in-cluster or kubeconfig).")
+@click.option("--kubeconfig", envvar="KUBECONFIG", help="DRA: kubeconfig file.")
 def run(
     backends: tuple[str, ...],
     config: str | None,
@@ -90,6 +108,12 @@ def run(
     log_format: str | None,
     metrics_address: str | None,
     labels_dir: str | None,
+    mode: str,
+    node_name: str | None,
+    driver_names: tuple[str, ...],
+    dra_plugins_dir: str | None,
+    api_server: str | None,
+    kubeconfig: str | None,
 ) -> None:
     """Serve BACKENDS (installed names or .py files) to the kubelet until SIGTERM.
 
@@ -114,7 +138,15 @@ def run(
     try:
         cfg = _config(config, options, **flags)
         setup_logging(cfg.log_level, cfg.log_format)
-        daemon = Daemon(cfg, load_backends(backends, timeout=cfg.hook_timeout))
+        loaded = load_backends(backends, timeout=cfg.hook_timeout)
+        if mode == "dra":
+            from .dra.cli import make_dra_daemon
+
+            daemon = make_dra_daemon(
+                cfg, loaded, node_name, driver_names, dra_plugins_dir, api_server, kubeconfig
+            )
+        else:
+            daemon = Daemon(cfg, loaded)
         if config:  # hot reload (hetero_dp/reload.py): the same sources, read again
             daemon.config_path = Path(config)
             daemon.config_loader = lambda: _config(config, options, **flags)

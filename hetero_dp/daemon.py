@@ -102,6 +102,10 @@ class BackendRuntime:
 
 
 class Daemon:
+    # False: discover, watch health and publish, but serve no device-plugin
+    # endpoints (DRA mode serves the devices through its own drivers).
+    serve_device_plugins = True
+
     def __init__(self, config: Config, backends: list[Backend]) -> None:
         self.config = config
         self.backends = backends
@@ -152,7 +156,8 @@ class Daemon:
         self._check_startup_names()
         for rt in self.runtimes.values():
             await self._publish(rt)
-        self._watch_kubelet_dir()
+        if self.serve_device_plugins:
+            self._watch_kubelet_dir()
         self._started = True
         await asyncio.gather(*(ep.start() for ep in self.endpoints.values()))
         loop = asyncio.get_running_loop()
@@ -199,14 +204,12 @@ class Daemon:
             observe.emit("kubelet_restart", reason="kubelet.sock created")
             for ep in self.endpoints.values():
                 ep.notify_kubelet_appeared()
-                if (
-                    ep.mode == "classic"
-                    and not ep.resource.registered
-                    and not ep.changing
-                    and ep.socket_path.exists()  # the kubelet can dial back to it
-                ):
-                    continue  # its registration loop is retrying and wakes now: no restart
-                ep.request_restart("kubelet.sock created")
+                # Still registering (first start, or the kubelet came late) with our
+                # socket in place: waking the pending Register is enough. A restart
+                # would send a second, overlapping Register that the kubelet may
+                # finish in either order.
+                if ep.resource.registered or not ep.socket_path.exists():
+                    ep.request_restart("kubelet.sock created")
             return
         if kind == "deleted":
             for ep in self.endpoints.values():
@@ -269,6 +272,8 @@ class Daemon:
             )
             self.resources[name] = res
             self.owner[name] = rt.backend.name
+            if not self.serve_device_plugins:
+                return res
             ep = PluginEndpoint(
                 res,
                 plugin_dir=self.config.kubelet_dir,
@@ -380,7 +385,7 @@ class Daemon:
             devices = await rt.backend.discover()
         except BackendError as e:
             self._hook_error(rt, "discover", e)
-            rt.faults["discover"] = f"discovery failed: {str(e.__cause__ or '') or e}"
+            rt.faults["discover"] = f"discovery failed: {e.__cause__ or e}"
             return
         rt.faults.pop("discover", None)
         rt.discovered = {d.id: d for d in devices}

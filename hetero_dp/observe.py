@@ -3,7 +3,7 @@ logs, benchmarks) listen. Observers run synchronously on the loop and must be qu
 one that raises is logged and skipped.
 
 Events and their fields:
-- ``registered``: resource, mode
+- ``registered``: resource, mode ("classic", "watcher", or "dra" with driver)
 - ``registration_failed``: resource, reason
 - ``kubelet_restart``: reason ("kubelet.sock created" / "socket deleted")
 - ``stream_opened`` / ``stream_closed``: resource, open (count after the change)
@@ -12,6 +12,8 @@ Events and their fields:
 - ``allocate``: resource, seconds, code ("OK" or the gRPC status name), devices
 - ``preferred_allocation``: resource, seconds, code
 - ``hook_error``: backend, hook, error
+- ``dra_prepare`` / ``dra_unprepare``: driver, seconds, claims, errors
+- ``dra_slice_refused``: driver, slice, reason
 - ``config_reload``: result ("applied", "unchanged", "rejected", "failed"), reason
 """
 

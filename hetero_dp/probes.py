@@ -48,6 +48,9 @@ def parse_address(address: str, field: str = "metrics.address") -> tuple[str | N
 
 def readiness(daemon: Daemon) -> tuple[bool, list[str]]:
     """(ready, one line per resource) for ``/readyz`` and ``doctor``."""
+    dra = getattr(daemon, "dra_readiness", None)  # DRA mode: drivers, not endpoints
+    if dra is not None:
+        return dra()
     if not daemon.ready.is_set():
         return False, ["daemon: starting"]
     lines = []

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# The fake libnvidia-ml.so.1 fixtures, for any test directory (one fake NVML per process).
+from tests.fakenvml.fixtures import fake_node, fake_nvml_lib, watching  # noqa: F401
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

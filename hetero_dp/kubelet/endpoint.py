@@ -30,6 +30,10 @@ from .servicer import DevicePluginServicer
 log = logging.getLogger(__name__)
 
 STOP_GRACE = 0.2
+# After a stream the kubelet had open ends, how long to wait for a new one before
+# registering again: a kubelet that replaced our endpoint opens the next stream at
+# once, so a short wait is enough and keeps capacity from sitting at zero.
+LOST_STREAM_GRACE = 1.0
 
 
 def remove_socket(path: Path) -> bool:
@@ -242,11 +246,12 @@ class PluginEndpoint:
         await self._wait_streams(False, None)
         if not self._running or res.state.closed:
             return
-        if not await self._wait_streams(True, self.stream_timeout):
+        grace = min(self.stream_timeout, LOST_STREAM_GRACE)
+        if not await self._wait_streams(True, grace):
             log.warning(
                 "the kubelet's ListAndWatch stream ended and none reopened within %.1fs; "
                 "re-registering",
-                self.stream_timeout,
+                grace,
                 extra={"resource": res.name},
             )
             self.request_restart("ListAndWatch stream lost")

@@ -198,6 +198,7 @@ async def test_simulated_backend_two_resources(fake_kubelet, plugin_runner, cdi_
         resources={a: {"deliver": ["cdi-cri"]}, b: {"deliver": ["cdi-annotations"]}},
         options={"simulated": {"resources": [a, b], "count": 3}},
     )
+    await fake_kubelet.wait_devices(a, lambda d: len(d) == 3)
     await fake_kubelet.wait_devices(b, lambda d: len(d) == 3)
     assert sorted(p.name for p in cdi_dir.iterdir()) == [
         "hetero-dp_hetero-dp.io_sim-b.json",

@@ -62,6 +62,9 @@ async def test_registration_retries_until_kubelet_appears(fake_kubelet, plugin_r
     await fake_kubelet.start()
     await fake_kubelet.wait_registered(A)
     await fake_kubelet.wait_registered(B)
+    # the new kubelet.sock woke the pending Register; no restart sent a second one
+    assert daemon.endpoints[A].restarts == 0 and daemon.endpoints[B].restarts == 0
+    assert fake_kubelet.registration_count(A) == 1
 
 
 async def test_lost_stream_leads_to_re_registration(fake_kubelet, plugin_runner):

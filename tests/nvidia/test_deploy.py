@@ -17,6 +17,7 @@ CHART = DEPLOY / "helm/hetero-dp-nvidia"
 PLAIN = DEPLOY / "nvidia-device-plugin.yml"
 RELEASE = {"Name": "hetero-dp-nvidia", "Namespace": "kube-system"}
 K8S = "1.32"
+NFD_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
 
 
 def chart_values(**overrides):
@@ -85,7 +86,11 @@ def test_least_privilege_by_default():
     assert pod["automountServiceAccountToken"] is False
     assert "hostNetwork" not in pod and "hostPID" not in pod
     mounts = {m["mountPath"]: m.get("readOnly", False) for m in c["volumeMounts"]}
-    assert mounts == {"/var/lib/kubelet/device-plugins": False, "/driver-root/dev": True}
+    assert mounts == {
+        "/var/lib/kubelet/device-plugins": False,
+        "/driver-root/dev": True,
+        NFD_DIR: False,  # the node label file
+    }
 
 
 def test_pass_device_specs_makes_it_privileged():
@@ -151,6 +156,34 @@ def test_config_map_tolerations_node_selector_and_runtime_class():
     assert env(c)["CONFIG_FILE"] == "/config/default"
     assert {"name": "config", "mountPath": "/config", "readOnly": True} in c["volumeMounts"]
     assert c["resources"] == {"limits": {"memory": "256Mi"}}
+
+
+def test_probes_metrics_port_and_label_dir_by_default():
+    ds, c = container(render_chart(chart_values()))
+    assert env(c)["HETERO_DP_METRICS_ADDRESS"] == ":9435"
+    assert env(c)["HETERO_DP_LABELS_DIR"] == NFD_DIR
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9435, "protocol": "TCP"}]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    vols = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert vols["node-labels"]["hostPath"] == {"path": NFD_DIR, "type": "DirectoryOrCreate"}
+
+
+def test_metrics_port_and_labels_are_configurable():
+    docs = render_chart(chart_values(metrics={"port": 9500}, labels={"enabled": False}))
+    validate(docs)
+    ds, c = container(docs)
+    assert env(c)["HETERO_DP_METRICS_ADDRESS"] == ":9500"
+    assert c["ports"][0]["containerPort"] == 9500
+    assert "HETERO_DP_LABELS_DIR" not in env(c)
+    assert NFD_DIR not in {m["mountPath"] for m in c["volumeMounts"]}
+    assert "node-labels" not in {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
+
+    docs = render_chart(chart_values(labels={"enabled": True, "hostPath": "/var/lib/nfd"}))
+    validate(docs)
+    ds, c = container(docs)
+    assert env(c)["HETERO_DP_LABELS_DIR"] == "/var/lib/nfd"
+    assert {"name": "node-labels", "mountPath": "/var/lib/nfd"} in c["volumeMounts"]
 
 
 def test_config_file_in_the_chart_is_accepted_by_the_backend():

@@ -1,8 +1,9 @@
 """The NVIDIA backend through the operations side: GPU feature discovery labels in the
 NFD file, DCGM-named samples on /metrics, and its driver checks first in ``doctor``.
 
-Runs the real backend against the fake libnvidia-ml.so.1 of tests/nvidia (skipped
-where that backend or its test kit is absent)."""
+Runs the real backend against the fake libnvidia-ml.so.1 (fixtures ``fake_node`` and
+``fake_nvml_lib`` from tests/fakenvml/fixtures.py, loaded by tests/conftest.py for every
+directory, so this file runs alone or in any order; skipped where the backend is absent)."""
 
 from __future__ import annotations
 
@@ -12,37 +13,15 @@ import shutil
 import pytest
 
 pytest.importorskip("hetero_dp_nvidia")
-nvidia_fixtures = pytest.importorskip("tests.nvidia.conftest")
 
-from hetero_dp_nvidia.backend import NvidiaBackend  # noqa: E402
+from hetero_dp_nvidia.backend import NvidiaBackend
 
-from hetero_dp.config import load_config  # noqa: E402
-from hetero_dp.doctor import DoctorSettings, exit_code, run_doctor  # noqa: E402
-from hetero_dp.labels import parse  # noqa: E402
-from hetero_dp.testing import short_tempdir  # noqa: E402
+from hetero_dp.config import load_config
+from hetero_dp.doctor import DoctorSettings, exit_code, run_doctor
+from hetero_dp.labels import parse
+from hetero_dp.testing import short_tempdir
 
-from .helpers import scrape, value  # noqa: E402
-
-fake_node = nvidia_fixtures.fake_node
-
-
-@pytest.fixture(scope="session")
-def fake_nvml_lib(request, tmp_path_factory):
-    """tests/nvidia's fake library, shared: one process can hold only one fake NVML
-    that pynvml talks to, so a second copy must never be loaded."""
-    import ctypes
-
-    import pynvml
-
-    loaded = pynvml.nvmlLib is not None and hasattr(pynvml.nvmlLib, "fake_nvml_reset")
-    if not loaded:
-        if any("tests/nvidia/" in str(item.path) for item in request.session.items):
-            pytest.skip("runs after tests/nvidia, whose fixture loads the fake NVML first")
-        return nvidia_fixtures.fake_nvml_lib.__wrapped__(tmp_path_factory)
-    lib = ctypes.CDLL("libnvidia-ml.so.1", mode=ctypes.RTLD_GLOBAL)  # the same handle
-    lib.fake_nvml_set_value.argtypes = [ctypes.c_uint, ctypes.c_char_p, ctypes.c_long]
-    return lib
-
+from .helpers import scrape, value
 
 GPU = "nvidia.com/gpu"
 

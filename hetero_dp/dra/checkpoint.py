@@ -1,0 +1,85 @@
+"""The prepared-claims checkpoint: what an unprepare needs, in a file that outlives us.
+
+The kubelet may send NodeUnprepareResources to a different process than the
+one that prepared the claim (the driver restarted in between). Each prepared
+claim's devices and CDI spec path are written here, atomically, before the
+kubelet hears of them; a corrupt file is an error naming the path, never
+silently emptied.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..atomic import write_atomic
+
+CHECKPOINT_VERSION = 1
+
+
+@dataclass
+class PreparedDevice:
+    request_names: list[str]
+    pool_name: str
+    device_name: str
+    device_id: str
+    cdi_device_ids: list[str]
+
+
+@dataclass
+class PreparedClaim:
+    namespace: str
+    name: str
+    spec_path: str
+    devices: list[PreparedDevice] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PreparedClaim:
+        return cls(
+            namespace=str(data["namespace"]),
+            name=str(data["name"]),
+            spec_path=str(data.get("spec_path", "")),
+            devices=[PreparedDevice(**d) for d in data.get("devices", [])],
+        )
+
+
+class CheckpointError(Exception):
+    pass
+
+
+class Checkpoint:
+    """``{claim UID: PreparedClaim}`` persisted as JSON at ``path``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.claims: dict[str, PreparedClaim] = {}
+
+    def load(self) -> None:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            self.claims = {}
+            return
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"DRA checkpoint {self.path} is unreadable: {e}") from e
+        if not isinstance(data, dict) or data.get("version") != CHECKPOINT_VERSION:
+            raise CheckpointError(
+                f"DRA checkpoint {self.path}: expected version {CHECKPOINT_VERSION}, "
+                f"got {data.get('version') if isinstance(data, dict) else type(data).__name__!r}"
+            )
+        try:
+            self.claims = {
+                uid: PreparedClaim.from_json(c) for uid, c in (data.get("claims") or {}).items()
+            }
+        except (KeyError, TypeError) as e:
+            raise CheckpointError(f"DRA checkpoint {self.path}: malformed entry ({e})") from e
+
+    def save(self) -> None:
+        doc = {
+            "version": CHECKPOINT_VERSION,
+            "claims": {uid: asdict(c) for uid, c in sorted(self.claims.items())},
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.path, json.dumps(doc, indent=2) + "\n", 0o600)

@@ -1,0 +1,46 @@
+"""Building a DRA daemon from ``hetero-dp run --mode dra`` flags."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..config import Config
+from ..daemon import Daemon
+from ..errors import ConfigError
+from ..plugins import Backend
+
+
+def make_dra_daemon(
+    cfg: Config,
+    backends: list[Backend],
+    node_name: str | None,
+    driver_names: Sequence[str],
+    plugins_dir: str | None,
+    api_server: str | None,
+    kubeconfig: str | None,
+) -> Daemon:
+    try:
+        from .api import make_api_client
+        from .runner import DRADaemon, DRAOptions
+    except ImportError as e:
+        raise ConfigError(
+            f"--mode dra needs the kubernetes client ({e}); pip install 'hetero-dp[dra]'",
+            field="mode",
+            source="flag --mode",
+        ) from None
+    options = DRAOptions.from_flags(
+        node_name=node_name, driver_names=driver_names, plugins_dir=plugins_dir
+    )
+    if not options.node_name:
+        raise ConfigError(
+            "DRA mode needs the node's name: --node-name, or NODE_NAME from the downward API",
+            field="nodeName",
+            source="flag --node-name",
+        )
+    try:
+        client = make_api_client(api_server, kubeconfig)
+    except Exception as e:  # the kubernetes client raises its own ConfigException types
+        raise ConfigError(
+            f"cannot configure the API server client: {e}", field="kubeconfig"
+        ) from None
+    return DRADaemon(cfg, backends, options, client)

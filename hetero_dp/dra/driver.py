@@ -1,0 +1,253 @@
+"""One DRA driver: a device set served to the kubelet and published to the API server.
+
+Start order: load the checkpoint (unprepare must work for claims a previous
+process prepared), serve ``DRAPlugin`` (v1 and v1beta1) on
+``<plugins dir>/<driver>/dra.sock``, then offer the registration socket
+``<plugins_registry>/<driver>-reg.sock`` (serve before register, as with
+device plugins), then publish the pool. Stop order is the reverse; slices are
+deleted on a clean stop, so the scheduler stops placing claims on a node whose
+driver has gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from .. import observe
+from ..cdi import CDIWriter
+from ..device import Device
+from ..errors import ConfigError
+from ..inotify import DirectoryWatcher
+from ..kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
+from ..kubelet.endpoint import check_socket_path, remove_socket
+from .api import APIError, ResourceAPI
+from .checkpoint import Checkpoint, CheckpointError
+from .claimspec import claim_kind
+from .names import device_name, driver_name_problem, is_dns_subdomain
+from .prepare import ClaimPreparer
+from .publisher import SlicePublisher
+from .servicer import DRARegistrationServicer, add_dra_services
+from .slices import VERSIONS
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
+DEFAULT_RESYNC_INTERVAL = 30.0
+STOP_GRACE = 0.2
+
+
+@dataclass
+class DriverSettings:
+    driver: str
+    node: str
+    plugins_dir: Path
+    registry_dir: Path
+    cdi_dir: Path
+    resync_interval: float = DEFAULT_RESYNC_INTERVAL
+    api_versions: tuple[str, ...] = VERSIONS
+    remove_slices_on_stop: bool = True
+    resource: str = ""  # the resource name this driver serves (for events and logs)
+
+    def validate(self) -> None:
+        problem = driver_name_problem(self.driver)
+        if problem:
+            raise ConfigError(problem, field="driverName")
+        if not self.node or not is_dns_subdomain(self.node):
+            raise ConfigError(
+                f"node name {self.node!r} must be the node's name (a lowercase DNS subdomain); "
+                "set --node-name or NODE_NAME from the downward API",
+                field="nodeName",
+            )
+        claim_kind(self.driver)
+
+
+class DRADriver:
+    def __init__(self, settings: DriverSettings, api_client: Any) -> None:
+        settings.validate()
+        self.settings = settings
+        self.name = settings.driver
+        self.node = settings.node
+        self.dir = Path(settings.plugins_dir) / self.name
+        self.socket_path = self.dir / "dra.sock"
+        self.registry_socket = Path(settings.registry_dir) / f"{self.name}-reg.sock"
+        for p in (self.socket_path, self.registry_socket):
+            try:
+                check_socket_path(p)
+            except ValueError as e:
+                raise ConfigError(str(e), field="pluginsDir") from None
+        self.api = ResourceAPI(api_client)
+        self.checkpoint = Checkpoint(self.dir / "checkpoint.json")
+        self.by_name: dict[str, Device] = {}
+        self.preparer = ClaimPreparer(
+            driver=self.name,
+            pool=self.node,
+            api=self.api,
+            checkpoint=self.checkpoint,
+            cdi_dir=settings.cdi_dir,
+            devices=lambda: self.by_name,
+        )
+        self.publisher = SlicePublisher(self.api, self.name, self.node)
+        self.registered = asyncio.Event()
+        self.registration_error = ""
+        self.api_ready = False
+        self._devices: list[Device] = []
+        self._server: grpc.aio.Server | None = None
+        self._reg_server: grpc.aio.Server | None = None
+        self._watcher: DirectoryWatcher | None = None
+        self._resync_task: asyncio.Task[None] | None = None
+        self._resync_now = asyncio.Event()
+        self._running = False
+        self._restarting_registration = False
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    # --- lifecycle -------------------------------------------------------
+
+    async def start(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        CDIWriter(self.settings.cdi_dir).check(field="cdi.dir")  # exists and takes files
+        try:
+            self.checkpoint.load()
+        except CheckpointError as e:
+            raise ConfigError(str(e), field="checkpoint") from None
+        await self._connect_api()
+        remove_socket(self.socket_path)
+        server = grpc.aio.server()
+        add_dra_services(server, self.preparer)
+        server.add_insecure_port(f"unix://{self.socket_path}")
+        await server.start()
+        self._server = server
+        self._running = True
+        await self._start_registration()
+        self._watcher = DirectoryWatcher(self.registry_socket.parent, self._on_registry_event)
+        self._watcher.start()
+        if self.api_ready:
+            await self.publisher.publish(self._devices)
+        self._resync_task = asyncio.get_running_loop().create_task(
+            self._resync_loop(), name=f"dra resync {self.name}"
+        )
+        log.info(
+            "DRA driver %s serving on %s (resource.k8s.io/%s)",
+            self.name,
+            self.socket_path,
+            self.api.version if self.api_ready else "?",
+        )
+
+    async def _connect_api(self) -> bool:
+        try:
+            version = await asyncio.to_thread(self.api.detect, self.settings.api_versions)
+            await self.publisher.start()
+        except APIError as e:
+            log.error("DRA driver %s: API server not usable yet: %s", self.name, e)
+            return False
+        if not self.api_ready:
+            log.info("DRA driver %s uses resource.k8s.io/%s", self.name, version)
+        self.api_ready = True
+        return True
+
+    async def _start_registration(self) -> None:
+        self.registry_socket.parent.mkdir(parents=True, exist_ok=True)
+        remove_socket(self.registry_socket)
+        reg = grpc.aio.server()
+        reg_grpc.add_RegistrationServicer_to_server(
+            DRARegistrationServicer(self.name, str(self.socket_path), self._on_status), reg
+        )
+        reg.add_insecure_port(f"unix://{self.registry_socket}")
+        await reg.start()
+        self._reg_server = reg
+
+    def _on_status(self, registered: bool, error: str) -> None:
+        resource = self.settings.resource or self.name
+        if registered:
+            self.registration_error = ""
+            log.info("DRA driver %s registered with the kubelet", self.name)
+            observe.emit("registered", resource=resource, mode="dra")
+            self.registered.set()
+        else:
+            self.registered.clear()
+            self.registration_error = error
+            log.error("the kubelet refused DRA driver %s: %s", self.name, error)
+            observe.emit("registration_failed", resource=resource, reason=error)
+
+    def _on_registry_event(self, name: str, kind: str) -> None:
+        # Someone removed our registration socket: offer it again, or the kubelet
+        # never finds this driver after its next start.
+        if (
+            kind == "deleted"
+            and name == self.registry_socket.name
+            and self._running
+            and not self._restarting_registration
+            and not self.registry_socket.exists()
+        ):
+            log.warning("registration socket %s deleted; recreating it", self.registry_socket)
+            self.registered.clear()
+            asyncio.get_running_loop().create_task(self._restart_registration())
+
+    async def _restart_registration(self) -> None:
+        self._restarting_registration = True
+        try:
+            if self._reg_server is not None:
+                await self._reg_server.stop(STOP_GRACE)
+            if self._running:
+                await self._start_registration()
+        finally:
+            self._restarting_registration = False
+
+    async def stop(self) -> None:
+        self._running = False
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
+        if self._resync_task is not None:
+            self._resync_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._resync_task
+            self._resync_task = None
+        for server in (self._reg_server, self._server):
+            if server is not None:
+                await server.stop(STOP_GRACE)
+        self._reg_server = self._server = None
+        remove_socket(self.registry_socket)
+        remove_socket(self.socket_path)
+        self.registered.clear()
+        if self.settings.remove_slices_on_stop and self.api_ready:
+            await self.publisher.remove()
+
+    # --- devices ---------------------------------------------------------
+
+    async def update(self, devices: Iterable[Device]) -> None:
+        """Take the backend's current devices (healthy or not) and republish."""
+        self._devices = list(devices)
+        self.by_name = {device_name(d.id): d for d in self._devices}
+        if self._running and self.api_ready:
+            await self.publisher.publish(self._devices)
+
+    async def resync(self) -> None:
+        """Check the API server now: reconnect if needed, recreate vanished slices."""
+        if not self.api_ready:
+            if not await self._connect_api():
+                return
+            await self.publisher.publish(self._devices)
+            return
+        await self.publisher.sync()
+
+    async def _resync_loop(self) -> None:
+        interval = self.settings.resync_interval or None
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._resync_now.wait(), interval)
+            self._resync_now.clear()
+            try:
+                await self.resync()
+            except Exception:
+                log.exception("DRA driver %s: resync failed", self.name)

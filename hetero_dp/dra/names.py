@@ -1,0 +1,96 @@
+"""Names DRA needs: driver names, device names (DNS labels) and attribute names.
+
+Device IDs are free-form (``GPU-8a1f...``, ``0:1``); a device in a ResourceSlice
+must be named by a DNS label. The mapping is a pure function of the ID, so the
+same device keeps its name across restarts and device-set changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from ..errors import ConfigError
+from ..names import resource_name_problem
+
+MAX_LABEL = 63
+MAX_SUBDOMAIN = 253
+MAX_IDENTIFIER = 32
+
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_LABEL = re.compile(rf"^{_LABEL}$")
+_DNS_SUBDOMAIN = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
+_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def is_dns_label(name: str) -> bool:
+    return len(name) <= MAX_LABEL and bool(_DNS_LABEL.match(name))
+
+
+def is_dns_subdomain(name: str) -> bool:
+    return len(name) <= MAX_SUBDOMAIN and bool(_DNS_SUBDOMAIN.match(name))
+
+
+def driver_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be a DRA driver name (a lowercase DNS subdomain), or None."""
+    if not isinstance(name, str) or not name:
+        return "a DRA driver name must be a non-empty string"
+    if not is_dns_subdomain(name):
+        return (
+            f"DRA driver name {name!r} must be a lowercase DNS subdomain "
+            "(letters, digits, '-' and '.', at most 253 characters), e.g. gpu.example.com"
+        )
+    return None
+
+
+def driver_name_for(resource: str) -> str:
+    """The default driver name of a resource: ``acme.example.com/npu`` -> ``npu.acme.example.com``.
+
+    The resource's name part is lowercased and ``_`` becomes ``-`` so the result
+    is a DNS subdomain; ConfigError if it still is not one.
+    """
+    problem = resource_name_problem(resource)
+    if problem:
+        raise ConfigError(problem, field="resource")
+    prefix, _, short = resource.partition("/")
+    name = f"{short.lower().replace('_', '-')}.{prefix}"
+    problem = driver_name_problem(name)
+    if problem:
+        raise ConfigError(
+            f"cannot derive a DRA driver name from {resource!r}: {problem}; set one with "
+            "--driver-name",
+            field="driverName",
+        )
+    return name
+
+
+def device_name(device_id: str) -> str:
+    """The DNS label naming ``device_id`` in a ResourceSlice.
+
+    An ID that already is a DNS label is kept. Any other is lowercased, runs of
+    other characters become ``-``, and an 8-hex-digit hash of the original ID is
+    appended, so two IDs that differ only in case or punctuation stay distinct.
+    """
+    if is_dns_label(device_id):
+        return device_id
+    digest = hashlib.sha256(device_id.encode()).hexdigest()[:8]
+    base = re.sub(r"[^a-z0-9]+", "-", device_id.lower()).strip("-")
+    base = base[: MAX_LABEL - len(digest) - 1].rstrip("-")
+    return f"{base}-{digest}" if base else f"d-{digest}"
+
+
+def attribute_name(key: str) -> str | None:
+    """A valid DRA attribute/capacity name for ``key``, or None if none can be made.
+
+    Valid: a C identifier of at most 32 characters, optionally after a DNS
+    subdomain and ``/``. ``-`` and ``.`` in the identifier become ``_``.
+    """
+    domain, slash, ident = key.rpartition("/")
+    if slash and not is_dns_subdomain(domain):
+        return None
+    ident = re.sub(r"[^A-Za-z0-9_]", "_", ident)
+    if ident[:1].isdigit():
+        ident = "_" + ident
+    if not ident or len(ident) > MAX_IDENTIFIER or not _C_IDENTIFIER.match(ident):
+        return None
+    return f"{domain}/{ident}" if slash else ident

@@ -1,0 +1,245 @@
+"""NodePrepareResources / NodeUnprepareResources, independent of the gRPC version.
+
+Prepare, per claim: a claim already in the checkpoint answers from it (the
+kubelet retries; preparing twice must not differ). Otherwise read the claim
+from the API server, check its UID, take the allocation results whose driver
+is ours, map them to this node's devices, record them in the checkpoint, write
+the claim's CDI spec and answer its CDI IDs. Any failure is that claim's error
+string; the other claims of the batch go on.
+
+Unprepare, per claim: remove the CDI spec and the checkpoint entry. Unknown
+claims succeed (already unprepared, or never prepared here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import observe
+from ..device import Device
+from ..errors import ConfigError
+from .api import APIError, ResourceAPI
+from .checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from .claimspec import build_claim_spec, spec_path, write_claim_spec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """A claim as the kubelet names it."""
+
+    namespace: str
+    uid: str
+    name: str
+
+
+@dataclass
+class PrepareResult:
+    devices: list[PreparedDevice] = field(default_factory=list)
+    error: str = ""
+
+
+class ClaimError(Exception):
+    """This claim cannot be prepared; the message is what the kubelet shows."""
+
+
+class ClaimPreparer:
+    def __init__(
+        self,
+        *,
+        driver: str,
+        pool: str,
+        api: ResourceAPI,
+        checkpoint: Checkpoint,
+        cdi_dir: Path,
+        devices: Callable[[], Mapping[str, Device]],
+    ) -> None:
+        self.driver = driver
+        self.pool = pool
+        self.api = api
+        self.checkpoint = checkpoint
+        self.cdi_dir = Path(cdi_dir)
+        self.devices = devices  # DRA device name -> record, all this node has now
+        self._lock = asyncio.Lock()
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        started = time.perf_counter()
+        out: dict[str, PrepareResult] = {}
+        for ref in claims:
+            try:
+                out[ref.uid] = PrepareResult(devices=await self._prepare_one(ref))
+            except ClaimError as e:
+                out[ref.uid] = PrepareResult(error=str(e))
+            except Exception as e:  # one claim's surprise must not fail the batch
+                log.exception("preparing claim %s/%s (%s) failed", ref.namespace, ref.name, ref.uid)
+                out[ref.uid] = PrepareResult(error=f"internal error: {type(e).__name__}: {e}")
+            if out[ref.uid].error:
+                log.error(
+                    "DRA driver %s cannot prepare ResourceClaim %s/%s (uid %s): %s",
+                    self.driver,
+                    ref.namespace,
+                    ref.name,
+                    ref.uid,
+                    out[ref.uid].error,
+                    extra={"reason": out[ref.uid].error},
+                )
+        observe.emit(
+            "dra_prepare",
+            driver=self.driver,
+            seconds=time.perf_counter() - started,
+            claims=len(claims),
+            errors=sum(1 for r in out.values() if r.error),
+        )
+        return out
+
+    async def _prepare_one(self, ref: ClaimRef) -> list[PreparedDevice]:
+        if not ref.uid:
+            raise ClaimError(f"claim {ref.namespace}/{ref.name} has no UID in the request")
+        done = self.checkpoint.claims.get(ref.uid)
+        if done is not None:
+            return done.devices
+        try:
+            claim = await asyncio.to_thread(self.api.read_claim, ref.namespace, ref.name)
+        except APIError as e:
+            if e.status == 404:
+                raise ClaimError(
+                    f"ResourceClaim {ref.namespace}/{ref.name} not found on the API server"
+                ) from None
+            raise ClaimError(f"reading ResourceClaim {ref.namespace}/{ref.name}: {e}") from None
+        uid = claim.get("metadata", {}).get("uid", "")
+        if uid != ref.uid:
+            raise ClaimError(
+                f"ResourceClaim {ref.namespace}/{ref.name} has UID {uid!r}, the kubelet asked "
+                f"for {ref.uid!r} (the claim was deleted and recreated?)"
+            )
+        chosen, requests = self._allocated(claim, ref)
+        spec, cdi_ids = self._spec(ref, chosen, requests)
+        prepared = [
+            PreparedDevice(
+                request_names=sorted(r for r, names in requests.items() if name in names),
+                pool_name=self.pool,
+                device_name=name,
+                device_id=device.id,
+                cdi_device_ids=cdi_ids[name],
+            )
+            for name, device in chosen.items()
+        ]
+        path = spec_path(self.cdi_dir, self.driver, ref.uid)
+        async with self._lock:
+            # Checkpoint first: a crash before the spec is written leaves an entry
+            # whose unprepare removes nothing, never a spec nobody will remove.
+            self.checkpoint.claims[ref.uid] = PreparedClaim(
+                namespace=ref.namespace, name=ref.name, spec_path=str(path), devices=prepared
+            )
+            try:
+                await asyncio.to_thread(self.checkpoint.save)
+                await asyncio.to_thread(write_claim_spec, path, spec)
+            except BaseException:
+                self.checkpoint.claims.pop(ref.uid, None)
+                with contextlib.suppress(Exception):  # best effort: drop the entry on disk too
+                    await asyncio.to_thread(self.checkpoint.save)
+                raise
+        log.info(
+            "DRA driver %s prepared ResourceClaim %s/%s: %s",
+            self.driver,
+            ref.namespace,
+            ref.name,
+            ", ".join(d.device_id for d in prepared),
+            extra={"devices": [d.device_id for d in prepared]},
+        )
+        return prepared
+
+    def _allocated(
+        self, claim: Mapping[str, Any], ref: ClaimRef
+    ) -> tuple[dict[str, Device], dict[str, list[str]]]:
+        allocation = (claim.get("status") or {}).get("allocation")
+        if not allocation:
+            raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} is not allocated")
+        results = [
+            r
+            for r in ((allocation.get("devices") or {}).get("results") or [])
+            if r.get("driver") == self.driver
+        ]
+        if not results:
+            raise ClaimError(
+                f"ResourceClaim {ref.namespace}/{ref.name} has no allocation results for "
+                f"driver {self.driver}"
+            )
+        have = self.devices()
+        chosen: dict[str, Device] = {}
+        requests: dict[str, list[str]] = {}
+        foreign = []
+        for r in results:
+            name, pool = str(r.get("device", "")), str(r.get("pool", ""))
+            if pool != self.pool or name not in have:
+                foreign.append(f"{pool}/{name}")
+                continue
+            chosen[name] = have[name]
+            # "main/sub" (a prioritized-list subrequest): containers name the main request
+            request = str(r.get("request", "")).partition("/")[0]
+            requests.setdefault(request, [])
+            if name not in requests[request]:
+                requests[request].append(name)
+        if foreign:
+            raise ClaimError(
+                f"ResourceClaim {ref.namespace}/{ref.name} was allocated devices this node "
+                f"(pool {self.pool}) does not have: {', '.join(foreign)}"
+            )
+        return chosen, requests
+
+    def _spec(
+        self, ref: ClaimRef, chosen: Mapping[str, Device], requests: Mapping[str, list[str]]
+    ) -> tuple[dict[str, Any], dict[str, list[str]]]:
+        try:
+            return build_claim_spec(self.driver, ref.uid, chosen, requests)
+        except ConfigError as e:
+            raise ClaimError(f"cannot build the CDI spec: {e}") from None
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """Claim UID -> error ("" on success)."""
+        started = time.perf_counter()
+        out: dict[str, str] = {}
+        for ref in claims:
+            try:
+                await self._unprepare_one(ref)
+                out[ref.uid] = ""
+            except Exception as e:
+                log.exception(
+                    "unpreparing claim %s/%s (%s) failed", ref.namespace, ref.name, ref.uid
+                )
+                out[ref.uid] = f"unprepare failed: {type(e).__name__}: {e}"
+        observe.emit(
+            "dra_unprepare",
+            driver=self.driver,
+            seconds=time.perf_counter() - started,
+            claims=len(claims),
+            errors=sum(1 for e in out.values() if e),
+        )
+        return out
+
+    async def _unprepare_one(self, ref: ClaimRef) -> None:
+        async with self._lock:
+            entry = self.checkpoint.claims.get(ref.uid)
+            path = Path(entry.spec_path) if entry else spec_path(self.cdi_dir, self.driver, ref.uid)
+            await asyncio.to_thread(path.unlink, True)
+            if entry is not None:
+                del self.checkpoint.claims[ref.uid]
+                try:
+                    await asyncio.to_thread(self.checkpoint.save)
+                except BaseException:
+                    self.checkpoint.claims[ref.uid] = entry
+                    raise
+                log.info(
+                    "DRA driver %s unprepared ResourceClaim %s/%s",
+                    self.driver,
+                    ref.namespace,
+                    ref.name,
+                )

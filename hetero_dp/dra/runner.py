@@ -1,0 +1,193 @@
+"""``hetero-dp run --mode dra``: the daemon's backends served as DRA drivers.
+
+:class:`DRADaemon` is the device-plugin :class:`~hetero_dp.daemon.Daemon` with
+its kubelet endpoints switched off: discovery, health polling, watch hooks and
+rediscovery work exactly as in device-plugin mode, and every publish of a
+backend's devices goes to one :class:`DRADriver` per resource name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import Config
+from ..daemon import BackendRuntime, Daemon
+from ..device import Device
+from ..errors import ConfigError
+from ..plugins import Backend
+from .driver import DEFAULT_PLUGINS_DIR, DEFAULT_RESYNC_INTERVAL, DRADriver, DriverSettings
+from .names import driver_name_for, driver_name_problem
+from .slices import VERSIONS
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DRAOptions:
+    """What DRA mode needs beyond the common config.
+
+    ``driver_names``: resource -> driver name; the key ``""`` is a bare
+    ``--driver-name`` (allowed while the daemon serves one resource).
+    """
+
+    node_name: str = ""
+    driver_names: dict[str, str] = field(default_factory=dict)
+    plugins_dir: Path = Path(DEFAULT_PLUGINS_DIR)
+    cdi_dir: Path | None = None
+    resync_interval: float = DEFAULT_RESYNC_INTERVAL
+    api_versions: tuple[str, ...] = VERSIONS
+
+    @classmethod
+    def from_flags(
+        cls,
+        *,
+        node_name: str | None,
+        driver_names: Sequence[str] = (),
+        plugins_dir: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> DRAOptions:
+        env = os.environ if env is None else env
+        node = node_name or env.get("HETERO_DP_NODE_NAME") or env.get("NODE_NAME") or ""
+        names: dict[str, str] = {}
+        for item in driver_names:
+            resource, sep, name = item.rpartition("=")
+            key = resource if sep else ""
+            problem = driver_name_problem(name)
+            if problem:
+                raise ConfigError(problem, field="driverName", source="flag --driver-name")
+            names[key] = name
+        opts = cls(node_name=node, driver_names=names)
+        if plugins_dir:
+            opts.plugins_dir = Path(plugins_dir)
+        return opts
+
+
+class DRADaemon(Daemon):
+    serve_device_plugins = False
+
+    def __init__(
+        self, config: Config, backends: list[Backend], options: DRAOptions, api_client: Any
+    ) -> None:
+        super().__init__(config, backends)
+        self.dra = options
+        self.api_client = api_client
+        self.drivers: dict[str, DRADriver] = {}  # resource -> driver
+        self._served: dict[str, set[str]] = {}  # backend -> resources it had devices for
+        self._dra_started = False
+        self._errors: list[ConfigError] = []
+        self.publishers.append(self._publish_dra)
+
+    def driver_name(self, resource: str) -> str:
+        names = self.dra.driver_names
+        if resource in names:
+            return names[resource]
+        if "" in names:
+            others = [r for r in self.drivers if r != resource and r not in names]
+            if others:
+                raise ConfigError(
+                    f"--driver-name {names['']} without RESOURCE= fits one resource, but the "
+                    f"backends serve {others[0]} and {resource}; use RESOURCE=NAME",
+                    field="driverName",
+                    source="flag --driver-name",
+                )
+            return names[""]
+        return driver_name_for(resource)
+
+    def _driver(self, resource: str) -> DRADriver:
+        driver = self.drivers.get(resource)
+        if driver is None:
+            settings = DriverSettings(
+                driver=self.driver_name(resource),
+                node=self.dra.node_name,
+                plugins_dir=self.dra.plugins_dir,
+                registry_dir=self.config.plugins_registry_dir,
+                cdi_dir=self.dra.cdi_dir or Path(self.config.cdi["dir"]),
+                resync_interval=self.dra.resync_interval,
+                api_versions=self.dra.api_versions,
+                resource=resource,
+            )
+            taken = {d.name: r for r, d in self.drivers.items()}
+            if settings.driver in taken:
+                raise ConfigError(
+                    f"resources {taken[settings.driver]} and {resource} would share the DRA "
+                    f"driver name {settings.driver}; give one a --driver-name RESOURCE=NAME",
+                    field="driverName",
+                )
+            driver = DRADriver(settings, self.api_client)
+            self.drivers[resource] = driver
+        return driver
+
+    async def _publish_dra(self, rt: BackendRuntime) -> None:
+        by_resource: dict[str, list[Device]] = {}
+        for d in rt.published.values():
+            by_resource.setdefault(d.resource, []).append(d)
+        gone = self._served.get(rt.backend.name, set()) - set(by_resource)
+        for resource in gone:
+            by_resource[resource] = []
+        self._served[rt.backend.name] = set(by_resource) - gone
+        for resource, devices in by_resource.items():
+            try:
+                driver = self._driver(resource)
+            except ConfigError as e:
+                # publishers' exceptions are only logged by the daemon: keep it for start()
+                self._errors.append(e)
+                log.error("DRA mode cannot serve resource %s: %s", resource, e)
+                continue
+            await driver.update(devices)
+            if self._dra_started and not driver.running:
+                await driver.start()
+
+    def dra_readiness(self) -> tuple[bool, list[str]]:
+        """(ready, one line per driver), the DRA counterpart of ``probes.readiness``.
+
+        A driver is ready when the kubelet registered it and its pool is on the
+        API server without refusals.
+        """
+        if not self.ready.is_set():
+            return False, ["daemon: starting"]
+        lines, ok = [], True
+        for resource, d in sorted(self.drivers.items()):
+            what = f"{d.name} ({resource})"
+            problem = ""
+            if not d.registered.is_set():
+                problem = d.registration_error or "not registered with the kubelet"
+            elif not d.api_ready:
+                problem = "API server not reachable"
+            elif d.publisher.errors:
+                problem = "ResourceSlice refused: " + next(iter(d.publisher.errors.values()))
+            if problem:
+                ok = False
+                lines.append(f"{what}: not ready: {problem}")
+            else:
+                n = len(d.publisher.devices or [])
+                lines.append(f"{what}: ready ({n} devices, generation {d.publisher.generation})")
+        if not lines:
+            lines.append("no resources: no backend found devices")
+        return ok, lines
+
+    async def start(self) -> None:
+        for resource in self.dra.driver_names:
+            if resource:
+                self._driver(resource)
+        await super().start()
+        self.ready.clear()
+        if self._errors:
+            raise self._errors[0]
+        for driver in self.drivers.values():
+            await driver.start()
+        self._dra_started = True
+        self.ready.set()
+
+    async def stop(self) -> None:
+        for driver in self.drivers.values():
+            try:
+                await driver.stop()
+            except Exception:
+                log.exception("stopping DRA driver %s failed", driver.name)
+        self._dra_started = False
+        await super().stop()

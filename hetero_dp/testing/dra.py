@@ -1,0 +1,798 @@
+"""Test kit for DRA mode: a DRA kubelet and a stand-in for the API server.
+
+:class:`FakeDRAKubelet` behaves as the kubelet's DRA manager does toward a
+driver (REFERENCE section 6): it finds registration sockets in
+``plugins_registry``, calls ``GetInfo`` (type ``DRAPlugin``, a non-empty
+``supported_versions``), picks the newest wire version both sides speak
+(``v1.DRAPlugin``, then ``v1beta1.DRAPlugin``; a 1.32-1.33 kubelet is
+``versions=("v1beta1",)``), answers ``NotifyRegistrationStatus``, and drops
+the driver when its socket disappears. Pods prepare claims through it with
+reference counting: a claim shared by several pods is prepared once and
+unprepared only when the last pod lets go.
+
+:class:`FakeAPIServer` is a **stand-in**, not an API server: a small real HTTP
+server (so the official ``kubernetes`` client talks to it over the wire) that
+serves only the endpoints DRA mode uses, for the versions it is told to serve:
+
+- ``GET /apis/resource.k8s.io/{v}/namespaces/{ns}/resourceclaims/{name}``
+- ``GET|POST /apis/resource.k8s.io/{v}/resourceslices`` (``fieldSelector`` on
+  ``spec.driver``, ``spec.nodeName``, ``spec.pool.name``; ``limit`` ignored)
+- ``GET|PUT|DELETE /apis/resource.k8s.io/{v}/resourceslices/{name}``
+
+Slices are validated like the real server would for what matters here: the
+JSON schema of Kubernetes 1.34 (with ``kubernetes-validate``, strict, so
+``basic`` under ``v1`` is refused) and the rules the schema cannot express
+(DNS names, attribute names, 32 attributes and capacities per device, 128
+devices per slice, strings of at most 64 characters). A refusal is a 422
+``Status`` with a message naming the field, like the real one. It keeps no
+watch, no admission, no conversion between versions (an object is served under
+the version it was written with) and no authentication.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import re
+import stat
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import grpc
+
+from ..inotify import DirectoryWatcher
+from ..kubelet.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from ..kubelet.api import pluginregistration_v1_pb2 as reg_pb
+from ..kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
+
+GROUP = "resource.k8s.io"
+SCHEMA_VERSION = "1.34"
+DIAL_TIMEOUT = 10.0
+MAX_DEVICES = 128
+MAX_ATTRIBUTES = 32
+MAX_STRING = 64
+
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_LABEL = re.compile(rf"^{_LABEL}$")
+_DNS_SUBDOMAIN = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
+_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NUM = r"(0|[1-9]\d*)"
+_SEMVER = re.compile(
+    rf"^{_NUM}\.{_NUM}\.{_NUM}(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?$"
+)
+
+
+# --- the API server stand-in ------------------------------------------------------------
+
+
+def _label_ok(name: object) -> bool:
+    return isinstance(name, str) and len(name) <= 63 and bool(_DNS_LABEL.match(name))
+
+
+def _subdomain_ok(name: object) -> bool:
+    return isinstance(name, str) and len(name) <= 253 and bool(_DNS_SUBDOMAIN.match(name))
+
+
+def _qualified_ok(key: str) -> bool:
+    domain, slash, ident = key.rpartition("/")
+    if slash and not _subdomain_ok(domain):
+        return False
+    return len(ident) <= 32 and bool(_C_IDENTIFIER.match(ident))
+
+
+def slice_problems(obj: dict[str, Any], version: str) -> list[str]:
+    """What the API server would refuse in a ResourceSlice (``field: reason`` lines)."""
+    problems: list[str] = []
+    try:
+        import kubernetes_validate  # dev dependency; the semantic checks below need none
+
+        try:
+            kubernetes_validate.validate(obj, SCHEMA_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            path = ".".join(str(p) for p in getattr(e, "path", [])) or "<root>"
+            first = str(getattr(e, "message", e)).splitlines()[0]
+            problems.append(f"{path}: {first}")
+    except ImportError:
+        pass
+    if obj.get("apiVersion") != f"{GROUP}/{version}":
+        problems.append(f"apiVersion: must be {GROUP}/{version} at this URL")
+    name = (obj.get("metadata") or {}).get("name")
+    if not _subdomain_ok(name):
+        problems.append(f"metadata.name: Invalid value: {name!r}: must be a DNS subdomain")
+    spec = obj.get("spec") or {}
+    if not _subdomain_ok(spec.get("driver")):
+        problems.append(f"spec.driver: Invalid value: {spec.get('driver')!r}")
+    pool = spec.get("pool") or {}
+    if not pool.get("name"):
+        problems.append("spec.pool.name: Required value")
+    if int(pool.get("resourceSliceCount") or 0) < 1:
+        problems.append("spec.pool.resourceSliceCount: must be greater than zero")
+    if int(pool.get("generation") or 0) < 0:
+        problems.append("spec.pool.generation: must be >= 0")
+    devices = spec.get("devices") or []
+    if len(devices) > MAX_DEVICES:
+        problems.append(f"spec.devices: Too many: {len(devices)}: must have at most {MAX_DEVICES}")
+    seen: set[str] = set()
+    for i, d in enumerate(devices):
+        where = f"spec.devices[{i}]"
+        if not _label_ok(d.get("name")):
+            problems.append(f"{where}.name: Invalid value: {d.get('name')!r}: not a DNS label")
+        elif d["name"] in seen:
+            problems.append(f"{where}.name: Duplicate value: {d['name']!r}")
+        seen.add(str(d.get("name")))
+        body = d.get("basic", {}) if version == "v1beta1" else d
+        attrs = body.get("attributes") or {}
+        caps = body.get("capacity") or {}
+        if len(attrs) + len(caps) > MAX_ATTRIBUTES:
+            problems.append(
+                f"{where}: Too many: {len(attrs) + len(caps)}: must have at most "
+                f"{MAX_ATTRIBUTES} attributes and capacities"
+            )
+        for key, value in attrs.items():
+            if not _qualified_ok(key):
+                problems.append(f"{where}.attributes[{key}]: Invalid value: not a qualified name")
+            if not isinstance(value, dict) or len(value) != 1:
+                problems.append(f"{where}.attributes[{key}]: exactly one value must be set")
+            elif "version" in value and not _SEMVER.match(str(value["version"])):
+                problems.append(
+                    f"{where}.attributes[{key}].version: Invalid value: {value['version']!r}: "
+                    "must be a semantic version"
+                )
+            elif len(str(value.get("string", value.get("version", "")))) > MAX_STRING:
+                problems.append(
+                    f"{where}.attributes[{key}].string: Too long: must have at most "
+                    f"{MAX_STRING} bytes"
+                )
+        for key in caps:
+            if not _qualified_ok(key):
+                problems.append(f"{where}.capacity[{key}]: Invalid value: not a qualified name")
+    return problems
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    status: int
+
+
+class FakeAPIServer:
+    """``with FakeAPIServer() as api: client = api.client()`` — see the module docstring.
+
+    ``versions``: the resource.k8s.io versions served (``("v1beta1",)`` is a
+    1.32-1.33 cluster). ``refuse_slices``: when set, every slice write is
+    refused with 403 Forbidden and this message (an admission webhook saying
+    no). ``requests`` records every call.
+    """
+
+    def __init__(self, versions: Sequence[str] = ("v1", "v1beta1")) -> None:
+        self.versions = tuple(versions)
+        self.slices: dict[str, dict[str, Any]] = {}  # name -> object as stored
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.refuse_slices: str | None = None
+        self.requests: list[Request] = []
+        self._rv = 0
+        self._cond = threading.Condition()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._url = ""
+        self._thread: threading.Thread | None = None
+
+    # lifecycle
+
+    def start(self) -> FakeAPIServer:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:  # quiet
+                pass
+
+            def _body(self) -> Any:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                return json.loads(raw) if raw else None
+
+            def _answer(self) -> None:
+                try:
+                    body = self._body()
+                    status, payload = server._handle(self.command, self.path, body)
+                except ValueError as e:
+                    status, payload = 400, _status(400, "BadRequest", f"bad JSON: {e}")
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                with server._cond:
+                    server.requests.append(Request(self.command, self.path, status))
+                    server._cond.notify_all()
+
+            do_GET = do_POST = do_PUT = do_DELETE = _answer
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        host, port = self._httpd.server_address[:2]
+        self._url = f"http://{host!s}:{port}"
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="fake-apiserver", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+
+    def __enter__(self) -> FakeAPIServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        """The server's URL (still known after :meth:`stop`, for "unreachable" tests)."""
+        assert self._url, "start() first"
+        return self._url
+
+    def client(self) -> Any:
+        """A ``kubernetes.client.ApiClient`` pointed at this server."""
+        from kubernetes import client as k8s
+
+        cfg = k8s.Configuration()
+        cfg.host = self.url
+        return k8s.ApiClient(cfg)
+
+    # test-side state
+
+    def add_claim(self, claim: dict[str, Any]) -> dict[str, Any]:
+        meta = claim["metadata"]
+        with self._cond:
+            self.claims[(meta.get("namespace", "default"), meta["name"])] = copy.deepcopy(claim)
+            self._cond.notify_all()
+        return claim
+
+    def delete_slice(self, name: str) -> None:
+        """Delete a slice behind the driver's back (as an admin or the GC would)."""
+        with self._cond:
+            self.slices.pop(name, None)
+            self._cond.notify_all()
+
+    def slices_of(self, driver: str, node: str | None = None) -> list[dict[str, Any]]:
+        with self._cond:
+            return [
+                copy.deepcopy(s)
+                for s in self.slices.values()
+                if s["spec"].get("driver") == driver
+                and (node is None or s["spec"].get("nodeName") == node)
+            ]
+
+    def devices_of(self, driver: str, node: str | None = None) -> dict[str, dict[str, Any]]:
+        """Device name -> device (attributes/capacity unwrapped from ``basic``)."""
+        out: dict[str, dict[str, Any]] = {}
+        for s in self.slices_of(driver, node):
+            for d in s["spec"].get("devices") or []:
+                out[d["name"]] = {"name": d["name"], **d.get("basic", {}), **d}
+                out[d["name"]].pop("basic", None)
+        return out
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+        """Wait until ``predicate()`` holds, re-checked on every request and change."""
+
+        def wait() -> bool:
+            with self._cond:
+                return self._cond.wait_for(predicate, timeout)
+
+        if not await asyncio.to_thread(wait):
+            raise TimeoutError(f"condition not met within {timeout}s")
+
+    # request handling (runs in the HTTP server's threads)
+
+    def _handle(self, method: str, raw_path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        url = urlsplit(raw_path)
+        parts = [p for p in url.path.split("/") if p]
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        if len(parts) < 4 or parts[:2] != ["apis", GROUP] or parts[2] not in self.versions:
+            return 404, _status(404, "NotFound", "the server could not find the requested resource")
+        version, rest = parts[2], parts[3:]
+        with self._cond:
+            try:
+                if rest[0] == "namespaces" and len(rest) == 4 and rest[2] == "resourceclaims":
+                    if method != "GET":
+                        return 405, _status(405, "MethodNotAllowed", method)
+                    return self._get_claim(version, rest[1], rest[3])
+                if rest[0] == "resourceslices" and len(rest) == 1:
+                    if method == "GET":
+                        return 200, self._list_slices(version, query)
+                    if method == "POST":
+                        return self._write_slice(version, None, body)
+                if rest[0] == "resourceslices" and len(rest) == 2:
+                    name = rest[1]
+                    if method == "GET":
+                        obj = self._slice(version, name)
+                        return (200, obj) if obj else _not_found("resourceslices", name)
+                    if method == "PUT":
+                        return self._write_slice(version, name, body)
+                    if method == "DELETE":
+                        if self._slice(version, name) is None:
+                            return _not_found("resourceslices", name)
+                        del self.slices[name]
+                        return 200, _status(200, "", "deleted", success=True)
+                return 404, _status(404, "NotFound", f"no handler for {method} {url.path}")
+            finally:
+                self._cond.notify_all()
+
+    def _get_claim(self, version: str, ns: str, name: str) -> tuple[int, dict[str, Any]]:
+        claim = self.claims.get((ns, name))
+        if claim is None:
+            return _not_found("resourceclaims", name)
+        out = copy.deepcopy(claim)
+        out["apiVersion"] = f"{GROUP}/{version}"
+        out["kind"] = "ResourceClaim"
+        return 200, out
+
+    def _slice(self, version: str, name: str) -> dict[str, Any] | None:
+        obj = self.slices.get(name)
+        if obj is None or obj["apiVersion"] != f"{GROUP}/{version}":
+            return None
+        return copy.deepcopy(obj)
+
+    def _list_slices(self, version: str, query: dict[str, str]) -> dict[str, Any]:
+        wanted: dict[str, str] = {}
+        for term in filter(None, query.get("fieldSelector", "").split(",")):
+            key, _, value = term.partition("=")
+            wanted[key.strip()] = value.strip()
+        items = []
+        for obj in self.slices.values():
+            if obj["apiVersion"] != f"{GROUP}/{version}":
+                continue
+            spec = obj["spec"]
+            fields = {
+                "spec.driver": spec.get("driver"),
+                "spec.nodeName": spec.get("nodeName"),
+                "spec.pool.name": (spec.get("pool") or {}).get("name"),
+            }
+            if all(fields.get(k) == v for k, v in wanted.items()):
+                items.append(copy.deepcopy(obj))
+        return {
+            "apiVersion": f"{GROUP}/{version}",
+            "kind": "ResourceSliceList",
+            "metadata": {"resourceVersion": str(self._rv)},
+            "items": items,
+        }
+
+    def _write_slice(self, version: str, name: str | None, body: Any) -> tuple[int, dict[str, Any]]:
+        if not isinstance(body, dict):
+            return 400, _status(400, "BadRequest", "body must be a JSON object")
+        obj_name = str((body.get("metadata") or {}).get("name") or "")
+        if self.refuse_slices is not None:
+            return 403, _status(403, "Forbidden", self.refuse_slices)
+        problems = slice_problems(body, version)
+        if name is not None and obj_name != name:
+            problems.append(f"metadata.name: Invalid value: {obj_name!r}: does not match URL")
+        if problems:
+            return 422, _status(
+                422,
+                "Invalid",
+                f'ResourceSlice.{GROUP} "{obj_name}" is invalid: ' + "; ".join(problems),
+            )
+        existing = self.slices.get(obj_name)
+        if name is None and existing is not None:
+            return 409, _status(
+                409, "AlreadyExists", f'resourceslices.{GROUP} "{obj_name}" already exists'
+            )
+        if name is not None:
+            if existing is None or existing["apiVersion"] != f"{GROUP}/{version}":
+                return _not_found("resourceslices", name)
+            given = (body.get("metadata") or {}).get("resourceVersion")
+            current = existing["metadata"]["resourceVersion"]
+            if given and given != current:
+                return 409, _status(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on resourceslices.{GROUP} "{name}": the '
+                    "object has been modified; please apply your changes to the latest version",
+                )
+        self._rv += 1
+        obj = copy.deepcopy(body)
+        meta = obj.setdefault("metadata", {})
+        meta["resourceVersion"] = str(self._rv)
+        meta["uid"] = existing["metadata"]["uid"] if existing else str(uuid.uuid4())
+        self.slices[obj_name] = obj
+        return (200 if name else 201), copy.deepcopy(obj)
+
+
+def _status(code: int, reason: str, message: str, *, success: bool = False) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success" if success else "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+def _not_found(resource: str, name: str) -> tuple[int, dict[str, Any]]:
+    return 404, _status(404, "NotFound", f'{resource}.{GROUP} "{name}" not found')
+
+
+def make_claim(
+    name: str,
+    results: Iterable[tuple[str, str]],
+    *,
+    driver: str,
+    pool: str,
+    namespace: str = "default",
+    uid: str | None = None,
+    version: str = "v1",
+) -> dict[str, Any]:
+    """An allocated ResourceClaim: ``results`` are ``(request, device name)`` pairs."""
+    requests = sorted({r.partition("/")[0] for r, _ in results})
+    exactly = "exactly" if version == "v1" else None
+    spec_requests = []
+    for r in requests:
+        item: dict[str, Any] = {"name": r}
+        if exactly:
+            item["exactly"] = {"deviceClassName": driver}
+        else:
+            item["deviceClassName"] = driver
+        spec_requests.append(item)
+    return {
+        "apiVersion": f"{GROUP}/{version}",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid or str(uuid.uuid4())},
+        "spec": {"devices": {"requests": spec_requests}},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": r, "driver": driver, "pool": pool, "device": d}
+                        for r, d in results
+                    ]
+                }
+            }
+        },
+    }
+
+
+# --- the DRA kubelet --------------------------------------------------------------------
+
+WIRE = {
+    "v1": ("v1.DRAPlugin", dra_v1_pb2, dra_v1_pb2_grpc),
+    "v1beta1": ("v1beta1.DRAPlugin", dra_v1beta1_pb2, dra_v1beta1_pb2_grpc),
+}
+
+
+@dataclass
+class DRAPlugin:
+    """A driver the fake kubelet registered."""
+
+    name: str
+    endpoint: str
+    version: str  # "v1" or "v1beta1"
+    registry_socket: str
+    supported_versions: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    name: str
+    uid: str
+
+    @classmethod
+    def of(cls, claim: dict[str, Any]) -> ClaimRef:
+        m = claim["metadata"]
+        return cls(m.get("namespace", "default"), m["name"], m["uid"])
+
+
+class FakeDRAKubelet:
+    """``async with FakeDRAKubelet(registry_dir) as kubelet: ...`` — see the module docstring."""
+
+    def __init__(
+        self, registry_dir: str | Path, *, versions: Sequence[str] = ("v1", "v1beta1")
+    ) -> None:
+        self.registry_dir = Path(registry_dir)
+        self.versions = tuple(versions)  # newest first
+        self.plugins: dict[str, DRAPlugin] = {}
+        self.registrations: list[tuple[str, str]] = []  # (driver, version)
+        self.rejections: list[str] = []
+        self.calls: list[tuple[str, str, list[str]]] = []  # (method, driver, claim UIDs)
+        self.prepared: dict[str, Any] = {}  # claim UID -> NodePrepareResourceResponse
+        self.claim_pods: dict[str, set[str]] = {}  # claim UID -> pods using it
+        self._claim_refs: dict[str, tuple[str, ClaimRef]] = {}  # UID -> (driver, ref)
+        self._changed = asyncio.Condition()
+        self._watcher: DirectoryWatcher | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> FakeDRAKubelet:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        self.registry_dir.mkdir(parents=True, exist_ok=True)
+        self._watcher = DirectoryWatcher(self.registry_dir, self._on_event)
+        self._watcher.start()
+        for entry in sorted(self.registry_dir.iterdir()):  # the plugin watcher's first walk
+            self._on_event(entry.name, "created")
+
+    async def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
+        for t in list(self._tasks):
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+    async def restart(self) -> None:
+        """Forget the drivers and find them again (the kubelet restarted)."""
+        await self.stop()
+        self.plugins.clear()
+        await self.start()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_event(self, name: str, kind: str) -> None:
+        path = self.registry_dir / name
+        if kind == "created":
+            self._spawn(self._register(path))
+        elif kind == "deleted":
+            for p in list(self.plugins.values()):
+                if p.registry_socket == str(path):
+                    del self.plugins[p.name]
+                    self._spawn(self._notify())
+
+    async def _register(self, path: Path) -> None:
+        try:
+            if not stat.S_ISSOCK(path.lstat().st_mode):
+                return
+        except FileNotFoundError:
+            return
+        async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
+            stub = reg_grpc.RegistrationStub(channel)
+            try:
+                info = await stub.GetInfo(
+                    reg_pb.InfoRequest(), timeout=DIAL_TIMEOUT, wait_for_ready=True
+                )
+            except grpc.aio.AioRpcError as e:
+                await self._reject(f"GetInfo on {path} failed: {e.code().name}")
+                return
+            if info.type != "DRAPlugin":
+                return  # another handler's plugin (a device plugin in watcher mode)
+            problem, chosen = None, None
+            offered = list(info.supported_versions)
+            if not offered:
+                problem = "empty list of supported versions"
+            elif not _subdomain_ok(info.name):
+                problem = f"driver name {info.name!r} is not a DNS subdomain"
+            else:
+                chosen = next((v for v in self.versions if f"{v}.DRAPlugin" in offered), None)
+                if chosen is None:
+                    problem = (
+                        f"none of the versions {offered} is supported (kubelet: {self.versions})"
+                    )
+            if problem is None and not Path(info.endpoint).is_socket():
+                problem = f"endpoint {info.endpoint} is not a socket"
+            if problem is None:
+                assert chosen is not None
+                self.plugins[info.name] = DRAPlugin(
+                    info.name, info.endpoint, chosen, str(path), offered
+                )
+                self.registrations.append((info.name, chosen))
+            else:
+                self.rejections.append(problem)
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await stub.NotifyRegistrationStatus(
+                    reg_pb.RegistrationStatus(
+                        plugin_registered=problem is None, error=problem or ""
+                    ),
+                    timeout=DIAL_TIMEOUT,
+                )
+        await self._notify()
+
+    async def _reject(self, why: str) -> None:
+        self.rejections.append(why)
+        await self._notify()
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+        async def waiter() -> None:
+            async with self._changed:
+                await self._changed.wait_for(predicate)
+
+        await asyncio.wait_for(waiter(), timeout)
+
+    async def wait_registered(
+        self, driver: str, *, after: int = 0, timeout: float = 10.0
+    ) -> DRAPlugin:
+        """Wait until ``driver`` has registered more than ``after`` times and is current."""
+
+        def done() -> bool:
+            n = sum(1 for d, _ in self.registrations if d == driver)
+            return n > after and driver in self.plugins
+
+        await self.wait_for(done, timeout)
+        return self.plugins[driver]
+
+    # --- RPCs ------------------------------------------------------------
+
+    async def _rpc(self, method: str, driver: str, refs: Sequence[ClaimRef]) -> Any:
+        plugin = self.plugins.get(driver)
+        if plugin is None:
+            raise LookupError(f"DRA driver {driver} is not registered")
+        _name, pb, pb_grpc = WIRE[plugin.version]
+        claims = [pb.Claim(namespace=r.namespace, name=r.name, uid=r.uid) for r in refs]
+        self.calls.append((method, driver, [r.uid for r in refs]))
+        async with grpc.aio.insecure_channel(f"unix://{plugin.endpoint}") as channel:
+            stub = pb_grpc.DRAPluginStub(channel)
+            request_type = getattr(pb, f"{method}Request")
+            return await getattr(stub, method)(request_type(claims=claims), timeout=DIAL_TIMEOUT)
+
+    async def node_prepare(self, driver: str, refs: Sequence[ClaimRef]) -> Any:
+        """One raw NodePrepareResources call (no reference counting)."""
+        return await self._rpc("NodePrepareResources", driver, refs)
+
+    async def node_unprepare(self, driver: str, refs: Sequence[ClaimRef]) -> Any:
+        """One raw NodeUnprepareResources call."""
+        return await self._rpc("NodeUnprepareResources", driver, refs)
+
+    async def prepare_pod(self, pod: str, driver: str, refs: Sequence[ClaimRef]) -> dict[str, Any]:
+        """Prepare a pod's claims: only claims no other pod holds reach the driver.
+
+        Returns claim UID -> NodePrepareResourceResponse for every claim. A claim
+        whose answer carries an error is not recorded as prepared, and the pod
+        holds none of its claims until a retry prepares them all (as the kubelet
+        retries a pod whose claims failed).
+        """
+        fresh = [r for r in refs if r.uid not in self.prepared]
+        failed: dict[str, Any] = {}
+        if fresh:
+            response = await self.node_prepare(driver, fresh)
+            missing = [r.uid for r in fresh if r.uid not in response.claims]
+            if missing:
+                raise AssertionError(f"driver answered no entry for claims {missing}")
+            for r in fresh:
+                entry = response.claims[r.uid]
+                if entry.error:
+                    failed[r.uid] = entry
+                else:  # prepared claims stay prepared while the pod waits for the others
+                    self.prepared[r.uid] = entry
+                    self._claim_refs[r.uid] = (driver, r)
+        if not failed:  # the pod starts only when all its claims are prepared
+            for r in refs:
+                self.claim_pods.setdefault(r.uid, set()).add(pod)
+        return {r.uid: failed.get(r.uid) or self.prepared[r.uid] for r in refs}
+
+    async def unprepare_pod(self, pod: str) -> list[str]:
+        """Release a pod's claims; unprepare those no pod holds any more. Returns their UIDs."""
+        last: dict[str, list[ClaimRef]] = {}
+        for uid, pods in list(self.claim_pods.items()):
+            if pod in pods:
+                pods.discard(pod)
+                if not pods:
+                    driver, ref = self._claim_refs[uid]
+                    last.setdefault(driver, []).append(ref)
+        done = []
+        for driver, refs in last.items():
+            response = await self.node_unprepare(driver, refs)
+            for r in refs:
+                entry = response.claims.get(r.uid)
+                if entry is None or entry.error:
+                    raise AssertionError(
+                        f"unprepare of {r.uid} failed: {entry.error if entry else 'no entry'}"
+                    )
+                del self.claim_pods[r.uid]
+                self.prepared.pop(r.uid, None)
+                self._claim_refs.pop(r.uid, None)
+                done.append(r.uid)
+        return done
+
+
+# --- running DRA daemons in-process ---------------------------------------------------
+
+
+class DRARunner:
+    """Start :class:`~hetero_dp.dra.runner.DRADaemon` s under ``root`` against ``api``.
+
+    Layout: ``root/reg`` (plugins_registry, where a :class:`FakeDRAKubelet`
+    looks), ``root/plugins`` (driver sockets and checkpoints), ``root/cdi``
+    (CDI specs). Health polling, rediscovery and slice resync are off unless
+    ``config`` sets them: tests drive them (``daemon.poll_health()``,
+    ``daemon.rediscover()``, ``driver.resync()``).
+    """
+
+    def __init__(self, root: Path, api: FakeAPIServer, node: str = "node-a") -> None:
+        self.root = Path(root)
+        self.api = api
+        self.node = node
+        self.daemons: list[Any] = []
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.root / "reg"
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.root / "cdi"
+
+    @property
+    def plugins_dir(self) -> Path:
+        return self.root / "plugins"
+
+    async def start(
+        self,
+        *backends: Any,
+        config: dict[str, Any] | None = None,
+        options: dict[str, dict[str, Any]] | None = None,
+        driver_names: dict[str, str] | None = None,
+        node: str | None = None,
+        api_versions: Sequence[str] | None = None,
+        resync_interval: float = 0,
+    ) -> Any:
+        from ..config import load_config
+        from ..dra.runner import DRADaemon, DRAOptions
+        from ..plugins import load_backends
+
+        raw: dict[str, Any] = {"healthInterval": 0, "rediscoverInterval": 0}
+        raw.update(config or {})
+        raw["kubeletDir"] = str(self.root / "dp")
+        raw["pluginsRegistryDir"] = str(self.registry_dir)
+        raw.setdefault("cdi", {})["dir"] = str(self.cdi_dir)
+        if options:
+            merged = dict(raw.get("backends") or {})
+            for name, given in options.items():
+                merged[name] = {**merged.get(name, {}), **given}
+            raw["backends"] = merged
+        cfg = load_config(raw=raw, env={})
+        opts = DRAOptions(
+            node_name=self.node if node is None else node,
+            driver_names=dict(driver_names or {}),
+            plugins_dir=self.plugins_dir,
+            resync_interval=resync_interval,
+        )
+        if api_versions:
+            opts.api_versions = tuple(api_versions)
+        daemon = DRADaemon(
+            cfg, load_backends(backends, timeout=cfg.hook_timeout), opts, self.api.client()
+        )
+        self.daemons.append(daemon)
+        try:
+            await daemon.start()
+        except BaseException:
+            await daemon.stop()
+            self.daemons.remove(daemon)
+            raise
+        return daemon
+
+    async def stop(self, daemon: Any) -> None:
+        if daemon in self.daemons:
+            self.daemons.remove(daemon)
+            await daemon.stop()
+
+    async def stop_all(self) -> None:
+        for d in list(self.daemons):
+            await self.stop(d)

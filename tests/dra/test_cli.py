@@ -1,0 +1,94 @@
+"""``hetero-dp run --mode dra`` as a real process: a claim prepared by one process is
+unprepared by the next, after the first was killed."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+from pathlib import Path
+
+from hetero_dp.dra import device_name
+from hetero_dp.testing.dra import ClaimRef, make_claim
+
+from .backend import DRIVER
+
+PLUGIN = Path(__file__).with_name("npu_plugin.py")
+
+
+def spawn(dra, hetero_dp_cmd, cli_env, *extra: str) -> subprocess.Popen[bytes]:
+    cfg = dra.root / "config.yaml"
+    cfg.write_text(f"healthInterval: 0\nrediscoverInterval: 0\ncdi:\n  dir: {dra.cdi_dir}\n")
+    return subprocess.Popen(
+        [
+            *hetero_dp_cmd,
+            "run",
+            str(PLUGIN),
+            "--mode",
+            "dra",
+            "-c",
+            str(cfg),
+            "--kubelet-dir",
+            str(dra.root / "dp"),
+            "--plugins-registry-dir",
+            str(dra.registry_dir),
+            "--dra-plugins-dir",
+            str(dra.plugins_dir),
+            "--api-server",
+            dra.api.url,
+            *extra,
+        ],
+        env={**cli_env, "NODE_NAME": "node-a"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+async def wait_exit(proc: subprocess.Popen[bytes], timeout: float = 20) -> tuple[int, str]:
+    out, _ = await asyncio.to_thread(proc.communicate, timeout=timeout)
+    return proc.returncode, out.decode()
+
+
+async def test_unprepare_after_the_preparing_process_was_killed(
+    dra, kubelet, api_server, hetero_dp_cmd, cli_env
+):
+    first = spawn(dra, hetero_dp_cmd, cli_env)
+    try:
+        await kubelet.wait_registered(DRIVER, timeout=30)
+        await api_server.wait_for(lambda: len(api_server.devices_of(DRIVER)) == 2)
+        ref = ClaimRef.of(
+            api_server.add_claim(
+                make_claim("c", [("npu", device_name("NPU-0001"))], driver=DRIVER, pool="node-a")
+            )
+        )
+        entry = (await kubelet.node_prepare(DRIVER, [ref])).claims[ref.uid]
+        assert entry.error == "" and entry.devices[0].cdi_device_ids
+        assert list(dra.cdi_dir.glob("*.json"))
+    finally:
+        first.kill()  # no clean shutdown: slices, sockets and the spec stay behind
+        await wait_exit(first)
+    second = spawn(dra, hetero_dp_cmd, cli_env)
+    try:
+        await kubelet.wait_registered(DRIVER, after=1, timeout=30)
+        response = await kubelet.node_unprepare(DRIVER, [ref])
+        assert response.claims[ref.uid].error == ""
+        assert list(dra.cdi_dir.glob("*.json")) == []
+        assert len(api_server.devices_of(DRIVER)) == 2
+    finally:
+        second.send_signal(signal.SIGTERM)
+        code, out = await wait_exit(second)
+    assert code == 0, out
+    assert api_server.slices_of(DRIVER) == [], out  # clean shutdown removed the pool
+
+
+async def test_without_a_node_name_the_cli_explains(dra, hetero_dp_cmd, cli_env):
+    env = {k: v for k, v in cli_env.items() if k != "NODE_NAME"}
+    proc = subprocess.Popen(
+        [*hetero_dp_cmd, "run", str(PLUGIN), "--mode", "dra", "--api-server", dra.api.url],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    code, out = await wait_exit(proc)
+    assert code == 2, out
+    assert "--node-name" in out and "NODE_NAME" in out

@@ -1,0 +1,51 @@
+"""Every DaemonSet we ship (NVIDIA, udev, the `hetero-dp new` template) wires the
+operations side the same way: the probes ask the port the daemon serves on (from
+HETERO_DP_METRICS_ADDRESS), and the label dir (HETERO_DP_LABELS_DIR) is a writable hostPath
+mount of the same path on the host."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hetero_dp import scaffold
+from hetero_dp.probes import parse_address
+
+ROOT = Path(__file__).resolve().parents[2]
+NFD_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
+
+
+def _template_daemonset(tmp: Path) -> Path:
+    values = {"vendor_domain": "acme.example.com", "resource": "npu", "device_glob": "/dev/acme*"}
+    project, _ = scaffold.generate(values, tmp / "proj")
+    return project / "deploy" / "daemonset.yaml"
+
+
+@pytest.mark.parametrize("which", ["nvidia", "udev", "template"])
+def test_probes_port_and_label_dir_agree(which, tmp_path):
+    path = {
+        "nvidia": ROOT / "deploy/nvidia/nvidia-device-plugin.yml",
+        "udev": ROOT / "deploy/udev/daemonset.yaml",
+    }.get(which) or _template_daemonset(tmp_path)
+    ds = next(d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    [c] = pod["containers"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+
+    host, port = parse_address(env["HETERO_DP_METRICS_ADDRESS"])
+    assert host is None, "the kubelet probes the pod's IP: listen on all interfaces"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports["metrics"] == port
+    for probe, target in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        get = c[probe]["httpGet"]
+        assert get["path"] == target
+        assert ports.get(get["port"], get["port"]) == port
+
+    labels_dir = env["HETERO_DP_LABELS_DIR"]
+    assert labels_dir == NFD_DIR
+    [mount] = [m for m in c["volumeMounts"] if m["mountPath"] == labels_dir]
+    assert not mount.get("readOnly", False)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mount["name"]]["hostPath"] == {"path": NFD_DIR, "type": "DirectoryOrCreate"}
