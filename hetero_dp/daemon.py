@@ -385,7 +385,7 @@ class Daemon:
             devices = await rt.backend.discover()
         except BackendError as e:
             self._hook_error(rt, "discover", e)
-            rt.faults["discover"] = f"discovery failed: {e.__cause__ or e}"
+            rt.faults["discover"] = f"discovery failed: {str(e.__cause__ or '') or e}"
             return
         rt.faults.pop("discover", None)
         rt.discovered = {d.id: d for d in devices}
