@@ -44,7 +44,7 @@ def _child(name: str, out: str) -> None:
         result: Any = {"skipped": "no run() in module"}
     else:
         result = run()
-        if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):  # async def run()
             result = asyncio.run(result)
     Path(out).write_text(json.dumps(result, default=str))
 

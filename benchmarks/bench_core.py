@@ -13,6 +13,7 @@ or the in-process ``_StreamFloor``) measured alongside, interleaved.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -59,7 +60,14 @@ def proc_stats(pid: int) -> dict[str, float]:
     stat = Path(f"/proc/{pid}/stat").read_text()
     after = stat.rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
+    switches = 0  # every thread's voluntary context switches: how often it woke up
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    switches += int(line.split()[1])
     return {
+        "wakeups": switches,
         "rss_mib": int(fields["VmRSS"].split()[0]) / 1024,
         "threads": int(fields["Threads"]),
         "cpu_s": (int(after[11]) + int(after[12])) / ticks,
@@ -396,6 +404,10 @@ async def bench_idle() -> list[dict[str, Any]]:
         return (after[pid]["cpu_s"] - before[pid]["cpu_s"]) / wall * 100
 
     d, f = daemon.pid, floor.pid
+
+    def wakeups(pid: int) -> float:
+        return (after[pid]["wakeups"] - before[pid]["wakeups"]) / wall
+
     rss, frss = after[d]["rss_mib"], after[f]["rss_mib"]
     return [
         row(
@@ -414,7 +426,7 @@ async def bench_idle() -> list[dict[str, Any]]:
             floor=cpu(f) or None,
             goal="< 0.1%",
             ok=cpu(d) < 0.1,
-            note=f"floor {cpu(f):.3f}%",
+            note=f"floor {cpu(f):.3f}%; wake-ups/s {wakeups(d):.2f} vs {wakeups(f):.2f}",
         ),
     ]
 
