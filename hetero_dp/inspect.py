@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from .config import Config
 from .device import Device
 from .errors import BackendError, ConfigError
-from .plugins import load_backends
+from .plugins import Backend, load_backends
 
 
-async def discover_once(spec: str, cfg: Config) -> list[Device]:
-    """Configure one backend and run its discovery once."""
+@contextlib.asynccontextmanager
+async def configured_backend(spec: str, cfg: Config) -> AsyncIterator[Backend]:
+    """One backend, loaded and configured, shut down on exit; its failures become
+    ConfigError naming the backend (for commands that look without a kubelet)."""
     (backend,) = load_backends([spec], timeout=cfg.hook_timeout)
     backend.options = cfg.backend_options(backend.name)
     try:
@@ -20,16 +23,20 @@ async def discover_once(spec: str, cfg: Config) -> list[Device]:
             await backend.call("configure", options=backend.options)
         except (ConfigError, ValueError, BackendError) as e:
             raise ConfigError(str(e), source=f"backend {backend.name}") from None
+        yield backend
+    finally:
+        with contextlib.suppress(BackendError):
+            await backend.call("shutdown", timeout=5)
+        backend.close()
+
+
+async def discover_once(spec: str, cfg: Config) -> list[Device]:
+    """Configure one backend and run its discovery once."""
+    async with configured_backend(spec, cfg) as backend:
         try:
             return await backend.discover()
         except BackendError as e:
             raise ConfigError(str(e), source=f"backend {backend.name}") from None
-    finally:
-        try:
-            await backend.call("shutdown", timeout=5)
-        except BackendError:
-            pass
-        backend.close()
 
 
 def device_table(devices: Sequence[Device]) -> str:

@@ -29,7 +29,6 @@ import yaml
 from .config import Config
 from .device import Device, Link
 from .errors import BackendError, ConfigError
-from .plugins import load_backends
 from .preferred import explain_preferred, link_scores, scoring_id
 from .sharing import DEFAULT_REPLICA_POLICY, advertise
 
@@ -261,22 +260,14 @@ def _parse_device(item: Any, where: str, fail: Any) -> Device:
 
 async def backend_topology(spec: str, cfg: Config) -> tuple[list[Device], list[Link]]:
     """Configure one backend, discover once and ask for its links (no kubelet needed)."""
-    (backend,) = load_backends([spec], timeout=cfg.hook_timeout)
-    backend.options = cfg.backend_options(backend.name)
-    where = f"backend {backend.name}"
-    try:
+    from .inspect import configured_backend
+
+    async with configured_backend(spec, cfg) as backend:
         try:
-            await backend.call("configure", options=backend.options)
             devices = await backend.discover()
             links = await backend.links(devices) if backend.implements("links") else []
-        except (ConfigError, ValueError, BackendError) as e:
-            raise ConfigError(str(e), source=where) from None
-    finally:
-        try:
-            await backend.call("shutdown", timeout=5)
-        except BackendError:
-            pass
-        backend.close()
+        except BackendError as e:
+            raise ConfigError(str(e), source=f"backend {backend.name}") from None
     return devices, links
 
 

@@ -52,6 +52,8 @@ from ..inotify import DirectoryWatcher
 from ..kubelet.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from ..kubelet.api import pluginregistration_v1_pb2 as reg_pb
 from ..kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
+from .runner import PluginRunner, test_config
+from .waiting import ChangeWaiter
 
 GROUP = "resource.k8s.io"
 SCHEMA_VERSION = "1.34"
@@ -500,7 +502,7 @@ class ClaimRef:
         return cls(m.get("namespace", "default"), m["name"], m["uid"])
 
 
-class FakeDRAKubelet:
+class FakeDRAKubelet(ChangeWaiter):
     """``async with FakeDRAKubelet(registry_dir) as kubelet: ...`` — see the module docstring."""
 
     def __init__(
@@ -515,7 +517,7 @@ class FakeDRAKubelet:
         self.prepared: dict[str, Any] = {}  # claim UID -> NodePrepareResourceResponse
         self.claim_pods: dict[str, set[str]] = {}  # claim UID -> pods using it
         self._claim_refs: dict[str, tuple[str, ClaimRef]] = {}  # UID -> (driver, ref)
-        self._changed = asyncio.Condition()
+        self._init_changes()
         self._watcher: DirectoryWatcher | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -615,17 +617,6 @@ class FakeDRAKubelet:
         self.rejections.append(why)
         await self._notify()
 
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
-
-    async def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-        async def waiter() -> None:
-            async with self._changed:
-                await self._changed.wait_for(predicate)
-
-        await asyncio.wait_for(waiter(), timeout)
-
     async def wait_registered(
         self, driver: str, *, after: int = 0, timeout: float = 10.0
     ) -> DRAPlugin:
@@ -715,7 +706,7 @@ class FakeDRAKubelet:
 # --- running DRA daemons in-process ---------------------------------------------------
 
 
-class DRARunner:
+class DRARunner(PluginRunner):
     """Start :class:`~hetero_dp.dra.runner.DRADaemon` s under ``root`` against ``api``.
 
     Layout: ``root/reg`` (plugins_registry, where a :class:`FakeDRAKubelet`
@@ -726,14 +717,10 @@ class DRARunner:
     """
 
     def __init__(self, root: Path, api: FakeAPIServer, node: str = "node-a") -> None:
+        super().__init__(Path(root) / "dp", Path(root) / "reg")
         self.root = Path(root)
         self.api = api
         self.node = node
-        self.daemons: list[Any] = []
-
-    @property
-    def registry_dir(self) -> Path:
-        return self.root / "reg"
 
     @property
     def cdi_dir(self) -> Path:
@@ -743,7 +730,7 @@ class DRARunner:
     def plugins_dir(self) -> Path:
         return self.root / "plugins"
 
-    async def start(
+    async def start(  # type: ignore[override]  # DRA daemons take DRA options too
         self,
         *backends: Any,
         config: dict[str, Any] | None = None,
@@ -757,16 +744,10 @@ class DRARunner:
         from ..dra.runner import DRADaemon, DRAOptions
         from ..plugins import load_backends
 
-        raw: dict[str, Any] = {"healthInterval": 0, "rediscoverInterval": 0}
-        raw.update(config or {})
-        raw["kubeletDir"] = str(self.root / "dp")
+        raw = test_config(config, options)
+        raw["kubeletDir"] = str(self.plugin_dir)
         raw["pluginsRegistryDir"] = str(self.registry_dir)
         raw.setdefault("cdi", {})["dir"] = str(self.cdi_dir)
-        if options:
-            merged = dict(raw.get("backends") or {})
-            for name, given in options.items():
-                merged[name] = {**merged.get(name, {}), **given}
-            raw["backends"] = merged
         cfg = load_config(raw=raw, env={})
         opts = DRAOptions(
             node_name=self.node if node is None else node,
@@ -779,20 +760,4 @@ class DRARunner:
         daemon = DRADaemon(
             cfg, load_backends(backends, timeout=cfg.hook_timeout), opts, self.api.client()
         )
-        self.daemons.append(daemon)
-        try:
-            await daemon.start()
-        except BaseException:
-            await daemon.stop()
-            self.daemons.remove(daemon)
-            raise
-        return daemon
-
-    async def stop(self, daemon: Any) -> None:
-        if daemon in self.daemons:
-            self.daemons.remove(daemon)
-            await daemon.stop()
-
-    async def stop_all(self) -> None:
-        for d in list(self.daemons):
-            await self.stop(d)
+        return await self.launch(daemon)

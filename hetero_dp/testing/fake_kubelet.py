@@ -37,6 +37,7 @@ from ..kubelet.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from ..kubelet.api import pluginregistration_v1_pb2 as reg_pb
 from ..kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from ..names import API_VERSION, CHECKPOINT_FILE, KUBELET_SOCKET, resource_name_problem
+from .waiting import ChangeWaiter
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ class _RegistrationServicer(pb_grpc.RegistrationServicer):
         return pb.Empty()
 
 
-class FakeKubelet:
+class FakeKubelet(ChangeWaiter):
     """An in-process kubelet for tests: ``async with FakeKubelet(dir) as kubelet: ...``.
 
     ``plugin_dir`` is the device-plugin dir (keep its path short: unix socket
@@ -122,7 +123,7 @@ class FakeKubelet:
         self.rejections: list[str] = []
         self.restarts = 0
         self._server: grpc.aio.Server | None = None
-        self._changed = asyncio.Condition()
+        self._init_changes()
         self._watcher: DirectoryWatcher | None = None
         self._watcher_tasks: set[asyncio.Task[None]] = set()
 
@@ -334,19 +335,6 @@ class FakeKubelet:
                 )
 
     # --- waiting ---------------------------------------------------------
-
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
-
-    async def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-        """Wait until ``predicate()`` holds (re-checked on every change), or TimeoutError."""
-
-        async def waiter() -> None:
-            async with self._changed:
-                await self._changed.wait_for(predicate)
-
-        await asyncio.wait_for(waiter(), timeout)
 
     async def wait_registered(
         self, name: str, *, after: int = 0, timeout: float = 10.0

@@ -18,6 +18,21 @@ def short_tempdir(prefix: str = "hdp-") -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
 
 
+def test_config(
+    config: Mapping[str, Any] | None, options: Mapping[str, Mapping[str, Any]] | None
+) -> dict[str, Any]:
+    """A config document for tests: polling and rediscovery off unless ``config`` sets
+    them, ``options`` merged into ``backends.<name>``."""
+    raw: dict[str, Any] = {"healthInterval": 0, "rediscoverInterval": 0}
+    raw.update(config or {})
+    if options:
+        merged = dict(raw.get("backends") or {})
+        for name, opts in options.items():
+            merged[name] = {**merged.get(name, {}), **opts}
+        raw["backends"] = merged
+    return raw
+
+
 class PluginRunner:
     """Start daemons serving backends into ``plugin_dir``; stop them all at the end."""
 
@@ -38,18 +53,15 @@ class PluginRunner:
         ``backends.<name>`` options. Health polling and rediscovery are off
         unless ``config`` sets their intervals, so tests drive them explicitly.
         """
-        raw: dict[str, Any] = {"healthInterval": 0, "rediscoverInterval": 0}
-        raw.update(config or {})
+        raw = test_config(config, options)
         raw["kubeletDir"] = str(self.plugin_dir)
         if self.registry_dir is not None:
             raw.setdefault("pluginsRegistryDir", str(self.registry_dir))
-        if options:
-            merged = dict(raw.get("backends") or {})
-            for name, opts in options.items():
-                merged[name] = {**merged.get(name, {}), **opts}
-            raw["backends"] = merged
         cfg = load_config(raw=raw, env={})
-        daemon = Daemon(cfg, load_backends(backends, timeout=cfg.hook_timeout))
+        return await self.launch(Daemon(cfg, load_backends(backends, timeout=cfg.hook_timeout)))
+
+    async def launch(self, daemon: Daemon) -> Daemon:
+        """Start ``daemon``; it is stopped with the others at the end (or now, if it fails)."""
         self.daemons.append(daemon)
         try:
             await daemon.start()

@@ -28,7 +28,7 @@ DATA = Path(__file__).parent / "data"
 MISSING = testing.missing()
 UNDER_PRELOAD = testing.under_preload()
 RESULTS_ENV = "HETERO_DP_UDEV_RESULTS"
-CHILD_TIMEOUT_S = 300
+CHILD_TIMEOUT_S = 600  # generous: on a loaded 2-core machine the child run can take minutes
 
 _child: dict[str, Any] = {}
 
