@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .allocate import build_response, validate_ids
-from .delivery import apply_delivery
+from .delivery import Delivery, apply_delivery, parse_delivery
 from .device import Device
-from .errors import AllocationError, BackendError
+from .errors import AllocationError, BackendError, ConfigError
 from .plugins import Backend
 from .preferred import choose_preferred
 from .response import ContainerResponse
@@ -32,13 +32,28 @@ class Resource:
     ) -> None:
         self.name = name
         self.backend = backend
-        self.settings: Mapping[str, Any] = dict(settings or {})
+        self.settings = dict(settings or {})
         self.sharing = sharing or SharingConfig()
         self.state = ResourceState(name)
         self.links: dict[tuple[str, str], float] = {}
         self.registered = False
         self.open_streams = 0
         self.streams_changed = asyncio.Event()  # set on every stream open and close
+
+    @property
+    def settings(self) -> Mapping[str, Any]:
+        return self._settings
+
+    @settings.setter
+    def settings(self, value: Mapping[str, Any]) -> None:
+        # Parsed once here, not on every Allocate; invalid settings were refused at
+        # start-up or reload, so None (parse at allocation, which names the error)
+        # only happens for settings nobody validated.
+        self._settings = dict(value)
+        try:
+            self._delivery: Delivery | None = parse_delivery(self._settings, resource=self.name)
+        except ConfigError:
+            self._delivery = None
 
     @property
     def pre_start_required(self) -> bool:
@@ -65,7 +80,9 @@ class Resource:
         validate_ids(self.state, ids)
         self.sharing.check_request(self.name, ids)
         physical = self._physical_devices(ids)
-        response = apply_delivery(build_response(physical), physical, self.settings)
+        response = apply_delivery(
+            build_response(physical), physical, self._delivery or self.settings
+        )
         try:
             await self.backend.call("allocate", devices=physical, response=response)
         except BackendError as e:
