@@ -203,6 +203,10 @@ class Daemon:
             log.info("kubelet.sock created: the kubelet restarted; re-registering")
             observe.emit("kubelet_restart", reason="kubelet.sock created")
             for ep in self.endpoints.values():
+                if ep.mode == "watcher":
+                    # the kubelet's plugin watcher walks plugins_registry on start and
+                    # registers us itself; a restart here would only register twice
+                    continue
                 ep.notify_kubelet_appeared()
                 # Still registering (first start, or the kubelet came late) with our
                 # socket in place: waking the pending Register is enough. A restart

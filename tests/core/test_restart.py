@@ -100,3 +100,20 @@ async def test_watcher_mode_registers_and_survives_restart(fake_kubelet, plugin_
             and A in fake_kubelet.resources
         )
     )
+
+
+async def test_watcher_mode_kubelet_restart_registers_once_without_plugin_restart(
+    fake_kubelet, plugin_runner
+):
+    """In watcher mode the kubelet's walk of plugins_registry re-registers the plugin;
+    the new kubelet.sock must not also restart it (that would register it twice)."""
+    daemon = await plugin_runner.start(
+        two_resources(), config={"registration": "watcher", "streamTimeout": 60}
+    )
+    await fake_kubelet.wait_registered(A)
+    await fake_kubelet.stop()  # plugin sockets stay, as after a kubelet crash
+    await fake_kubelet.start()  # new kubelet.sock; the registry walk finds our sockets
+    await fake_kubelet.wait_registered(A, after=1)
+    await fake_kubelet.wait_registered(B, after=1)
+    assert fake_kubelet.registration_count(A) == 2
+    assert daemon.endpoints[A].restarts == 0 and daemon.endpoints[B].restarts == 0
