@@ -291,7 +291,16 @@ def topo(
 @click.option("--containerd-config", default="/etc/containerd/config.toml", show_default=True)
 @click.option("--docker-config", default="/etc/docker/daemon.json", show_default=True)
 @click.option("--cdi-dir", "cdi_dirs", multiple=True, help="CDI spec dirs (repeatable).")
-@click.option("--daemon-address", help="Where to ask /readyz (default: metrics.address).")
+@click.option(
+    "--daemon-address",
+    envvar="HETERO_DP_METRICS_ADDRESS",
+    help="Where to ask /readyz (env HETERO_DP_METRICS_ADDRESS; default: metrics.address).",
+)
+@click.option(
+    "--labels-dir",
+    envvar="HETERO_DP_LABELS_DIR",
+    help="Check the label file in DIR (env HETERO_DP_LABELS_DIR, as the DaemonSets set it).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def doctor(
     backends: tuple[str, ...],
@@ -303,6 +312,7 @@ def doctor(
     docker_config: str,
     cdi_dirs: tuple[str, ...],
     daemon_address: str | None,
+    labels_dir: str | None,
     as_json: bool,
 ) -> None:
     """Walk the node's troubleshooting chain: driver, devices, container runtime,
@@ -311,7 +321,10 @@ def doctor(
     from .plugins import load_backends
 
     try:
-        cfg = _config(config, options, kubeletDir=kubelet_dir)
+        flags: dict[str, Any] = {"kubeletDir": kubelet_dir}
+        if labels_dir:
+            flags["labels"] = {"enabled": True, "dir": labels_dir}
+        cfg = _config(config, options, **flags)
         loaded = load_backends(backends, timeout=cfg.hook_timeout)
     except ConfigError as e:
         _fail_config(e)

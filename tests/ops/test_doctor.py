@@ -407,3 +407,28 @@ def test_cli_json_and_exit_code(root, repo_root, cli_env, hetero_dp_cmd):
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "WARN" in out.stdout and "no failures" in out.stdout
+
+
+def test_cli_reads_the_daemonsets_env_for_labels_and_daemon(
+    root, repo_root, cli_env, hetero_dp_cmd
+):
+    """Inside the plugin's pod doctor sees what `run` was given through the env."""
+    root.socket(f"{DP}/kubelet.sock")
+    env = dict(
+        cli_env,
+        PYTHONPATH=str(repo_root),
+        HETERO_DP_LABELS_DIR=f"/{LABELS}",
+        HETERO_DP_METRICS_ADDRESS="127.0.0.1:9",  # nothing listens on the discard port
+    )
+    out = subprocess.run(
+        [*hetero_dp_cmd, "doctor", "--root", str(root.path), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=repo_root,
+        timeout=60,
+    )
+    checks = {c["step"]: c for c in json.loads(out.stdout)["checks"]}
+    assert checks["labels"]["status"] == "fail", checks["labels"]  # no label file yet
+    assert checks["daemon"]["status"] == "fail", checks["daemon"]  # asked, nobody answered
+    assert "127.0.0.1:9" in json.dumps(checks["daemon"])
