@@ -34,6 +34,10 @@ def configure(options: Mapping[str, Any]) -> None:
     ``options`` is the ``backends.<name>`` section of the config file merged
     with the backend's environment and flags. Raise ``hetero_dp.ConfigError``
     (or ``ValueError``) to stop start-up; the message names the field.
+
+    A config reload whose options for this backend changed calls it again while
+    the daemon runs (and while ``watch`` may be running); raising then rejects the
+    reload and the old options stay in force.
     """
 
 
