@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import grpc
 
@@ -21,6 +22,8 @@ from .api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from .convert import container_response_to_pb, list_and_watch_response
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def _status(code: str) -> grpc.StatusCode:
@@ -66,53 +69,66 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             observe.emit("stream_closed", resource=res.name, open=res.open_streams)
             log.info("ListAndWatch closed", extra={"resource": res.name})
 
-    async def _fail(self, context: grpc.aio.ServicerContext, e: AllocationError) -> None:
-        await context.abort(_status(e.code), str(e))
+    async def _answer(
+        self,
+        rpc: str,
+        context: grpc.aio.ServicerContext,
+        work: Callable[[], Awaitable[T]],
+        *,
+        event: str | None = None,
+        ids: list[str] | None = None,
+    ) -> T:
+        """Run one RPC's work: refusals become their gRPC status, anything else
+        INTERNAL, with a message and a log line naming the resource (and ``ids``, which
+        ``work`` may fill in); ``event`` is emitted with the time taken and the code."""
+        res = self.resource
+        start = time.perf_counter()
+        code = "OK"
+        fields: dict[str, object] = {"resource": res.name}
+        if ids is not None:
+            fields["devices"] = ids
+        try:
+            return await work()
+        except AllocationError as e:
+            code = e.code
+            log.warning("%s refused: %s", rpc, e, extra=fields)
+            await context.abort(_status(e.code), str(e))
+            raise  # abort() raises; this line is for type checkers
+        except Exception as e:
+            code = "INTERNAL"
+            log.exception("%s failed", rpc, extra=fields)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{res.name}: {rpc} failed: {e!r}")
+            raise
+        finally:
+            if event is not None:
+                observe.emit(event, seconds=time.perf_counter() - start, code=code, **fields)
 
     async def Allocate(
         self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext
     ) -> pb.AllocateResponse:
         res = self.resource
-        start = time.perf_counter()
-        code = "OK"
         ids: list[str] = []
-        try:
+
+        async def work() -> pb.AllocateResponse:
             if not request.container_requests:
                 raise AllocationError(f"{res.name}: Allocate with no container requests")
             responses = []
             for creq in request.container_requests:
-                ids = list(creq.devices_ids)
-                responses.append(container_response_to_pb(await res.allocate(ids)))
+                ids[:] = creq.devices_ids
+                responses.append(container_response_to_pb(await res.allocate(list(ids))))
             # debug, not info: one log line per Allocate was a third of its cost
             # (benchmarks/bench_core.py); the "allocate" event still counts each one
             log.debug("allocated %s", ", ".join(ids), extra={"resource": res.name, "devices": ids})
             return pb.AllocateResponse(container_responses=responses)
-        except AllocationError as e:
-            code = e.code
-            log.warning("Allocate refused: %s", e, extra={"resource": res.name, "devices": ids})
-            await self._fail(context, e)
-            raise  # abort() raises; this line is for type checkers
-        except Exception as e:
-            code = "INTERNAL"
-            log.exception("Allocate failed", extra={"resource": res.name, "devices": ids})
-            await context.abort(grpc.StatusCode.INTERNAL, f"{res.name}: allocate failed: {e!r}")
-            raise
-        finally:
-            observe.emit(
-                "allocate",
-                resource=res.name,
-                seconds=time.perf_counter() - start,
-                code=code,
-                devices=ids,
-            )
+
+        return await self._answer("Allocate", context, work, event="allocate", ids=ids)
 
     async def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext
     ) -> pb.PreferredAllocationResponse:
         res = self.resource
-        start = time.perf_counter()
-        code = "OK"
-        try:
+
+        async def work() -> pb.PreferredAllocationResponse:
             out = []
             for creq in request.container_requests:
                 chosen = await res.preferred(
@@ -122,29 +138,18 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 )
                 out.append(pb.ContainerPreferredAllocationResponse(deviceIDs=chosen))
             return pb.PreferredAllocationResponse(container_responses=out)
-        except AllocationError as e:
-            code = e.code
-            log.warning("GetPreferredAllocation refused: %s", e, extra={"resource": res.name})
-            await self._fail(context, e)
-            raise
-        except Exception as e:
-            code = "INTERNAL"
-            log.exception("GetPreferredAllocation failed", extra={"resource": res.name})
-            await context.abort(grpc.StatusCode.INTERNAL, f"{res.name}: preferred failed: {e!r}")
-            raise
-        finally:
-            observe.emit(
-                "preferred_allocation",
-                resource=res.name,
-                seconds=time.perf_counter() - start,
-                code=code,
-            )
+
+        return await self._answer(
+            "GetPreferredAllocation", context, work, event="preferred_allocation"
+        )
 
     async def PreStartContainer(
         self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext
     ) -> pb.PreStartContainerResponse:
-        try:
-            await self.resource.pre_start(list(request.devices_ids))
-        except AllocationError as e:
-            await self._fail(context, e)
-        return pb.PreStartContainerResponse()
+        ids = list(request.devices_ids)
+
+        async def work() -> pb.PreStartContainerResponse:
+            await self.resource.pre_start(ids)
+            return pb.PreStartContainerResponse()
+
+        return await self._answer("PreStartContainer", context, work, ids=ids)
