@@ -115,7 +115,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             responses = []
             for creq in request.container_requests:
                 ids[:] = creq.devices_ids
-                responses.append(container_response_to_pb(await res.allocate(list(ids))))
+                responses.append(container_response_to_pb(await res.allocate(ids)))
             # debug, not info: one log line per Allocate was a third of its cost
             # (benchmarks/bench_core.py); the "allocate" event still counts each one
             log.debug("allocated %s", ", ".join(ids), extra={"resource": res.name, "devices": ids})
