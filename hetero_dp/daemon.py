@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 WATCH_RESTART_BACKOFF = (1.0, 60.0)
 
 Publisher = Callable[["BackendRuntime"], Any]
+# physical resource -> (its devices by ID, advertised name -> the devices it advertises)
+Plan = dict[str, tuple[dict[str, Device], dict[str, list[Device]]]]
 
 
 class BackendRuntime:
@@ -240,8 +242,11 @@ class Daemon:
         """A resource's settings: the backend's defaults under the config file's section."""
         return {**self.resource_defaults.get(name, {}), **self.config.resource_settings(name)}
 
+    def _wants_defaults(self, name: str, rt: BackendRuntime) -> bool:
+        return name not in self.resource_defaults and rt.backend.implements("resource_defaults")
+
     async def _load_defaults(self, name: str, rt: BackendRuntime) -> None:
-        if name in self.resource_defaults or not rt.backend.implements("resource_defaults"):
+        if not self._wants_defaults(name, rt):  # loaded already (by a concurrent publish too)
             return
         try:
             defaults = await rt.backend.resource_defaults(name)
@@ -293,31 +298,34 @@ class Daemon:
 
     async def _publish(self, rt: BackendRuntime) -> None:
         """Push the backend's effective devices to its resources."""
-        effective = rt.effective()
+        # Load new resources' defaults first, then read the devices and update every
+        # resource without awaiting: a publish that read them before an await could
+        # finish after a newer one and put its stale view back.
+        while True:
+            effective = rt.effective()
+            plan, invalid = self._plan(rt, effective)
+            missing = {
+                name
+                for phys, (_, grouped) in plan.items()
+                for name in set(grouped) | rt.resources.get(phys, set())
+                if self._wants_defaults(name, rt)
+            }
+            if not missing:
+                break
+            for name in sorted(missing):
+                await self._load_defaults(name, rt)
         self._log_transitions(rt, effective)
         ids_changed = set(rt.published) != {d.id for d in effective}
         rt.published = {d.id: d for d in effective}
-        by_resource: dict[str, list[Device]] = {}
-        for d in effective:
-            if resource_name_problem(d.resource):
-                log.error(
-                    "backend %r: device %r has an invalid resource name %r; ignored",
-                    rt.backend.name,
-                    d.id,
-                    d.resource,
-                )
-                continue
-            by_resource.setdefault(d.resource, []).append(d)
-        for phys in set(rt.resources) - set(by_resource):
-            by_resource[phys] = []
-        for phys, devices in by_resource.items():
-            physical_map = {d.id: d for d in devices}
-            grouped: dict[str, list[Device]] = {}
-            for d in advertise(devices, self.config.sharing):
-                grouped.setdefault(d.resource, []).append(d)
-            names = set(grouped) | rt.resources.get(phys, set())
-            for name in names:
-                await self._load_defaults(name, rt)
+        for d in invalid:
+            log.error(
+                "backend %r: device %r has an invalid resource name %r; ignored",
+                rt.backend.name,
+                d.id,
+                d.resource,
+            )
+        for phys, (physical_map, grouped) in plan.items():
+            for name in set(grouped) | rt.resources.get(phys, set()):
                 res = self._ensure_resource(name, rt)
                 if res is None:
                     continue
@@ -338,6 +346,26 @@ class Daemon:
                     await result
             except Exception:
                 log.exception("publisher %r failed", publish)
+
+    def _plan(self, rt: BackendRuntime, effective: list[Device]) -> tuple[Plan, list[Device]]:
+        """Per physical resource: its devices by ID and what each advertised name gets;
+        and the devices left out for an invalid resource name."""
+        by_resource: dict[str, list[Device]] = {}
+        invalid = []
+        for d in effective:
+            if resource_name_problem(d.resource):
+                invalid.append(d)
+            else:
+                by_resource.setdefault(d.resource, []).append(d)
+        for phys in set(rt.resources) - set(by_resource):
+            by_resource[phys] = []
+        plan = {}
+        for phys, devices in by_resource.items():
+            grouped: dict[str, list[Device]] = {}
+            for d in advertise(devices, self.config.sharing):
+                grouped.setdefault(d.resource, []).append(d)
+            plan[phys] = ({d.id: d for d in devices}, grouped)
+        return plan, invalid
 
     def _log_transitions(self, rt: BackendRuntime, effective: Iterable[Device]) -> None:
         for d in effective:

@@ -250,3 +250,44 @@ async def test_recovery_event_during_a_slow_discovery_wins_over_its_stale_verdic
     assert daemon.resources[RES].state.get("dev0").healthy
     await daemon.rediscover()  # a fresh discovery agrees
     assert daemon.resources[RES].state.get("dev0").healthy
+
+
+async def test_health_event_during_a_slow_resource_defaults_hook_is_not_undone(
+    fake_kubelet, plugin_runner
+):
+    """A publish that waits on a new resource's defaults must not overwrite a newer one."""
+    import asyncio
+    import threading
+
+    from hetero_dp import hookimpl
+
+    class SlowDefaults(Scripted):
+        def __init__(self, devices):
+            super().__init__(devices)
+            self.entered = threading.Event()
+            self.go = threading.Event()
+            self.calls: list[str] = []
+
+        @hookimpl
+        def resource_defaults(self, resource):
+            self.calls.append(resource)
+            if resource == "example.com/late" and len(self.calls) == 2:
+                self.entered.set()
+                self.go.wait(10)  # only the first publish that needs it waits
+            return {}
+
+    devices = make_devices(RES, 2)
+    backend = SlowDefaults(devices)
+    daemon = await plugin_runner.start(backend)
+    await fake_kubelet.wait_devices(RES, lambda d: len(d) == 2 and d["dev0"].healthy)
+    assert backend.watch_started.wait(5)
+    # the new resource's device comes first, so the publish waits before touching RES
+    backend.devices = [*make_devices("example.com/late", 1, prefix="late"), *devices]
+    pending = asyncio.create_task(daemon.rediscover())
+    assert await asyncio.to_thread(backend.entered.wait, 10)
+    backend.sinks[0].set_health("dev0", False, "XID 79")
+    await fake_kubelet.wait_devices(RES, lambda d: not d["dev0"].healthy)
+    backend.go.set()
+    await pending  # it read dev0 healthy before the event: that view is stale now
+    assert not daemon.resources[RES].state.get("dev0").healthy
+    await fake_kubelet.wait_registered("example.com/late")
