@@ -114,7 +114,6 @@ class Daemon:
         self.runtimes = {b.name: BackendRuntime(b) for b in backends}
         self.resources: dict[str, Resource] = {}
         self.endpoints: dict[str, PluginEndpoint] = {}
-        self.owner: dict[str, str] = {}  # advertised resource -> backend name
         self.resource_defaults: dict[str, dict[str, Any]] = {}  # from backends' hook
         self.publishers: list[Publisher] = []
         self._tasks: list[asyncio.Task[Any]] = []
@@ -238,6 +237,11 @@ class Daemon:
 
     # --- resources -------------------------------------------------------
 
+    @property
+    def owner(self) -> dict[str, str]:
+        """Advertised resource -> the name of the backend serving it."""
+        return {name: res.backend.name for name, res in self.resources.items()}
+
     def settings_for(self, name: str) -> dict[str, Any]:
         """A resource's settings: the backend's defaults under the config file's section."""
         return {**self.resource_defaults.get(name, {}), **self.config.resource_settings(name)}
@@ -261,17 +265,16 @@ class Daemon:
         self.resource_defaults[name] = dict(defaults)
 
     def _ensure_resource(self, name: str, rt: BackendRuntime) -> Resource | None:
-        owner = self.owner.get(name)
-        if owner is not None and owner != rt.backend.name:
+        res = self.resources.get(name)
+        if res is not None and res.backend.name != rt.backend.name:
             msg = (
-                f"resource {name} is served by backend {owner!r} already; "
+                f"resource {name} is served by backend {res.backend.name!r} already; "
                 f"ignoring {rt.backend.name!r}"
             )
             if not self._started:
                 raise ConfigError(msg, field="resource", source=f"backend {rt.backend.name}")
             log.error(msg)
             return None
-        res = self.resources.get(name)
         if res is None:
             res = Resource(
                 name,
@@ -280,7 +283,6 @@ class Daemon:
                 sharing=self.config.sharing,
             )
             self.resources[name] = res
-            self.owner[name] = rt.backend.name
             if not self.serve_device_plugins:
                 return res
             ep = PluginEndpoint(
