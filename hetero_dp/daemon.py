@@ -78,25 +78,27 @@ class BackendRuntime:
 
     def effective(self) -> list[Device]:
         fault = "; ".join(self.faults.values())
+        overlays = (self.event_health, self.poll_health)
         out = []
         for d in self.discovered.values():
             healthy, reason = d.healthy, d.reason
             if not healthy and (recovered := self._newer_recovery(d)) is not None:
                 healthy, reason = True, recovered
-            for overlay in (self.event_health, self.poll_health):
-                for key in (d.parent, d.id):
-                    if key is not None and key in overlay:
-                        ok, why = overlay[key]
-                        if not ok and healthy:
-                            healthy, reason = False, why
+            # verdicts on the device and on its physical parent, events before polls
+            verdicts = [
+                o[k] for o in overlays for k in (d.parent, d.id) if k is not None and k in o
+            ]
+            if healthy:
+                why = next((why for ok, why in verdicts if not ok), None)
+                if why is not None:
+                    healthy, reason = False, why
             if fault and healthy:
                 healthy, reason = False, fault
             if healthy and not reason:
                 # a recovery reason stays visible until the next change
-                for overlay in (self.event_health, self.poll_health):
-                    for key in (d.parent, d.id):
-                        if key is not None and key in overlay and overlay[key][0]:
-                            reason = overlay[key][1] or reason
+                for ok, why in verdicts:
+                    if ok:
+                        reason = why or reason
             out.append(
                 d if (healthy, reason) == (d.healthy, d.reason) else d.with_health(healthy, reason)
             )
