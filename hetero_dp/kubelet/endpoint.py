@@ -219,16 +219,12 @@ class PluginEndpoint:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while (res.open_streams > 0) != want_open:
-            res.streams_changed.clear()
-            if (res.open_streams > 0) == want_open:
-                break
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 return False
-            try:
+            res.streams_changed.clear()  # no await since the check: no change is missed
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(res.streams_changed.wait(), remaining)
-            except asyncio.TimeoutError:
-                return (res.open_streams > 0) == want_open
         return True
 
     async def _watch_stream(self) -> None:
