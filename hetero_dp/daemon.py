@@ -66,6 +66,10 @@ class BackendRuntime:
         self.event_seq = 0
         self.event_stamp: dict[str, int] = {}
         self.discovered_at = 0
+        # Discoveries may overlap (the rediscovery loop, a reload): each is numbered,
+        # and one that ends after a newer one has been applied is stale and dropped.
+        self.discoveries = 0
+        self.discovery_applied = 0
 
     def _newer_recovery(self, d: Device) -> str | None:
         for key in (d.parent, d.id):
@@ -155,7 +159,7 @@ class Daemon:
                 raise ConfigError(e.reason, field=e.field, source=self.config.source) from None
             self.publishers.append(CDIPublisher(writer, self.settings_for))
         for rt in self.runtimes.values():
-            await self._discover(rt, initial=True)
+            await self._discover(rt)
         self._check_startup_names()
         for rt in self.runtimes.values():
             await self._publish(rt)
@@ -415,14 +419,20 @@ class Daemon:
 
     # --- discovery and health -------------------------------------------
 
-    async def _discover(self, rt: BackendRuntime, *, initial: bool = False) -> None:
-        started_at = rt.event_seq
+    async def _discover(self, rt: BackendRuntime) -> None:
+        rt.discoveries += 1
+        number, started_at = rt.discoveries, rt.event_seq
         try:
             devices = await rt.backend.discover()
         except BackendError as e:
             self._hook_error(rt, "discover", e)
-            rt.faults["discover"] = f"discovery failed: {str(e.__cause__ or '') or e}"
+            if number > rt.discovery_applied:
+                rt.discovery_applied = number
+                rt.faults["discover"] = f"discovery failed: {str(e.__cause__ or '') or e}"
             return
+        if number < rt.discovery_applied:
+            return
+        rt.discovery_applied = number
         rt.faults.pop("discover", None)
         rt.discovered = {d.id: d for d in devices}
         rt.discovered_at = started_at

@@ -291,3 +291,41 @@ async def test_health_event_during_a_slow_resource_defaults_hook_is_not_undone(
     await pending  # it read dev0 healthy before the event: that view is stale now
     assert not daemon.resources[RES].state.get("dev0").healthy
     await fake_kubelet.wait_registered("example.com/late")
+
+
+async def test_a_slow_discovery_that_ends_after_a_newer_one_is_dropped(fake_kubelet, plugin_runner):
+    """Two discoveries overlap (rediscovery loop and a reload, say): the older result,
+    arriving last, must not replace the newer device set."""
+    import asyncio
+    import threading
+
+    from hetero_dp import hookimpl
+
+    class Slow(Scripted):
+        def __init__(self, devices):
+            super().__init__(devices)
+            self.entered = threading.Event()
+            self.go = threading.Event()
+            self.slow = False
+
+        @hookimpl
+        def discover(self):
+            snapshot = list(self.devices)
+            if self.slow:
+                self.slow = False  # only the first of the two waits
+                self.entered.set()
+                self.go.wait(10)
+            return snapshot
+
+    backend = Slow(make_devices(RES, 2))
+    daemon = await plugin_runner.start(backend)
+    await fake_kubelet.wait_devices(RES, lambda d: len(d) == 2)
+    backend.slow = True
+    older = asyncio.create_task(daemon.rediscover())
+    assert await asyncio.to_thread(backend.entered.wait, 10)
+    backend.devices = make_devices(RES, 3)
+    await daemon.rediscover()  # the newer one finishes first
+    await fake_kubelet.wait_devices(RES, lambda d: len(d) == 3)
+    backend.go.set()
+    await older  # read two devices before the third came
+    assert len(daemon.resources[RES].state.devices) == 3
