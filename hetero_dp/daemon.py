@@ -488,6 +488,8 @@ class Daemon:
 
             results = await asyncio.gather(*(one(d) for d in devices))
             for device_id, verdict in results:
+                if device_id not in rt.discovered:  # gone while polled: would outlive it
+                    continue
                 if verdict[0] and device_id not in rt.poll_health:
                     continue
                 rt.poll_health[device_id] = verdict

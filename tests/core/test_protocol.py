@@ -329,3 +329,43 @@ async def test_a_slow_discovery_that_ends_after_a_newer_one_is_dropped(fake_kube
     backend.go.set()
     await older  # read two devices before the third came
     assert len(daemon.resources[RES].state.devices) == 3
+
+
+async def test_a_poll_verdict_on_a_device_removed_meanwhile_is_not_kept(
+    fake_kubelet, plugin_runner
+):
+    """A device that left during a health poll comes back without that poll's verdict."""
+    import asyncio
+    import threading
+
+    from hetero_dp import hookimpl
+
+    class SlowPoll(Scripted):
+        def __init__(self, devices):
+            super().__init__(devices)
+            self.entered = threading.Event()
+            self.go = threading.Event()
+
+        @hookimpl
+        def check_health(self, device):
+            self.entered.set()
+            self.go.wait(10)
+            return self.unhealthy.get(device.id, True)
+
+    devices = make_devices(RES, 2)
+    backend = SlowPoll(devices)
+    daemon = await plugin_runner.start(backend)
+    await fake_kubelet.wait_devices(RES, lambda d: len(d) == 2)
+    backend.unhealthy["dev1"] = "ECC errors"  # what the card says as it is unplugged
+    poll = asyncio.create_task(daemon.poll_health())
+    assert await asyncio.to_thread(backend.entered.wait, 10)
+    backend.devices = devices[:1]
+    await daemon.rediscover()
+    await fake_kubelet.wait_devices(RES, lambda d: len(d) == 1)
+    backend.go.set()
+    await poll
+    del backend.unhealthy["dev1"]  # a new card in its slot
+    backend.devices = devices
+    await daemon.rediscover()
+    got = await fake_kubelet.wait_devices(RES, lambda d: len(d) == 2)
+    assert got["dev1"].healthy
