@@ -103,9 +103,10 @@ class PluginEndpoint:
     async def stop(self) -> None:
         self._running = False
         if self._supervisor is not None:
-            self._supervisor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._supervisor
+            # Wake it to end rather than cancel it: cancelled inside a restart, it could
+            # leave a server it was starting listening, with nobody left to stop it.
+            self._restart_wanted.set()
+            await self._supervisor
             self._supervisor = None
         await self._stop_server()
 

@@ -117,3 +117,28 @@ async def test_watcher_mode_kubelet_restart_registers_once_without_plugin_restar
     await fake_kubelet.wait_registered(B, after=1)
     assert fake_kubelet.registration_count(A) == 2
     assert daemon.endpoints[A].restarts == 0 and daemon.endpoints[B].restarts == 0
+
+
+def _listening(path) -> bool:
+    """Whether a unix socket still listens on ``path`` (even once its file is gone)."""
+    import os
+
+    with open("/proc/net/unix") as f:
+        rows = [line.split() for line in f.readlines()[1:]]
+    return any(len(r) == 8 and os.path.normpath(r[7]) == str(path) for r in rows)
+
+
+async def test_stop_during_a_restart_leaves_no_server_behind(fake_kubelet, plugin_runner):
+    daemon = await plugin_runner.start(Scripted(make_devices(A, 1, prefix="a")))
+    await fake_kubelet.wait_registered(A)
+    ep = daemon.endpoints[A]
+    assert _listening(ep.socket_path)
+    ep.request_restart("test")
+    for _ in range(10_000):  # step the loop until the new server is starting
+        if ep.restarts and ep.changing and ep._server is None:
+            break
+        await asyncio.sleep(0)
+    else:
+        raise AssertionError("the restart never reached its start")
+    await ep.stop()
+    assert not _listening(ep.socket_path)
