@@ -39,10 +39,11 @@ def validate_ids(
     dupes = [i for i in ids if i in seen or seen.add(i)]  # type: ignore[func-returns-value]
     if dupes:
         raise AllocationError(f"{state.name}: duplicate {what} in request: {_show(dupes)}")
-    unknown = [i for i in ids if state.get(i) is None]
+    found = [state.get(i) for i in ids]
+    unknown = [i for i, d in zip(ids, found) if d is None]
     if unknown:
         raise AllocationError(f"{state.name}: unknown {what}: {_show(unknown)}")
-    devices = [d for i in ids if (d := state.get(i)) is not None]
+    devices = [d for d in found if d is not None]
     if require_healthy:
         sick = [d for d in devices if not d.healthy]
         if sick:
