@@ -16,6 +16,7 @@ import importlib.util
 import inspect
 import logging
 import sys
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -173,8 +174,7 @@ class Backend:
             raise BackendError(
                 f"backend {self.name!r} discover returned non-Device items: {bad[:3]!r}"
             )
-        ids = [d.id for d in devices]
-        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        dupes = sorted(i for i, n in Counter(d.id for d in devices).items() if n > 1)
         if dupes:
             raise BackendError(f"backend {self.name!r} discover returned duplicate IDs: {dupes}")
         return devices

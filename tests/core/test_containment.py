@@ -130,3 +130,15 @@ class OtherA:
     @hookimpl
     def discover(self):
         return [Device(id="z", resource=A)]
+
+
+async def test_duplicate_ids_from_discover_are_refused_by_name(fake_kubelet, plugin_runner):
+    devices = make_devices(A, 3)
+    backend = Scripted(devices)
+    daemon = await plugin_runner.start(backend)
+    await fake_kubelet.wait_registered(A)
+    backend.devices = [*devices, devices[2], devices[0], devices[2]]
+    await daemon.rediscover()
+    await fake_kubelet.wait_devices(A, lambda d: not any(x.healthy for x in d.values()))
+    reason = daemon.resources[A].state.get("dev1").reason
+    assert "duplicate IDs: ['dev0', 'dev2']" in reason
