@@ -272,37 +272,42 @@ class Daemon:
 
     def _ensure_resource(self, name: str, rt: BackendRuntime) -> Resource | None:
         res = self.resources.get(name)
-        if res is not None and res.backend.name != rt.backend.name:
-            msg = (
-                f"resource {name} is served by backend {res.backend.name!r} already; "
-                f"ignoring {rt.backend.name!r}"
-            )
-            if not self._started:
-                raise ConfigError(msg, field="resource", source=f"backend {rt.backend.name}")
-            log.error(msg)
-            return None
-        if res is None:
-            res = Resource(
-                name,
-                rt.backend,
-                settings=self.settings_for(name),
-                sharing=self.config.sharing,
-            )
-            self.resources[name] = res
-            if not self.serve_device_plugins:
+        if res is not None:
+            if res.backend.name == rt.backend.name:
                 return res
-            ep = PluginEndpoint(
-                res,
-                plugin_dir=self.config.kubelet_dir,
-                registry_dir=self.config.plugins_registry_dir,
-                mode=self.config.registration,
-                socket_prefix=self.config.socket_prefix,
-                stream_timeout=self.config.stream_timeout,
+            self._refuse_resource(
+                rt,
+                f"resource {name} is served by backend {res.backend.name!r} already; "
+                f"ignoring {rt.backend.name!r}",
             )
+            return None
+        res = Resource(
+            name, rt.backend, settings=self.settings_for(name), sharing=self.config.sharing
+        )
+        if self.serve_device_plugins:
+            try:
+                ep = PluginEndpoint(
+                    res,
+                    plugin_dir=self.config.kubelet_dir,
+                    registry_dir=self.config.plugins_registry_dir,
+                    mode=self.config.registration,
+                    socket_prefix=self.config.socket_prefix,
+                    stream_timeout=self.config.stream_timeout,
+                )
+            except ValueError as e:  # its socket path does not fit
+                self._refuse_resource(rt, f"resource {name}: {e}")
+                return None
             self.endpoints[name] = ep
             if self._started:
                 self._tasks.append(asyncio.get_running_loop().create_task(ep.start()))
+        self.resources[name] = res
         return res
+
+    def _refuse_resource(self, rt: BackendRuntime, msg: str) -> None:
+        """A resource that cannot be served: a ConfigError at start-up, later an error logged."""
+        if not self._started:
+            raise ConfigError(msg, field="resource", source=f"backend {rt.backend.name}")
+        log.error(msg)
 
     async def _publish(self, rt: BackendRuntime) -> None:
         """Push the backend's effective devices to its resources."""

@@ -142,3 +142,28 @@ async def test_duplicate_ids_from_discover_are_refused_by_name(fake_kubelet, plu
     await fake_kubelet.wait_devices(A, lambda d: not any(x.healthy for x in d.values()))
     reason = daemon.resources[A].state.get("dev1").reason
     assert "duplicate IDs: ['dev0', 'dev2']" in reason
+
+
+LONG = "a" * 60 + ".example.com/accel"  # a valid name, but its socket path is too long
+
+
+async def test_resource_whose_socket_path_is_too_long_stops_startup(fake_kubelet, plugin_runner):
+    backend = Scripted(make_devices(A, 1) + make_devices(LONG, 1, prefix="long"))
+    with pytest.raises(ConfigError) as err:
+        await plugin_runner.start(backend)
+    assert "unix sockets allow 107" in str(err.value) and "backend scripted" in str(err.value)
+
+
+async def test_resource_whose_socket_path_is_too_long_later_is_skipped(fake_kubelet, plugin_runner):
+    devices = make_devices(A, 2)
+    backend = Scripted(devices)
+    daemon = await plugin_runner.start(backend)
+    await fake_kubelet.wait_devices(A, lambda d: len(d) == 2)
+    backend.devices = devices[:1] + make_devices(LONG, 1, prefix="long")
+    await daemon.rediscover()  # refused with an error in the log; the rest is published
+    await fake_kubelet.wait_devices(A, lambda d: len(d) == 1)
+    assert LONG not in daemon.resources
+    assert backend.watch_started.wait(5)
+    backend.devices = devices  # and rediscovery goes on
+    backend.sinks[0].rediscover()
+    await fake_kubelet.wait_devices(A, lambda d: len(d) == 2)
