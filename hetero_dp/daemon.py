@@ -141,16 +141,7 @@ class Daemon:
         for b in self.backends:
             b.timeout = self.config.hook_timeout
             b.options = self.config.backend_options(b.name)
-            try:
-                await b.call("configure", options=b.options)
-            except ConfigError as e:
-                if not e.source:
-                    e = ConfigError(e.reason, field=e.field, source=f"backend {b.name}")
-                raise e from None
-            except ValueError as e:
-                raise ConfigError(str(e), source=f"backend {b.name}") from None
-            except BackendError as e:
-                raise ConfigError(str(e), source=f"backend {b.name}") from None
+            await b.configure(b.options)
         if self.config.cdi.get("enabled"):
             writer = CDIWriter(self.config.cdi["dir"])
             try:

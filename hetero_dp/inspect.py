@@ -19,10 +19,7 @@ async def configured_backend(spec: str, cfg: Config) -> AsyncIterator[Backend]:
     (backend,) = load_backends([spec], timeout=cfg.hook_timeout)
     backend.options = cfg.backend_options(backend.name)
     try:
-        try:
-            await backend.call("configure", options=backend.options)
-        except (ConfigError, ValueError, BackendError) as e:
-            raise ConfigError(str(e), source=f"backend {backend.name}") from None
+        await backend.configure(backend.options)
         yield backend
     finally:
         with contextlib.suppress(BackendError):

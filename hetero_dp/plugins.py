@@ -162,6 +162,17 @@ class Backend:
 
     # Typed wrappers: each checks the shape of what the backend returned.
 
+    async def configure(self, options: Mapping[str, Any]) -> None:
+        """Run the configure hook; a refusal (ConfigError, ValueError) or a failure is a
+        ConfigError naming this backend (unless it names its own source)."""
+        try:
+            await self.call("configure", options=options)
+        except ConfigError as e:
+            source = e.source or f"backend {self.name}"
+            raise ConfigError(e.reason, field=e.field, source=source) from None
+        except (ValueError, BackendError) as e:
+            raise ConfigError(str(e), source=f"backend {self.name}") from None
+
     async def discover(self) -> list[Device]:
         result = await self.call("discover")
         if result is None:

@@ -191,3 +191,35 @@ def test_topo_shows_matrix_and_choice(cli_env, hetero_dp_cmd):
         timeout=60,
     )
     assert bad.returncode == 1 and "9" in bad.stderr
+
+
+PICKY = """
+from hetero_dp import hookimpl
+from hetero_dp.errors import ConfigError
+
+
+@hookimpl
+def configure(options):
+    raise ConfigError("must be a positive number", field="count")
+
+
+@hookimpl
+def discover():
+    return []
+"""
+
+
+async def test_list_and_run_name_a_refused_option_alike(tmp_path, plugin_runner):
+    """``list`` (and ``topology``) report a backend's refusal with its field, as ``run`` does."""
+    from hetero_dp.config import load_config
+    from hetero_dp.errors import ConfigError
+    from hetero_dp.inspect import discover_once
+
+    plugin = tmp_path / "picky.py"
+    plugin.write_text(PICKY)
+    with pytest.raises(ConfigError) as listed:
+        await discover_once(str(plugin), load_config(raw={}, env={}))
+    with pytest.raises(ConfigError) as ran:
+        await plugin_runner.start(str(plugin))
+    assert (listed.value.source, listed.value.field) == ("backend picky", "count")
+    assert str(listed.value) == str(ran.value)
