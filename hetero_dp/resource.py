@@ -113,7 +113,8 @@ class Resource:
             if must_include
             else []
         )
-        outside = [d.id for d in must if d.id not in set(available)]
+        offered = set(available)
+        outside = [d.id for d in must if d.id not in offered]
         if outside:
             raise AllocationError(
                 f"{self.name}: must-include devices not in available: {', '.join(outside)}"
@@ -130,7 +131,7 @@ class Resource:
                 chosen = list(chosen)
                 ok = (
                     len(chosen) == size
-                    and set(chosen) <= set(available)
+                    and set(chosen) <= offered
                     and set(must_include) <= set(chosen)
                 )
                 if ok:
