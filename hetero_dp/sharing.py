@@ -397,20 +397,20 @@ def advertise(physical: Sequence[Device], config: SharingConfig) -> list[Device]
     """
     if not config.enabled:
         return list(physical)
-    shared: set[int] = set()
+    shared: dict[int, tuple[int, str]] = {}  # id(device) -> (replicas, advertised name)
     for resource, group in _by_resource(physical).items():
         entry = config.entry_for(resource)
         if entry is not None:
-            shared.update(id(d) for d in entry.devices.select(group))
+            plan = (entry.replicas, config.shared_name(resource))
+            shared.update((id(d), plan) for d in entry.devices.select(group))
     out: list[Device] = []
     for d in physical:
-        if id(d) not in shared:
+        how = shared.get(id(d))
+        if how is None:
             out.append(d)
             continue
-        entry = config.entry_for(d.resource)
-        assert entry is not None
-        name = config.shared_name(d.resource)
-        out.extend(_replica(d, n, name) for n in range(entry.replicas))
+        replicas, name = how
+        out.extend(_replica(d, n, name) for n in range(replicas))
     return out
 
 
