@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -31,12 +30,6 @@ HEALTH_ACTIONS = {"change", "bind", "unbind", "online", "offline"}
 MAX_SCANS = 3
 
 Key = tuple[str, str]
-
-
-def label_value(text: str) -> str:
-    """A valid label value: at most 63 of [A-Za-z0-9._-], alphanumeric at both ends."""
-    value = re.sub(r"[^A-Za-z0-9._-]+", "-", text)[:63]
-    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
 
 
 class UdevBackend:
@@ -184,20 +177,13 @@ class UdevBackend:
 
     @hookimpl
     def labels(self, devices: list[Device]) -> dict[str, str]:
-        ours = {r.resource for r in self.rules}
-        groups: dict[str, list[Device]] = defaultdict(list)
+        # The framework labels every resource with <resource>.count (physical devices,
+        # which ``devices`` are not when shared) and .product; only "mixed" is ours.
+        products: dict[str, set[str]] = defaultdict(set)
         for device in devices:
-            if device.resource in ours:
-                groups[device.resource].append(device)
-        out: dict[str, str] = {}
-        for resource, group in sorted(groups.items()):
-            out[f"{resource}.count"] = str(len(group))
-            products = {str(d.attributes.get("product", "")) for d in group} - {""}
-            if products:
-                product = products.pop() if len(products) == 1 else "mixed"
-                if value := label_value(product):
-                    out[f"{resource}.product"] = value
-        return out
+            if product := device.attributes.get("product"):
+                products[device.resource].add(str(product))
+        return {f"{r}.product": "mixed" for r, names in sorted(products.items()) if len(names) > 1}
 
     @hookimpl
     def doctor(self, options: Mapping[str, Any]) -> list[Check]:
