@@ -153,3 +153,24 @@ async def test_two_daemons_on_a_node_keep_their_own_label_files(
     assert parse((label_dir / "hetero-dp-scripted").read_text()) == {"example.com/accel.count": "3"}
     await plugin_runner.stop(sim)
     assert sorted(p.name for p in label_dir.iterdir()) == ["hetero-dp-scripted"]
+
+
+async def test_simulated_labels_count_each_resource_it_serves(
+    fake_kubelet, plugin_runner, label_dir
+):
+    other = "hetero-dp.io/sim-b"
+    waiter = FileWaiter(label_dir, "hetero-dp-simulated")
+    try:
+        await plugin_runner.start(
+            SimulatedBackend(),
+            config={"labels": {"enabled": True, "dir": str(label_dir)}},
+            options={"simulated": {"count": 2, "resources": [SIM, other]}},
+        )
+        await fake_kubelet.wait_registered(other)
+        labels = await waiter.wait_content(lambda lb: f"{other}.count" in lb)
+    finally:
+        waiter.watcher.close()
+    assert {k: v for k, v in labels.items() if k.endswith(".count")} == {
+        f"{SIM}.count": "2",
+        f"{other}.count": "2",
+    }
