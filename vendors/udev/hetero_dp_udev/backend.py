@@ -8,11 +8,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pyudev
@@ -46,6 +47,7 @@ class UdevBackend:
         self._last: dict[Key, str] = {}  # last reported reason; "" = healthy
         self._scanned_once = False
         self._events: EventSink | None = None
+        self._reconfigured: Callable[[], object] | None = None  # set while watch runs
         self._event_batches = 0  # bumped on the loop for each batch of uevents
 
     def _context(self) -> pyudev.Context:
@@ -74,6 +76,8 @@ class UdevBackend:
             self._known_nodes.clear()
             self._last.clear()
             self._scanned_once = False
+        if self._reconfigured is not None:
+            self._reconfigured()
 
     @hookimpl
     def discover(self) -> list[Device]:
@@ -150,6 +154,25 @@ class UdevBackend:
     @hookimpl
     async def watch(self, events: EventSink) -> None:
         loop = asyncio.get_running_loop()
+        self._events = events
+        try:
+            while True:  # until cancelled at shutdown
+                # A reload's configure (in another thread) replaces the rules: listen
+                # again, with the new rules' subsystems and health intervals.
+                reconfigured = asyncio.Event()
+                self._reconfigured = functools.partial(loop.call_soon_threadsafe, reconfigured.set)
+                stop = self._listen(loop, events)
+                try:
+                    await reconfigured.wait()
+                finally:
+                    stop()
+        finally:
+            self._events = None
+            self._reconfigured = None
+
+    def _listen(self, loop: asyncio.AbstractEventLoop, events: EventSink) -> Callable[[], None]:
+        """Put a monitor for the current rules on the loop and start their health
+        timers; returns what undoes both."""
         try:
             monitor = pyudev.Monitor.from_netlink(self._context())
             for subsystem in sorted(self._subsystems() or ()):
@@ -161,19 +184,18 @@ class UdevBackend:
             ) from exc
         fd = monitor.fileno()
         loop.add_reader(fd, self._on_readable, monitor, events)
-        self._events = events
         timers = [
             asyncio.ensure_future(self._periodic(rule, events))
             for rule in self.rules
             if rule.health is not None and rule.health.interval
         ]
-        try:
-            await asyncio.Event().wait()  # until cancelled at shutdown
-        finally:
-            self._events = None
+
+        def stop() -> None:
             loop.remove_reader(fd)
             for timer in timers:
                 timer.cancel()
+
+        return stop
 
     @hookimpl
     def labels(self, devices: list[Device]) -> dict[str, str]:
