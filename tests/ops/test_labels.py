@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 
 import pytest
@@ -120,6 +121,13 @@ async def test_backend_labels_win_invalid_ones_are_dropped_and_health_does_not_r
         backend.devices = make_devices(res, 3)
         await daemon.rediscover()
         assert backend.label_calls == calls + 1
+        # the same IDs with other attributes are asked about; equal new records are not
+        for n in (2, 2, 3):
+            backend.devices = [
+                dataclasses.replace(d, attributes={"memoryMiB": 80 * n}) for d in backend.devices
+            ]
+            await daemon.rediscover()
+        assert backend.label_calls == calls + 3
     finally:
         waiter.watcher.close()
 
