@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -31,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 for _path in (ROOT, ROOT / "vendors" / "udev"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
+
+from benchmarks import median, percentile  # noqa: E402
 
 EVENTS = 200
 RESOURCE = "amd.com/gpu"
@@ -68,12 +69,10 @@ L: driver=../../../bus/pci/drivers/pcieport
 
 
 def _ms(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
     return {
-        "median_ms": round(statistics.median(ordered) * 1000, 3),
-        "p99_ms": round(p99 * 1000, 3),
-        "max_ms": round(ordered[-1] * 1000, 3),
+        "median_ms": round(median(values) * 1000, 3),
+        "p99_ms": round(percentile(values, 99.0) * 1000, 3),
+        "max_ms": round(max(values) * 1000, 3),
     }
 
 

@@ -121,8 +121,10 @@ class LabelWriter:
         if not b.implements("labels"):
             return
         devices = self._advertised(b.name)
-        # health flips do not change labels: ask the hook again only when the set does
-        key = [(d.resource, d.id, sorted(d.attributes.items())) for d in devices]
+        # health flips do not change labels: ask the hook again only when the set does.
+        # Each record owns its attributes dict (Device copies it and is frozen), so the
+        # dicts themselves are the key: no per-device sorted copy on every publish.
+        key = [(d.resource, d.id, d.attributes) for d in devices]
         if self._keys.get(b.name) == key:
             return
         try:

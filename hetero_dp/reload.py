@@ -93,6 +93,9 @@ def _restart_loop_tasks(daemon: Daemon, old: Config, new: Config) -> None:
             for t in [t for t in tasks if t.get_name() == name]:
                 t.cancel()
                 tasks.remove(t)
+            # The old loop may be cancelled inside a rediscover it had taken the request
+            # for (a watch hook's "the device set changed"): the new loop does it again.
+            rt.rediscover_wanted.set()
             tasks.append(loop.create_task(daemon._rediscover_loop(rt), name=name))
 
 

@@ -10,7 +10,8 @@ over real unix sockets, one Allocate, one XID-free health cycle (the watch threa
 registered for XID events plus one check_health poll of every device), and prints
 the device table, the Allocate response, the labels, the topology and the doctor
 checks. It exits non-zero on any failure and gives up after ``--timeout`` seconds
-(60 by default). Options ``-o key=value`` are the backend's (NVIDIA's names); the
+(60 by default). Options ``-o key=value`` are the backend's (NVIDIA's names), values
+parsed as ``hetero-dp run -o nvidia.key=value`` parses them; the
 NVIDIA env vars (MIG_STRATEGY ...) apply as in the DaemonSet.
 """
 
@@ -28,16 +29,6 @@ ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT, ROOT / "vendors/nvidia"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
-
-
-def _value(text: str) -> Any:
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    try:
-        return float(text) if "." in text else int(text)
-    except ValueError:
-        return text
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -149,12 +140,14 @@ def main() -> int:
     parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args()
-    options = {}
+    from hetero_dp.config import set_option
+
+    overrides: dict[str, Any] = {}
     for item in args.option:
-        key, sep, value = item.partition("=")
-        if not sep:
+        if "=" not in item:
             parser.error(f"-o {item}: expected KEY=VALUE")
-        options[key] = _value(value)
+        set_option(overrides, f"nvidia.{item}")  # as `hetero-dp run -o nvidia.KEY=VALUE`
+    options = overrides.get("backends", {}).get("nvidia", {})
     try:
         return asyncio.run(asyncio.wait_for(smoke(options), args.timeout))
     except asyncio.TimeoutError:

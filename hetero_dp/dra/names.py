@@ -79,18 +79,24 @@ def device_name(device_id: str) -> str:
     return f"{base}-{digest}" if base else f"d-{digest}"
 
 
+def is_attribute_name(key: str) -> bool:
+    """A valid DRA attribute/capacity name: a C identifier of at most 32 characters,
+    optionally after a DNS subdomain and ``/``."""
+    domain, slash, ident = key.rpartition("/")
+    if slash and not is_dns_subdomain(domain):
+        return False
+    return len(ident) <= MAX_IDENTIFIER and bool(_C_IDENTIFIER.match(ident))
+
+
 def attribute_name(key: str) -> str | None:
     """A valid DRA attribute/capacity name for ``key``, or None if none can be made.
 
-    Valid: a C identifier of at most 32 characters, optionally after a DNS
-    subdomain and ``/``. ``-`` and ``.`` in the identifier become ``_``.
+    ``-`` and ``.`` in the identifier become ``_``; one starting with a digit gets a
+    leading ``_``.
     """
     domain, slash, ident = key.rpartition("/")
-    if slash and not is_dns_subdomain(domain):
-        return None
     ident = re.sub(r"[^A-Za-z0-9_]", "_", ident)
     if ident[:1].isdigit():
         ident = "_" + ident
-    if not ident or len(ident) > MAX_IDENTIFIER or not _C_IDENTIFIER.match(ident):
-        return None
-    return f"{domain}/{ident}" if slash else ident
+    name = f"{domain}/{ident}" if slash else ident
+    return name if is_attribute_name(name) else None

@@ -8,7 +8,6 @@ service the kubelet's plugin watcher finds in ``plugins_registry``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -16,7 +15,7 @@ import grpc
 
 from ..kubelet.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from ..kubelet.api import pluginregistration_v1_pb2 as reg_pb
-from ..kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
+from ..kubelet.registration import WatcherRegistrationServicer
 from .prepare import ClaimPreparer, ClaimRef
 
 log = logging.getLogger(__name__)
@@ -74,26 +73,19 @@ def add_dra_services(server: grpc.aio.Server, preparer: ClaimPreparer) -> None:
         pb_grpc.add_DRAPluginServicer_to_server(make_servicer(pb, pb_grpc, preparer), server)
 
 
-class DRARegistrationServicer(reg_grpc.RegistrationServicer):
-    """What the kubelet's plugin watcher asks a socket in ``plugins_registry``."""
+class DRARegistrationServicer(WatcherRegistrationServicer):
+    """What the kubelet's plugin watcher asks a socket in ``plugins_registry``.
 
-    def __init__(self, driver: str, endpoint: str, on_status: Callable[[bool, str], None]) -> None:
-        self.driver = driver
-        self.endpoint = endpoint
-        self.on_status = on_status
+    The device-plugin watcher servicer with a DRA answer to ``GetInfo``; its
+    ``resource`` is the driver name.
+    """
 
     async def GetInfo(
         self, request: reg_pb.InfoRequest, context: grpc.aio.ServicerContext
     ) -> reg_pb.PluginInfo:
         return reg_pb.PluginInfo(
             type=PLUGIN_TYPE,
-            name=self.driver,
+            name=self.resource,
             endpoint=self.endpoint,
             supported_versions=SUPPORTED_VERSIONS,
         )
-
-    async def NotifyRegistrationStatus(
-        self, request: reg_pb.RegistrationStatus, context: grpc.aio.ServicerContext
-    ) -> reg_pb.RegistrationStatusResponse:
-        self.on_status(request.plugin_registered, request.error)
-        return reg_pb.RegistrationStatusResponse()

@@ -126,7 +126,9 @@ def slice_name(node: str, driver: str, index: int) -> str:
     if len(name) <= MAX_SUBDOMAIN:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:10]
-    return f"{name[: MAX_SUBDOMAIN - len(digest) - 1 - len(str(index)) - 1]}-{digest}-{index}"
+    # cut right after a '.', the head would make '.-': not a DNS subdomain
+    head = name[: MAX_SUBDOMAIN - len(digest) - 1 - len(str(index)) - 1].rstrip(".")
+    return f"{head}-{digest}-{index}"
 
 
 def to_version(device: Mapping[str, Any], version: str) -> dict[str, Any]:

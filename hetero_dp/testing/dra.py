@@ -48,6 +48,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import grpc
 
+from ..dra.names import is_attribute_name, is_dns_label, is_dns_subdomain
 from ..inotify import DirectoryWatcher
 from ..kubelet.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from ..kubelet.api import pluginregistration_v1_pb2 as reg_pb
@@ -62,10 +63,6 @@ MAX_DEVICES = 128
 MAX_ATTRIBUTES = 32
 MAX_STRING = 64
 
-_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS_LABEL = re.compile(rf"^{_LABEL}$")
-_DNS_SUBDOMAIN = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
-_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NUM = r"(0|[1-9]\d*)"
 _SEMVER = re.compile(
     rf"^{_NUM}\.{_NUM}\.{_NUM}(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?$"
@@ -75,19 +72,14 @@ _SEMVER = re.compile(
 # --- the API server stand-in ------------------------------------------------------------
 
 
+# The DNS rules the driver's names follow (one implementation of the Kubernetes rules,
+# as the fake kubelet shares hetero_dp.names), applied to what arrives over the wire.
 def _label_ok(name: object) -> bool:
-    return isinstance(name, str) and len(name) <= 63 and bool(_DNS_LABEL.match(name))
+    return isinstance(name, str) and is_dns_label(name)
 
 
 def _subdomain_ok(name: object) -> bool:
-    return isinstance(name, str) and len(name) <= 253 and bool(_DNS_SUBDOMAIN.match(name))
-
-
-def _qualified_ok(key: str) -> bool:
-    domain, slash, ident = key.rpartition("/")
-    if slash and not _subdomain_ok(domain):
-        return False
-    return len(ident) <= 32 and bool(_C_IDENTIFIER.match(ident))
+    return isinstance(name, str) and is_dns_subdomain(name)
 
 
 def slice_problems(obj: dict[str, Any], version: str) -> list[str]:
@@ -139,7 +131,7 @@ def slice_problems(obj: dict[str, Any], version: str) -> list[str]:
                 f"{MAX_ATTRIBUTES} attributes and capacities"
             )
         for key, value in attrs.items():
-            if not _qualified_ok(key):
+            if not is_attribute_name(key):
                 problems.append(f"{where}.attributes[{key}]: Invalid value: not a qualified name")
             if not isinstance(value, dict) or len(value) != 1:
                 problems.append(f"{where}.attributes[{key}]: exactly one value must be set")
@@ -154,7 +146,7 @@ def slice_problems(obj: dict[str, Any], version: str) -> list[str]:
                     f"{MAX_STRING} bytes"
                 )
         for key in caps:
-            if not _qualified_ok(key):
+            if not is_attribute_name(key):
                 problems.append(f"{where}.capacity[{key}]: Invalid value: not a qualified name")
     return problems
 

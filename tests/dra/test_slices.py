@@ -96,6 +96,25 @@ def test_a_big_pool_is_split_into_slices_of_128():
     assert all(slice_problems(s, "v1") == [] for s in slices)
 
 
+@pytest.mark.parametrize(
+    "node",
+    [
+        ".".join(["n" * 58] * 4)[:253],  # over 253 in all, cut right after a '.'
+        ".".join(["n" * 40] * 6)[:253],  # over 253 in all, cut inside a label
+        "node-a",
+    ],
+)
+@pytest.mark.parametrize("driver", [DRIVER, "npu.acme.example.com", "a.b"])
+def test_slice_names_are_dns_subdomains_for_any_valid_node_and_driver(node, driver):
+    devices = render_devices([npu(i) for i in range(130)])  # two slices: two indexes
+    slices = render_slices(driver=driver, node=node, devices=devices, generation=1)
+    names = [s["metadata"]["name"] for s in slices]
+    assert len(set(names)) == 2
+    assert all(slice_problems(s, "v1") == [] for s in slices), names
+    again = render_slices(driver=driver, node=node, devices=devices, generation=2)
+    assert [s["metadata"]["name"] for s in again] == names  # stable across generations
+
+
 def test_v1_shape_is_refused_under_v1beta1_and_basic_under_v1():
     devices = render_devices([npu(0)])
     v1 = render_slices(driver=DRIVER, node="n", devices=devices, generation=1)[0]

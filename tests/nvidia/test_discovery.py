@@ -153,3 +153,13 @@ def test_discovery_is_repeatable_and_sees_changes(fake_node):
     first = b.discover()
     assert b.discover() == first
     b.shutdown()
+
+
+def test_a_refused_reconfigure_leaves_the_old_options_in_force(fake_node):
+    node = fake_node("a100-8x-nvlink.scn")  # GPU 0 in MIG mode, GPUs 1-7 not
+    b = backend(node, migStrategy="mixed")
+    with pytest.raises(ConfigError):
+        b.configure({**node.options, "migStrategy": "single"})
+    assert b.options.mig_strategy == "mixed"
+    assert "nvidia.com/mig-1g.5gb" in by_resource(b.discover())
+    b.shutdown()

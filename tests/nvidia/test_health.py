@@ -212,3 +212,23 @@ async def test_watch_starts_once_a_late_driver_comes_up(fake_node, watching):
     await asyncio.wait_for(sink_task, 10)
     b.shutdown()
     assert (uuid, healthy) == (node.uuid(7), False)
+
+
+async def test_reconfigure_while_watching_keeps_held_gpus_and_applies_new_settings(
+    fake_node, watching
+):
+    # A config reload calls configure again while watch runs (hookspecs.configure).
+    node = fake_node("h100-8x.scn")
+    b, devices = started(node, recoveryQuietPeriod=0)
+    async with watching(b) as w:
+        await wait_blocked(node.lib)
+        node.lib.fake_nvml_inject_xid(0, 79)
+        assert (await w.next_health())[:2] == (node.uuid(0), False)
+        b.configure({**node.options, "recoveryQuietPeriod": 0.2})
+        # the GPU stays held by its event, though its probe passes
+        assert "XID 79" in b.check_health(devices[0])
+        # and the running thread follows the new recovery setting
+        uuid, healthy, reason = await w.next_health()
+    b.shutdown()
+    assert (uuid, healthy) == (node.uuid(0), True)
+    assert reason.startswith("recovered: no critical event for 0.2s")

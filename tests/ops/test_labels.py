@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 
 import pytest
@@ -120,6 +121,13 @@ async def test_backend_labels_win_invalid_ones_are_dropped_and_health_does_not_r
         backend.devices = make_devices(res, 3)
         await daemon.rediscover()
         assert backend.label_calls == calls + 1
+        # the same IDs with other attributes are asked about; equal new records are not
+        for n in (2, 2, 3):
+            backend.devices = [
+                dataclasses.replace(d, attributes={"memoryMiB": 80 * n}) for d in backend.devices
+            ]
+            await daemon.rediscover()
+        assert backend.label_calls == calls + 3
     finally:
         waiter.watcher.close()
 
@@ -153,3 +161,24 @@ async def test_two_daemons_on_a_node_keep_their_own_label_files(
     assert parse((label_dir / "hetero-dp-scripted").read_text()) == {"example.com/accel.count": "3"}
     await plugin_runner.stop(sim)
     assert sorted(p.name for p in label_dir.iterdir()) == ["hetero-dp-scripted"]
+
+
+async def test_simulated_labels_count_each_resource_it_serves(
+    fake_kubelet, plugin_runner, label_dir
+):
+    other = "hetero-dp.io/sim-b"
+    waiter = FileWaiter(label_dir, "hetero-dp-simulated")
+    try:
+        await plugin_runner.start(
+            SimulatedBackend(),
+            config={"labels": {"enabled": True, "dir": str(label_dir)}},
+            options={"simulated": {"count": 2, "resources": [SIM, other]}},
+        )
+        await fake_kubelet.wait_registered(other)
+        labels = await waiter.wait_content(lambda lb: f"{other}.count" in lb)
+    finally:
+        waiter.watcher.close()
+    assert {k: v for k, v in labels.items() if k.endswith(".count")} == {
+        f"{SIM}.count": "2",
+        f"{other}.count": "2",
+    }

@@ -3,13 +3,16 @@ are rejected and the old one stays in force."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import threading
 
 import pytest
 import yaml
 from hetero_dp_simulated.backend import SimulatedBackend
 
+from hetero_dp import hookimpl
 from hetero_dp.config import load_config
 from hetero_dp.errors import ConfigError
 from hetero_dp.reload import ConfigReloader
@@ -277,3 +280,43 @@ async def test_reload_to_a_busy_port_is_rejected_and_the_old_server_stays(
         await http_get(port, "/healthz")
     _, body = await http_get(free, "/metrics")
     assert 'hetero_dp_registrations_total{mode="classic",resource="example.com/b"} 1.0' in body
+
+
+class HoldsDiscover(Scripted):
+    """Scripted, whose discover can be held (in its worker thread) until released."""
+
+    def __init__(self, devices):
+        super().__init__(devices)
+        self.hold = threading.Event()
+        self.entered = threading.Event()
+        self.go_on = threading.Event()
+
+    @hookimpl
+    def discover(self):
+        if self.hold.is_set():
+            self.entered.set()
+            self.go_on.wait(10)
+        return super().discover()
+
+
+async def test_rediscover_interval_reload_keeps_a_rediscover_it_interrupts(
+    fake_kubelet, plugin_runner
+):
+    """A reload that changes rediscoverInterval replaces the rediscover loop; a watch
+    hook's rediscover request the old loop was serving must not be lost with it."""
+    doc = base_doc(fake_kubelet)
+    backend = HoldsDiscover(make_devices(A, 2))
+    daemon = await plugin_runner.start(backend, config=doc)
+    await fake_kubelet.wait_devices(A, lambda d: len(d) == 2)
+    await asyncio.to_thread(backend.watch_started.wait, 5)
+
+    backend.devices = make_devices(A, 3)  # a device appeared; the watch hook says so
+    backend.hold.set()
+    backend.sinks[0].rediscover()
+    assert await asyncio.to_thread(backend.entered.wait, 5)  # the loop is inside discover
+
+    doc["rediscoverInterval"] = 3600  # the new loop would not look again for an hour
+    await daemon.apply_config(load_config(raw=doc, env={}))
+    backend.hold.clear()
+    backend.go_on.set()
+    await fake_kubelet.wait_devices(A, lambda d: len(d) == 3, timeout=5)

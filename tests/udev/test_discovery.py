@@ -10,6 +10,7 @@ from hetero_dp_udev import UdevBackend
 from hetero_dp_udev.testing import Testbed
 
 from hetero_dp import Device
+from hetero_dp.labels import generic_labels
 
 pytestmark = pytest.mark.umockdev
 
@@ -105,10 +106,21 @@ def test_labels_count_and_product(testbed: Testbed, data: Path) -> None:
     testbed.add_file(data / "amd-gpu.umockdev")
     backend = UdevBackend()
     backend.configure({"rules": ["amd-gpu"]})
-    assert backend.labels(backend.discover()) == {
+    devices = backend.discover()
+    # what the node gets: the framework's generic labels, the backend's on top
+    assert {**generic_labels("amd.com/gpu", devices), **backend.labels(devices)} == {
         "amd.com/gpu.count": "2",
         "amd.com/gpu.product": "Aldebaran-MI200-Instinct-MI210",
     }
+
+
+def test_labels_say_mixed_when_products_differ(testbed: Testbed, data: Path) -> None:
+    testbed.add_file(data / "dev-glob.umockdev")
+    backend = UdevBackend()
+    backend.configure({"rules": ["dev-glob"]})
+    serial = [d for d in backend.discover() if d.resource == "hetero-dp.io/serial"]
+    assert len({d.attributes["product"] for d in serial}) == 2
+    assert backend.labels(serial) == {"hetero-dp.io/serial.product": "mixed"}
 
 
 def test_id_choice_limit_and_templates(testbed: Testbed, data: Path, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from hetero_dp_udev import UdevBackend
 from hetero_dp_udev.testing import Testbed
 
 from hetero_dp.testing import FakeDevice, FakeKubelet, PluginRunner, short_tempdir
+from tests.ops.test_labels import FileWaiter
 
 from .test_hotplug import GAUDI_33, GPU_43, NEW_GPU
 
@@ -112,3 +113,28 @@ async def test_attribute_flip_reaches_the_kubelet(
     await kubelet.wait_devices("habana.ai/gaudi", lambda d: d["0000:33:00.0"].health == "Unhealthy")
     testbed.set_attribute(GAUDI_33, "status", "operational")
     await kubelet.wait_devices("habana.ai/gaudi", lambda d: d["0000:33:00.0"].health == "Healthy")
+
+
+async def test_labels_count_physical_devices_when_shared(
+    testbed: Testbed, data: Path, kubelet: FakeKubelet, runner: PluginRunner
+) -> None:
+    # The labels hook sees the advertised devices: with time-slicing, two replicas of each.
+    testbed.add_file(data / "amd-gpu.umockdev")
+    label_dir = short_tempdir("hdp-udev-lbl-")
+    waiter = FileWaiter(label_dir, "hetero-dp-udev")
+    try:
+        await runner.start(
+            UdevBackend(),
+            config={
+                "labels": {"enabled": True, "dir": str(label_dir)},
+                "sharing": {"timeSlicing": {"resources": [{"name": AMD, "replicas": 2}]}},
+            },
+            options={"udev": {"rules": ["amd-gpu"]}},
+        )
+        assert len(await kubelet.wait_devices(AMD, lambda d: len(d) == 4)) == 4
+        labels = await waiter.wait_content(lambda lb: f"{AMD}.count" in lb)
+    finally:
+        waiter.watcher.close()
+        shutil.rmtree(label_dir, ignore_errors=True)
+    assert labels[f"{AMD}.count"] == "2"
+    assert labels[f"{AMD}.product"] == "Aldebaran-MI200-Instinct-MI210"

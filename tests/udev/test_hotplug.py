@@ -222,3 +222,18 @@ async def test_recovery_seen_only_by_discovery_clears_the_reported_problem(
     event = await recorder.next("health")
     assert event[1:3] == ("0000:33:00.0", True)
     assert event[3] == "recovered (health attribute status='in reset', expected 'operational')"
+
+
+async def test_reconfigure_while_watching_follows_the_new_rules(
+    testbed: Testbed, gaudi: tuple[UdevBackend, Recorder], tmp_path: Path
+) -> None:
+    # A config reload calls configure again while watch runs (hookspecs.configure).
+    backend, recorder = gaudi
+    rules = tmp_path / "gaudi-reloaded.yaml"
+    rules.write_text((tmp_path / "gaudi-health.yaml").read_text())
+    backend.configure({"rules": str(rules)})
+    assert [d.healthy for d in backend.discover()] == [True, True]
+    recorder.drain()
+    testbed.set_attribute(GAUDI_33, "status", "needs reset", event=False)
+    event = await recorder.next("health")  # the new rules' interval is running
+    assert event[1:3] == ("0000:33:00.0", False)

@@ -50,14 +50,18 @@ class NvidiaBackend:
 
     @hookimpl
     def configure(self, options: Mapping[str, Any]) -> None:
-        self.options = parse_options(options, self._environ)
-        self.monitor = HealthMonitor(self.options.health, probe_gpu)
-        self._configured = True
-        if self._start():
+        # A reload calls this again while watch runs: check everything first, so that
+        # a refusal leaves the old options in force, and keep the running monitor
+        # (it holds the GPUs its events made Unhealthy), giving it the new settings.
+        opts = parse_options(options, self._environ)
+        if self._start(opts.fail_on_init_error):
             # A layout that cannot fit the MIG strategy stops start-up, named.
-            check_layout(read_node(self.options), self.options.mig_strategy)
+            check_layout(read_node(opts), opts.mig_strategy)
+        self.options = opts
+        self.monitor.settings = opts.health
+        self._configured = True
 
-    def _start(self) -> bool:
+    def _start(self, fail_on_init_error: bool) -> bool:
         """Initialise NVML once; False (logged) when unavailable and allowed to be."""
         with self._lock:
             if self._initialised:
@@ -66,7 +70,7 @@ class NvidiaBackend:
                 nvml.init()
             except NvmlUnavailable as err:
                 self.init_error = err
-                if self.options.fail_on_init_error:
+                if fail_on_init_error:
                     log.error("%s", err)
                     raise
                 log_once(
@@ -91,7 +95,7 @@ class NvidiaBackend:
     def discover(self) -> list[Device]:
         if not self._configured:
             self.configure({})
-        if not self._start():
+        if not self._start(self.options.fail_on_init_error):
             return []
         node = read_node(self.options)
         devices = build_devices(node, self.options)

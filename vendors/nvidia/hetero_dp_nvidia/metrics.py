@@ -25,6 +25,18 @@ def _try(what: str, uuid: str, call: Any, *args: object) -> Any:
         return None
 
 
+def _memory(uuid: str, handle: Any, labels: dict[str, str]) -> Iterator[Sample]:
+    """Framebuffer used and free, for a GPU or a MIG device."""
+    mem = _try("memory", uuid, pynvml.nvmlDeviceGetMemoryInfo, handle)
+    if mem is not None:
+        yield Sample(
+            "DCGM_FI_DEV_FB_USED", mem.used // MIB, labels, "Framebuffer memory used (in MiB)."
+        )
+        yield Sample(
+            "DCGM_FI_DEV_FB_FREE", mem.free // MIB, labels, "Framebuffer memory free (in MiB)."
+        )
+
+
 def node_samples(node: NodeInfo, hostname: str = "") -> Iterator[Sample]:
     for g in node.gpus:
         if g.handle is None or not g.uuid:
@@ -38,20 +50,7 @@ def node_samples(node: NodeInfo, hostname: str = "") -> Iterator[Sample]:
         }
         if hostname:
             labels["Hostname"] = hostname
-        mem = _try("memory", g.uuid, pynvml.nvmlDeviceGetMemoryInfo, g.handle)
-        if mem is not None:
-            yield Sample(
-                "DCGM_FI_DEV_FB_USED",
-                mem.used // MIB,
-                labels,
-                "Framebuffer memory used (in MiB).",
-            )
-            yield Sample(
-                "DCGM_FI_DEV_FB_FREE",
-                mem.free // MIB,
-                labels,
-                "Framebuffer memory free (in MiB).",
-            )
+        yield from _memory(g.uuid, g.handle, labels)
         util = _try("utilization", g.uuid, pynvml.nvmlDeviceGetUtilizationRates, g.handle)
         if util is not None:
             yield Sample(
@@ -90,17 +89,4 @@ def node_samples(node: NodeInfo, hostname: str = "") -> Iterator[Sample]:
             )
         for m in g.migs:
             mlabels = dict(labels, GPU_I_ID=str(m.gi), GPU_I_PROFILE=m.profile, MIG_UUID=m.uuid)
-            mmem = _try("memory", m.uuid, pynvml.nvmlDeviceGetMemoryInfo, m.handle)
-            if mmem is not None:
-                yield Sample(
-                    "DCGM_FI_DEV_FB_USED",
-                    mmem.used // MIB,
-                    mlabels,
-                    "Framebuffer memory used (in MiB).",
-                )
-                yield Sample(
-                    "DCGM_FI_DEV_FB_FREE",
-                    mmem.free // MIB,
-                    mlabels,
-                    "Framebuffer memory free (in MiB).",
-                )
+            yield from _memory(m.uuid, m.handle, mlabels)

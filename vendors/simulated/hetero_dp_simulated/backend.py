@@ -129,10 +129,6 @@ class SimulatedBackend:
                     out.append(Link(a.id, b.id, 10, "SYS"))
         return out
 
-    @hookimpl
-    def labels(self, devices: list[Device]) -> dict[str, str]:
-        return {"hetero-dp.io/sim.count": str(len(devices))}
-
     # --- test controls ---------------------------------------------------
 
     def set_health(self, device_id: str, healthy: bool, reason: str = "") -> None:

@@ -8,12 +8,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
-import re
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pyudev
@@ -33,12 +33,6 @@ MAX_SCANS = 3
 Key = tuple[str, str]
 
 
-def label_value(text: str) -> str:
-    """A valid label value: at most 63 of [A-Za-z0-9._-], alphanumeric at both ends."""
-    value = re.sub(r"[^A-Za-z0-9._-]+", "-", text)[:63]
-    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
-
-
 class UdevBackend:
     """One instance serves every rule of one rules configuration."""
 
@@ -53,6 +47,7 @@ class UdevBackend:
         self._last: dict[Key, str] = {}  # last reported reason; "" = healthy
         self._scanned_once = False
         self._events: EventSink | None = None
+        self._reconfigured: Callable[[], object] | None = None  # set while watch runs
         self._event_batches = 0  # bumped on the loop for each batch of uevents
 
     def _context(self) -> pyudev.Context:
@@ -81,6 +76,8 @@ class UdevBackend:
             self._known_nodes.clear()
             self._last.clear()
             self._scanned_once = False
+        if self._reconfigured is not None:
+            self._reconfigured()
 
     @hookimpl
     def discover(self) -> list[Device]:
@@ -157,6 +154,25 @@ class UdevBackend:
     @hookimpl
     async def watch(self, events: EventSink) -> None:
         loop = asyncio.get_running_loop()
+        self._events = events
+        try:
+            while True:  # until cancelled at shutdown
+                # A reload's configure (in another thread) replaces the rules: listen
+                # again, with the new rules' subsystems and health intervals.
+                reconfigured = asyncio.Event()
+                self._reconfigured = functools.partial(loop.call_soon_threadsafe, reconfigured.set)
+                stop = self._listen(loop, events)
+                try:
+                    await reconfigured.wait()
+                finally:
+                    stop()
+        finally:
+            self._events = None
+            self._reconfigured = None
+
+    def _listen(self, loop: asyncio.AbstractEventLoop, events: EventSink) -> Callable[[], None]:
+        """Put a monitor for the current rules on the loop and start their health
+        timers; returns what undoes both."""
         try:
             monitor = pyudev.Monitor.from_netlink(self._context())
             for subsystem in sorted(self._subsystems() or ()):
@@ -168,36 +184,28 @@ class UdevBackend:
             ) from exc
         fd = monitor.fileno()
         loop.add_reader(fd, self._on_readable, monitor, events)
-        self._events = events
         timers = [
             asyncio.ensure_future(self._periodic(rule, events))
             for rule in self.rules
             if rule.health is not None and rule.health.interval
         ]
-        try:
-            await asyncio.Event().wait()  # until cancelled at shutdown
-        finally:
-            self._events = None
+
+        def stop() -> None:
             loop.remove_reader(fd)
             for timer in timers:
                 timer.cancel()
 
+        return stop
+
     @hookimpl
     def labels(self, devices: list[Device]) -> dict[str, str]:
-        ours = {r.resource for r in self.rules}
-        groups: dict[str, list[Device]] = defaultdict(list)
+        # The framework labels every resource with <resource>.count (physical devices,
+        # which ``devices`` are not when shared) and .product; only "mixed" is ours.
+        products: dict[str, set[str]] = defaultdict(set)
         for device in devices:
-            if device.resource in ours:
-                groups[device.resource].append(device)
-        out: dict[str, str] = {}
-        for resource, group in sorted(groups.items()):
-            out[f"{resource}.count"] = str(len(group))
-            products = {str(d.attributes.get("product", "")) for d in group} - {""}
-            if products:
-                product = products.pop() if len(products) == 1 else "mixed"
-                if value := label_value(product):
-                    out[f"{resource}.product"] = value
-        return out
+            if product := device.attributes.get("product"):
+                products[device.resource].add(str(product))
+        return {f"{r}.product": "mixed" for r, names in sorted(products.items()) if len(names) > 1}
 
     @hookimpl
     def doctor(self, options: Mapping[str, Any]) -> list[Check]:

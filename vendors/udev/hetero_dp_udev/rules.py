@@ -217,6 +217,12 @@ class _Entry:
         who = f"entry {self.name!r}: " if self.name else ""
         return ConfigError(f"{who}{reason}", field=label, source=self.source)
 
+    def no_unknown(self, obj: Mapping[Any, Any], allowed: set[str], fld: str = "") -> None:
+        """Refuse keys outside ``allowed``, naming the first under ``fld``."""
+        unknown = _unknown(obj, allowed)
+        if unknown:
+            raise self.error(f"{fld}.{unknown[0]}" if fld else unknown[0], unknown[1])
+
 
 ENTRY_KEYS = {
     "name",
@@ -242,14 +248,18 @@ HEALTH_KEYS = {"attribute", "equals", "regex", "target", "interval"}
 MOUNT_KEYS = {"hostPath", "containerPath", "readOnly"}
 
 
-def _no_unknown(obj: Mapping[str, Any], allowed: set[str], source: str, fld: str) -> None:
+def _unknown(obj: Mapping[Any, Any], allowed: set[str]) -> tuple[str, str] | None:
+    """(the first unknown key, the message naming all of them), or None."""
     unknown = sorted(str(k) for k in obj if k not in allowed)
+    if not unknown:
+        return None
+    return unknown[0], f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}"
+
+
+def _no_unknown(obj: Mapping[str, Any], allowed: set[str], source: str, fld: str) -> None:
+    unknown = _unknown(obj, allowed)
     if unknown:
-        raise ConfigError(
-            f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}",
-            field=fld or "(top level)",
-            source=source,
-        )
+        raise ConfigError(unknown[1], field=fld or "(top level)", source=source)
 
 
 def _parse_entry(raw: object, source: str, position: int) -> Rule:
@@ -257,12 +267,7 @@ def _parse_entry(raw: object, source: str, position: int) -> Rule:
     ctx = _Entry(source, position, name if isinstance(name, str) else "")
     if not isinstance(raw, dict):
         raise ctx.error("", "each entry must be a mapping")
-    unknown = sorted(str(k) for k in raw if k not in ENTRY_KEYS)
-    if unknown:
-        raise ctx.error(
-            unknown[0],
-            f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(ENTRY_KEYS))}",
-        )
+    ctx.no_unknown(raw, ENTRY_KEYS)
     problem = resource_name_problem(name)
     if problem:
         raise ctx.error("name", f"invalid resource name: {problem}")
@@ -384,12 +389,7 @@ def _regex(value: object, ctx: _Entry, fld: str) -> re.Pattern[str]:
 def _parse_match(raw: object, ctx: _Entry) -> Match:
     if not isinstance(raw, dict) or not raw:
         raise ctx.error("match", "must be a non-empty mapping")
-    unknown = sorted(str(k) for k in raw if k not in MATCH_KEYS)
-    if unknown:
-        raise ctx.error(
-            f"match.{unknown[0]}",
-            f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(MATCH_KEYS))}",
-        )
+    ctx.no_unknown(raw, MATCH_KEYS, "match")
     subsystem = raw.get("subsystem")
     if subsystem is not None and (not isinstance(subsystem, str) or not subsystem):
         raise ctx.error("match.subsystem", f"must be a subsystem name, got {subsystem!r}")
@@ -446,12 +446,7 @@ def _parse_index(raw: object, ctx: _Entry) -> tuple[str, ...]:
 def _parse_companion(raw: object, ctx: _Entry, fld: str) -> Companion:
     if not isinstance(raw, dict) or not raw:
         raise ctx.error(fld, "must be a mapping with subsystem, sysname and/or devnode")
-    unknown = sorted(str(k) for k in raw if k not in COMPANION_KEYS)
-    if unknown:
-        raise ctx.error(
-            f"{fld}.{unknown[0]}",
-            f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(COMPANION_KEYS))}",
-        )
+    ctx.no_unknown(raw, COMPANION_KEYS, fld)
     scope = raw.get("scope", "pci")
     if scope not in SCOPES:
         raise ctx.error(f"{fld}.scope", f"must be one of {', '.join(SCOPES)}, got {scope!r}")
@@ -505,12 +500,7 @@ def _dev_path(value: object, ctx: _Entry, fld: str) -> str:
 def _parse_mount(raw: object, ctx: _Entry, fld: str) -> Mount:
     if not isinstance(raw, dict):
         raise ctx.error(fld, "must be a mapping with hostPath, containerPath, readOnly")
-    unknown = sorted(str(k) for k in raw if k not in MOUNT_KEYS)
-    if unknown:
-        raise ctx.error(
-            f"{fld}.{unknown[0]}",
-            f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(MOUNT_KEYS))}",
-        )
+    ctx.no_unknown(raw, MOUNT_KEYS, fld)
     host = raw.get("hostPath")
     if not isinstance(host, str) or not host.startswith("/"):
         raise ctx.error(f"{fld}.hostPath", f"must be an absolute path, got {host!r}")
@@ -539,12 +529,7 @@ def _string_map(raw: object, ctx: _Entry, fld: str, templates: bool) -> dict[str
 def _parse_health(raw: object, ctx: _Entry) -> HealthRule:
     if not isinstance(raw, dict):
         raise ctx.error("health", "must be a mapping with attribute and equals or regex")
-    unknown = sorted(str(k) for k in raw if k not in HEALTH_KEYS)
-    if unknown:
-        raise ctx.error(
-            f"health.{unknown[0]}",
-            f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(HEALTH_KEYS))}",
-        )
+    ctx.no_unknown(raw, HEALTH_KEYS, "health")
     attribute = raw.get("attribute")
     if not isinstance(attribute, str) or not attribute or attribute.startswith("/"):
         raise ctx.error("health.attribute", f"must be a sysfs attribute name, got {attribute!r}")
