@@ -613,12 +613,12 @@ class Daemon:
             if rt.watch_task is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await rt.watch_task
+            if rt.watch_thread is not None:  # it may still be inside a vendor call
+                await asyncio.get_running_loop().run_in_executor(None, rt.watch_thread.join, 5)
             try:
                 await rt.backend.call("shutdown", timeout=5)
             except BackendError as e:
                 self._hook_error(rt, "shutdown", e)
-            if rt.watch_thread is not None:
-                await asyncio.get_running_loop().run_in_executor(None, rt.watch_thread.join, 5)
             rt.backend.close()
         self.ready.clear()
 

@@ -101,8 +101,8 @@ class LabelWriter:
     def _advertised(self, backend: str) -> list[Device]:
         return [
             d
-            for name, res in self.daemon.resources.items()
-            if self.daemon.owner.get(name) == backend
+            for res in self.daemon.resources.values()
+            if res.backend.name == backend
             for d in res.state.devices
         ]
 

@@ -23,7 +23,7 @@ from . import observe
 from .cdi import CDIWriter
 from .config import Config
 from .delivery import CDIPublisher
-from .errors import BackendError, ConfigError
+from .errors import ConfigError
 from .inotify import DirectoryWatcher
 from .probes import parse_address
 from .sharing import SharingConfig
@@ -48,12 +48,7 @@ CONFIGMAP_DATA = "..data"  # a mounted ConfigMap changes by swapping this symlin
 
 async def configure_backend(b: Backend, options: Mapping[str, Any]) -> None:
     """Call the backend's ``configure`` hook; ConfigError naming the backend on refusal."""
-    try:
-        await b.call("configure", options=options)
-    except ConfigError as e:
-        raise ConfigError(e.reason, field=e.field, source=e.source or f"backend {b.name}") from None
-    except (ValueError, BackendError) as e:
-        raise ConfigError(str(e), source=f"backend {b.name}") from None
+    await b.configure(options)
     b.options = options
 
 
