@@ -21,15 +21,13 @@ from . import observe
 from .atomic import write_atomic
 from .device import Device
 from .errors import BackendError
+from .names import is_dns_subdomain, is_qualified_name
 
 if TYPE_CHECKING:
     from .daemon import BackendRuntime, Daemon
 
 log = logging.getLogger(__name__)
 
-_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_PREFIX = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$")
-_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _VALUE_BAD_CHARS = re.compile(r"[^-A-Za-z0-9_.]+")
 
@@ -37,9 +35,9 @@ _VALUE_BAD_CHARS = re.compile(r"[^-A-Za-z0-9_.]+")
 def label_problem(key: str, value: str) -> str | None:
     """Why Kubernetes would refuse this label, or None."""
     prefix, sep, name = key.rpartition("/")
-    if sep and (len(prefix) > 253 or not _PREFIX.match(prefix)):
+    if sep and not is_dns_subdomain(prefix):
         return f"label {key!r}: prefix {prefix!r} is not a lowercase DNS subdomain"
-    if len(name) > 63 or not _NAME.match(name):
+    if not is_qualified_name(name):
         return f"label {key!r}: name part {name!r} is not a qualified name of at most 63 characters"
     if len(value) > 63 or not _VALUE.match(value):
         return f"label {key!r}: value {value!r} is not a valid label value"

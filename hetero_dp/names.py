@@ -15,9 +15,30 @@ DEFAULT_PLUGINS_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the terminating NUL
 MAX_DEVICE_ID = 63
 
-_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS_SUBDOMAIN = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$")
+MAX_DNS_LABEL = 63
+MAX_DNS_SUBDOMAIN = 253
+MAX_QUALIFIED_NAME = 63
+
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_LABEL = re.compile(rf"^{_LABEL}$")
+_DNS_SUBDOMAIN = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
 _QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+
+def is_dns_label(name: str) -> bool:
+    """A lowercase RFC 1123 label of at most 63 characters (Kubernetes' DNS label)."""
+    return len(name) <= MAX_DNS_LABEL and bool(_DNS_LABEL.match(name))
+
+
+def is_dns_subdomain(name: str) -> bool:
+    """Lowercase RFC 1123 labels joined by dots, at most 253 characters."""
+    return len(name) <= MAX_DNS_SUBDOMAIN and bool(_DNS_SUBDOMAIN.match(name))
+
+
+def is_qualified_name(name: str) -> bool:
+    """The name part of a label key or resource name: at most 63 of [A-Za-z0-9._-],
+    starting and ending alphanumeric."""
+    return len(name) <= MAX_QUALIFIED_NAME and bool(_QUALIFIED_NAME.match(name))
 
 
 def resource_name_problem(name: object) -> str | None:
@@ -46,7 +67,7 @@ def _name_problem(name: str) -> str | None:
     prefix, _, short = name.partition("/")
     if "/" in short:
         return f"{name!r} has more than one '/'"
-    if len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix):
+    if not is_dns_subdomain(prefix):
         return f"prefix {prefix!r} of {name!r} is not a lowercase DNS subdomain"
     if not short:
         return f"{name!r} has an empty name part"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .atomic import write_atomic
 from .errors import ConfigError
-from .names import resource_name_problem
+from .names import is_dns_label, resource_name_problem
 
 TEMPLATE = "device-plugin"
 SOURCE = ""  # errors name the flag; the command prefixes "hetero-dp new:"
@@ -43,7 +43,6 @@ _TAG = re.compile(r"\{\{(.*?)\}\}", re.S)
 _EXPR = re.compile(r"^\s*cookiecutter\.([A-Za-z_]\w*)\s*(.*?)\s*$", re.S)
 _FILTER = re.compile(r"\|\s*(\w+)\s*(?:\(\s*'([^']*)'\s*,\s*'([^']*)'\s*\))?\s*")
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _PACKAGE = re.compile(r"^[a-z_][a-z0-9_]*$")
 _GLOB = re.compile(r"^/[A-Za-z0-9_./*?\[\]!:+@%=,-]*$")
 _ENV_VAR = re.compile(r"^[A-Z_][A-Z0-9_]*$")
@@ -62,7 +61,7 @@ def problem(key: str, value: object, context: Mapping[str, str] | None = None) -
 
 
 def _vendor_domain(v: str, _ctx: Mapping[str, str]) -> str | None:
-    if len(v) > 253 or not all(len(p) <= 63 and _DNS_LABEL.match(p) for p in v.split(".")):
+    if len(v) > 253 or not all(is_dns_label(p) for p in v.split(".")):
         return (
             f"{v!r} is not a lowercase DNS subdomain (labels of a-z, 0-9 and '-', "
             "separated by dots, e.g. 'acme.example.com')"
@@ -101,7 +100,7 @@ def _package_name(v: str, _ctx: Mapping[str, str]) -> str | None:
 
 
 def _project_slug(v: str, _ctx: Mapping[str, str]) -> str | None:
-    if len(v) > 63 or not _DNS_LABEL.match(v):
+    if not is_dns_label(v):
         return (
             f"{v!r} must be a DNS label (a-z, 0-9 and '-', at most 63 characters): "
             "it names the Python distribution and the DaemonSet"

@@ -11,24 +11,16 @@ import hashlib
 import re
 
 from ..errors import ConfigError
+
+# Kubernetes' name rules live in hetero_dp.names; re-exported for DRA callers.
+from ..names import MAX_DNS_LABEL as MAX_LABEL
+from ..names import is_dns_label as is_dns_label
+from ..names import is_dns_subdomain as is_dns_subdomain
 from ..names import resource_name_problem
 
-MAX_LABEL = 63
-MAX_SUBDOMAIN = 253
 MAX_IDENTIFIER = 32
 
-_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS_LABEL = re.compile(rf"^{_LABEL}$")
-_DNS_SUBDOMAIN = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def is_dns_label(name: str) -> bool:
-    return len(name) <= MAX_LABEL and bool(_DNS_LABEL.match(name))
-
-
-def is_dns_subdomain(name: str) -> bool:
-    return len(name) <= MAX_SUBDOMAIN and bool(_DNS_SUBDOMAIN.match(name))
 
 
 def driver_name_problem(name: object) -> str | None:

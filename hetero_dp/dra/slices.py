@@ -20,7 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..device import AttributeValue, Device
-from .names import MAX_SUBDOMAIN, attribute_name, device_name
+from ..names import MAX_DNS_SUBDOMAIN as MAX_SUBDOMAIN
+from .names import attribute_name, device_name
 
 log = logging.getLogger(__name__)
 
