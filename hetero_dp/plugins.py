@@ -32,6 +32,8 @@ from .errors import BackendError, ConfigError
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "hetero_dp"
+# Hooks the kubelet is waiting on: they run in their own threads (see Backend).
+REQUEST_HOOKS = frozenset({"allocate", "pre_start_container", "preferred_allocation"})
 
 
 def available_backends() -> dict[str, str]:
@@ -105,6 +107,11 @@ class Backend:
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=4, thread_name_prefix=f"hdp-{name}"
         )
+        # The kubelet waits on these: a pool of their own, so health checks or a
+        # discovery hanging in the backend cannot queue an Allocate behind them.
+        self._request_executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=2, thread_name_prefix=f"hdp-{name}-req"
+        )
         self._impls: dict[str, pluggy.HookImpl] = {}
         for hook_name in dir(pm.hook):
             if hook_name.startswith("_"):
@@ -147,7 +154,8 @@ class Backend:
                     return await asyncio.wait_for(collect(), limit)
                 return await asyncio.wait_for(function(**args), limit)
             loop = asyncio.get_running_loop()
-            fut = loop.run_in_executor(self._executor, self._call_sync, hook, kwargs)
+            pool = self._request_executor if hook in REQUEST_HOOKS else self._executor
+            fut = loop.run_in_executor(pool, self._call_sync, hook, kwargs)
             return await asyncio.wait_for(fut, limit)
         except asyncio.TimeoutError as e:
             raise BackendError(
@@ -237,6 +245,7 @@ class Backend:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._request_executor.shutdown(wait=False, cancel_futures=True)
 
 
 def load_backends(

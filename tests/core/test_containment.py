@@ -167,3 +167,24 @@ async def test_resource_whose_socket_path_is_too_long_later_is_skipped(fake_kube
     backend.devices = devices  # and rediscovery goes on
     backend.sinks[0].rediscover()
     await fake_kubelet.wait_devices(A, lambda d: len(d) == 2)
+
+
+async def test_hung_health_checks_do_not_starve_allocate(fake_kubelet, plugin_runner):
+    """Health checks hanging on every device fill the backend's worker threads; the
+    Allocate hook runs in threads of its own and still answers."""
+    import asyncio
+
+    backend = Scripted(make_devices(A, 6))
+    daemon = await plugin_runner.start(backend, config={"hookTimeout": 5})
+    await fake_kubelet.wait_registered(A)
+    backend.health_hang.set()
+    poll = asyncio.create_task(daemon.poll_health())
+    try:
+        # the allocate hook must not wait for a worker held by a hung check
+        resp = await fake_kubelet.allocate(A, ["dev0"])
+        assert resp.envs["SCRIPTED_COUNT"] == "1"
+        assert backend.allocated == [["dev0"]]
+        assert not poll.done()  # the checks really were still hanging
+    finally:
+        backend.release.set()
+        await poll
