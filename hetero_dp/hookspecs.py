@@ -5,6 +5,9 @@ A backend is a module (or object) with functions marked ``@hetero_dp.hookimpl``
 whose names match the specifications below. Only :func:`discover` is required.
 Hooks may be plain functions (run in a worker thread, so they may block) or
 ``async def`` coroutines (run on the event loop, so they must not block).
+The hooks the kubelet waits on (``allocate``, ``pre_start_container``,
+``preferred_allocation``) get worker threads of their own, so a hanging health
+check cannot hold up an Allocate.
 A hook may take any subset of its arguments, by name.
 
 The framework calls each backend's hooks on their own, so a backend that
