@@ -8,6 +8,7 @@ import re
 import pytest
 
 from hetero_dp import AllocationError, ConfigError, ContainerResponse, Device, DeviceNode
+from hetero_dp.allocate import build_response
 from hetero_dp.delivery import (
     DEFAULT_STRATEGIES,
     Delivery,
@@ -24,24 +25,8 @@ _ANNOTATION_KEY = re.compile(
 )
 
 
-def default_response(devices: list[Device]) -> ContainerResponse:
-    """What the core builds from the records (nodes, mounts, env joined, annotations)."""
-    r = ContainerResponse()
-    for d in devices:
-        for n in d.nodes:
-            r.add_device_node(n)
-        for m in d.mounts:
-            r.add_mount(m)
-        for k, v in d.env.items():
-            parts = r.envs[k].split(",") if k in r.envs else []
-            if v not in parts:
-                r.envs[k] = ",".join([*parts, v])
-        r.annotations.update(d.annotations)
-    return r
-
-
 def allocate(devices: list[Device], settings: dict) -> ContainerResponse:
-    return apply_delivery(default_response(devices), devices, settings)
+    return apply_delivery(build_response(devices), devices, settings)
 
 
 def _cdi_keys(r: ContainerResponse, prefix: str = "cdi.k8s.io/") -> list[str]:
@@ -53,7 +38,7 @@ NAMES = [f"nvidia.com/gpu={u}" for u in samples.GPU_UUIDS]
 
 
 def test_device_specs_is_the_default_and_changes_nothing() -> None:
-    default = default_response(GPUS)
+    default = build_response(GPUS)
     for settings in ({}, {"deliver": ["device-specs"]}):
         assert apply_delivery(default, GPUS, settings) == default
     assert len(default.devices) == 6  # 4 shared control nodes + 2 GPUs
@@ -82,8 +67,8 @@ def test_strategies_combine() -> None:
     r = allocate(GPUS, {"deliver": ["device-specs", "cdi-cri", "cdi-annotations"]})
     assert r.cdi_devices == NAMES
     assert [r.annotations[k] for k in _cdi_keys(r)] == [",".join(NAMES)]
-    assert r.devices == default_response(GPUS).devices  # device specs kept
-    assert r.mounts == default_response(GPUS).mounts
+    assert r.devices == build_response(GPUS).devices  # device specs kept
+    assert r.mounts == build_response(GPUS).mounts
 
 
 def test_custom_kind_and_prefix() -> None:
@@ -110,7 +95,7 @@ def test_index_ids_and_mig_names() -> None:
 
 def test_record_annotations_and_existing_names_stay() -> None:
     devs = [dataclasses.replace(d, annotations={"acme.com/slot": d.id}) for d in GPUS[:1]]
-    default = default_response(devs)
+    default = build_response(devs)
     default.cdi_devices.append("acme.com/extra=all")
     r = apply_delivery(default, devs, {"deliver": ["cdi-cri", "cdi-annotations"]})
     assert r.annotations["acme.com/slot"] == samples.GPU_UUIDS[0]
