@@ -9,7 +9,19 @@ from __future__ import annotations
 
 import pluggy
 
-from .device import HEALTHY, UNHEALTHY, Check, Device, DeviceNode, Link, Mount, Sample
+from .device import (
+    HEALTHY,
+    REPLICA_SEPARATOR,
+    UNHEALTHY,
+    Check,
+    Device,
+    DeviceNode,
+    Link,
+    Mount,
+    Sample,
+    is_replica,
+    replica_base,
+)
 from .errors import AllocationError, ConfigError
 from .events import EventSink
 from .response import ContainerResponse
@@ -20,6 +32,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "HEALTHY",
+    "REPLICA_SEPARATOR",
     "UNHEALTHY",
     "AllocationError",
     "Check",
@@ -32,4 +45,6 @@ __all__ = [
     "Mount",
     "Sample",
     "hookimpl",
+    "is_replica",
+    "replica_base",
 ]

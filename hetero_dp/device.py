@@ -17,6 +17,20 @@ AttributeValue = str | int | float | bool
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 
+#: Time-slicing replicas of a device are advertised as ``<id>::<n>``.
+REPLICA_SEPARATOR = "::"
+
+
+def is_replica(device_id: str) -> bool:
+    """Whether an advertised ID names a replica (``<id>::<n>``)."""
+    head, sep, tail = device_id.rpartition(REPLICA_SEPARATOR)
+    return bool(sep and head and tail.isdigit())
+
+
+def replica_base(device_id: str) -> str:
+    """The device a replica ID stands for (strips ``::<n>``); other IDs unchanged."""
+    return device_id.rpartition(REPLICA_SEPARATOR)[0] if is_replica(device_id) else device_id
+
 
 @dataclass(frozen=True)
 class DeviceNode:
@@ -125,8 +139,9 @@ class Device:
 
     @property
     def physical_id(self) -> str:
-        """The ID of the physical device (the parent's, for a slice)."""
-        return self.parent or self.id
+        """The ID of the physical device (the parent's, for a slice; the device
+        behind it, for a replica)."""
+        return self.parent or replica_base(self.id)
 
     def with_health(self, healthy: bool, reason: str = "") -> Device:
         """A copy with another health."""

@@ -28,11 +28,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .device import Device
+from .device import REPLICA_SEPARATOR, Device, is_replica, replica_base
 from .errors import AllocationError, ConfigError
 from .names import resource_name_problem
 
-REPLICA_SEPARATOR = "::"
 #: Suffix of the resource name shared devices get with ``renameByDefault``.
 SHARED_SUFFIX = ".shared"
 #: How replicas are picked for a request (see :mod:`hetero_dp.preferred`).
@@ -50,12 +49,6 @@ def replica_id(device_id: str, n: int) -> str:
     return f"{device_id}{REPLICA_SEPARATOR}{n}"
 
 
-def is_replica(device_id: str) -> bool:
-    """Whether an advertised ID names a replica (``<id>::<n>``)."""
-    head, sep, tail = device_id.rpartition(REPLICA_SEPARATOR)
-    return bool(sep and head and tail.isdigit())
-
-
 def replica_number(device_id: str) -> int:
     """The ``n`` of ``<id>::<n>``; 0 for a whole device."""
     return int(device_id.rpartition(REPLICA_SEPARATOR)[2]) if is_replica(device_id) else 0
@@ -63,7 +56,7 @@ def replica_number(device_id: str) -> int:
 
 def physical_id(device_id: str) -> str:
     """The physical device behind an advertised ID (strips ``::<n>``)."""
-    return device_id.rpartition(REPLICA_SEPARATOR)[0] if is_replica(device_id) else device_id
+    return replica_base(device_id)
 
 
 def to_physical(ids: Sequence[str]) -> list[str]:

@@ -267,3 +267,28 @@ def test_default_config_is_inert() -> None:
     config = SharingConfig()
     config.check_request(GPU, ["a::0", "a::1"])
     assert config.shared_name(GPU) == GPU and config.replicas_for(GPU) == 1
+
+
+def test_replica_ids_are_one_fact_on_the_public_face():
+    from hetero_dp import Device, is_replica, replica_base
+    from hetero_dp.sharing import advertise, parse_sharing
+
+    gpu = Device(id="GPU-1", resource="nvidia.com/gpu", index=0)
+    mig = Device(id="MIG-9", resource="nvidia.com/mig-1g.5gb", parent="GPU-1", index=1)
+    cfg = parse_sharing(
+        {
+            "timeSlicing": {
+                "resources": [
+                    {"name": "nvidia.com/gpu", "replicas": 2},
+                    {"name": "nvidia.com/mig-1g.5gb", "replicas": 2},
+                ]
+            }
+        }
+    )
+    replicas = advertise([gpu, mig], cfg)
+    assert [d.id for d in replicas] == ["GPU-1::0", "GPU-1::1", "MIG-9::0", "MIG-9::1"]
+    assert all(is_replica(d.id) for d in replicas)
+    # the device behind a replica, and for a slice's replica its GPU
+    assert [d.physical_id for d in replicas] == ["GPU-1", "GPU-1", "GPU-1", "GPU-1"]
+    assert [replica_base(d.id) for d in replicas] == ["GPU-1", "GPU-1", "MIG-9", "MIG-9"]
+    assert replica_base("weird::name") == "weird::name" and not is_replica("weird::name")

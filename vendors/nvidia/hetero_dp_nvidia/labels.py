@@ -5,21 +5,16 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from hetero_dp import Device
+from hetero_dp import Device, is_replica, replica_base
 
 from .discovery import GPU_RESOURCE, NodeInfo
 from .options import Options
 
 PREFIX = "nvidia.com/"
-REPLICA_SEPARATOR = "::"
 
 
 def _product(name: str) -> str:
     return name.strip().replace(" ", "-")
-
-
-def _physical(device_id: str) -> str:
-    return device_id.split(REPLICA_SEPARATOR, 1)[0]
 
 
 def node_labels(devices: Sequence[Device], node: NodeInfo, opts: Options) -> dict[str, str]:
@@ -37,11 +32,11 @@ def node_labels(devices: Sequence[Device], node: NodeInfo, opts: Options) -> dic
     labels["mig.strategy"] = opts.mig_strategy
 
     # Replicas per physical device, per resource: sharing shows up as "<id>::<n>".
-    replicas: Counter[tuple[str, str]] = Counter((d.resource, _physical(d.id)) for d in devices)
-    shared = any(REPLICA_SEPARATOR in d.id for d in devices)
+    replicas: Counter[tuple[str, str]] = Counter((d.resource, replica_base(d.id)) for d in devices)
+    shared = any(is_replica(d.id) for d in devices)
     by_resource: dict[str, dict[str, Device]] = {}
     for d in devices:
-        by_resource.setdefault(d.resource, {}).setdefault(_physical(d.id), d)
+        by_resource.setdefault(d.resource, {}).setdefault(replica_base(d.id), d)
 
     gpu_devices = [
         d
