@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import observe
+from .aiotools import wait_event
 from .cdi import CDIWriter
 from .config import Config
 from .delivery import CDIPublisher, parse_delivery
@@ -447,8 +448,7 @@ class Daemon:
     async def _rediscover_loop(self, rt: BackendRuntime) -> None:
         interval = self.config.rediscover_interval or None
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(rt.rediscover_wanted.wait(), interval)
+            await wait_event(rt.rediscover_wanted, interval)
             rt.rediscover_wanted.clear()
             await self._discover(rt)
             await self._publish(rt)

@@ -26,6 +26,7 @@ from typing import Any
 import pluggy
 
 from . import hookspecs
+from .aiotools import with_timeout
 from .device import Check, Device, Link, Sample
 from .errors import BackendError, ConfigError
 
@@ -151,12 +152,12 @@ class Backend:
                     async def collect() -> list[Any]:
                         return [x async for x in function(**args)]
 
-                    return await asyncio.wait_for(collect(), limit)
-                return await asyncio.wait_for(function(**args), limit)
+                    return await with_timeout(collect(), limit)
+                return await with_timeout(function(**args), limit)
             loop = asyncio.get_running_loop()
             pool = self._request_executor if hook in REQUEST_HOOKS else self._executor
             fut = loop.run_in_executor(pool, self._call_sync, hook, kwargs)
-            return await asyncio.wait_for(fut, limit)
+            return await with_timeout(fut, limit)
         except asyncio.TimeoutError as e:
             raise BackendError(
                 f"backend {self.name!r} hook {hook} timed out after {limit:g}s"

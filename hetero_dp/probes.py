@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from .aiotools import with_timeout
 from .errors import ConfigError
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ class ProbeServer:
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2)
+                await with_timeout(self._server.wait_closed(), 2)
             self._server = None
 
     async def _healthz(self) -> tuple[int, str, bytes]:
@@ -121,7 +122,7 @@ class ProbeServer:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             # only reading the request is bounded: a slow backend's metrics hook has its own
-            request = await asyncio.wait_for(self._read_request(reader), READ_TIMEOUT)
+            request = await with_timeout(self._read_request(reader), READ_TIMEOUT)
         except (asyncio.TimeoutError, ConnectionError, ValueError):
             writer.close()
             return

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import observe
+from .aiotools import wait_event, with_timeout
 from .cdi import CDIWriter
 from .config import Config
 from .delivery import CDIPublisher
@@ -286,8 +287,7 @@ class ConfigReloader:
             await self.daemon.ready.wait()  # a reload during start-up waits for it
             while self._wanted.is_set():  # quiet period: coalesce a burst of writes
                 self._wanted.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wanted.wait(), DEBOUNCE)
+                await wait_event(self._wanted, DEBOUNCE)
             forced, self._forced = self._forced, False
             await self.reload(force=forced)
 
@@ -324,5 +324,5 @@ class ConfigReloader:
             async with self._done:
                 await self._done.wait_for(lambda: self.finished >= count)
 
-        await asyncio.wait_for(waiter(), timeout)
+        await with_timeout(waiter(), timeout)
         return self.results

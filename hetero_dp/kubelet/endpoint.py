@@ -11,7 +11,6 @@ many arrive while one runs, at most one more follows.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import stat
@@ -20,6 +19,7 @@ from pathlib import Path
 import grpc
 
 from .. import observe
+from ..aiotools import cancel_and_wait, wait_event
 from ..names import KUBELET_SOCKET, MAX_UNIX_PATH, socket_name
 from ..resource import Resource
 from .api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
@@ -30,6 +30,13 @@ from .servicer import DevicePluginServicer
 log = logging.getLogger(__name__)
 
 STOP_GRACE = 0.2
+# How long a stop waits for the tasks it cancelled (registration, stream watchdog).
+# They check a stop condition after every wait and end at once; the bound only
+# keeps a stop from hanging should one not (REFERENCE section 7: wait_for on
+# CPython 3.10/3.11 can swallow a cancellation).
+TASK_STOP_TIMEOUT = 2.0
+# How long stop() waits for a restart in progress before cancelling it.
+SUPERVISOR_STOP_TIMEOUT = 4.0
 # After a stream the kubelet had open ends, how long to wait for a new one before
 # registering again: a kubelet that replaced our endpoint opens the next stream at
 # once, so a short wait is enough and keeps capacity from sitting at zero.
@@ -87,6 +94,9 @@ class PluginEndpoint:
         self._supervisor: asyncio.Task[None] | None = None
         self._changing = False
         self._running = False
+        # Bumped by every server stop: a registration or watchdog task started for an
+        # older server sees the change after its next wait and ends.
+        self._generation = 0
         check_socket_path(self.socket_path)
         if self.registry_socket is not None:
             check_socket_path(self.registry_socket)
@@ -104,9 +114,17 @@ class PluginEndpoint:
         self._running = False
         if self._supervisor is not None:
             # Wake it to end rather than cancel it: cancelled inside a restart, it could
-            # leave a server it was starting listening, with nobody left to stop it.
+            # leave a server it was starting listening (the _stop_server below stops it).
             self._restart_wanted.set()
-            await self._supervisor
+            done, _ = await asyncio.wait({self._supervisor}, timeout=SUPERVISOR_STOP_TIMEOUT)
+            if not done:
+                left = await cancel_and_wait([self._supervisor], TASK_STOP_TIMEOUT)
+                log.error(
+                    "a restart did not finish within %.0fs of stopping; cancelled it%s",
+                    SUPERVISOR_STOP_TIMEOUT,
+                    f" (still running: {left})" if left else "",
+                    extra={"resource": self.resource.name},
+                )
             self._supervisor = None
         await self._stop_server()
 
@@ -154,7 +172,7 @@ class PluginEndpoint:
             else:
                 self._tasks.append(
                     asyncio.get_running_loop().create_task(
-                        self._register(servicer), name=f"register {res.name}"
+                        self._register(servicer, self._generation), name=f"register {res.name}"
                     )
                 )
         finally:
@@ -186,6 +204,10 @@ class PluginEndpoint:
             log.error("kubelet refused registration: %s", error, extra={"resource": res.name})
             observe.emit("registration_failed", resource=res.name, reason=error)
 
+    def _stale(self, generation: int) -> bool:
+        """True once the server a task was started for is stopping or gone."""
+        return not self._running or generation != self._generation or self.resource.state.closed
+
     def _registered(self, mode: str) -> None:
         res = self.resource
         if res.state.closed:  # the answer came as the server stops: it is void
@@ -199,20 +221,23 @@ class PluginEndpoint:
             )
         )
 
-    async def _register(self, servicer: DevicePluginServicer) -> None:
+    async def _register(self, servicer: DevicePluginServicer, generation: int) -> None:
         res = self.resource
 
         def failed(reason: str) -> None:
             observe.emit("registration_failed", resource=res.name, reason=reason)
 
-        await register_with_backoff(
+        attempts = await register_with_backoff(
             self.plugin_dir / KUBELET_SOCKET,
             self.socket_name,
             res.name,
             servicer.options(),
             self.kubelet_appeared,
             failed,
+            stopping=lambda: self._stale(generation),
         )
+        if attempts is None or self._stale(generation):
+            return
         self._registered("classic")
 
     async def _wait_streams(self, want_open: bool, timeout: float | None) -> bool:
@@ -224,8 +249,9 @@ class PluginEndpoint:
             if remaining is not None and remaining <= 0:
                 return False
             res.streams_changed.clear()  # no await since the check: no change is missed
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(res.streams_changed.wait(), remaining)
+            await wait_event(res.streams_changed, remaining)
+            if not self._running or res.state.closed:
+                return False
         return True
 
     async def _watch_stream(self) -> None:
@@ -233,6 +259,8 @@ class PluginEndpoint:
         when it does not, re-register rather than sit at zero capacity."""
         res = self.resource
         if not await self._wait_streams(True, self.stream_timeout):
+            if not self._running or res.state.closed:
+                return
             log.warning(
                 "kubelet opened no ListAndWatch stream within %.1fs of registering; re-registering",
                 self.stream_timeout,
@@ -245,6 +273,8 @@ class PluginEndpoint:
             return
         grace = min(self.stream_timeout, LOST_STREAM_GRACE)
         if not await self._wait_streams(True, grace):
+            if not self._running or res.state.closed:
+                return
             log.warning(
                 "the kubelet's ListAndWatch stream ended and none reopened within %.1fs; "
                 "re-registering",
@@ -255,19 +285,25 @@ class PluginEndpoint:
 
     async def _stop_server(self) -> None:
         self._changing = True
+        self._generation += 1
         try:
             res = self.resource
             res.registered = False
             res.state.close()  # ends every ListAndWatch before the server stops
             # A registration that completes while we wait here starts a stream watchdog;
             # loop until no task is left, or stopping waits out that watchdog's timeout.
+            # Each wait is bounded: a task that swallowed its cancellation still ends at
+            # its next stop check (the generation changed), and is not waited for here.
             while self._tasks:
                 tasks, self._tasks = self._tasks, []
-                for task in tasks:
-                    task.cancel()
-                for task in tasks:
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+                left = await cancel_and_wait(tasks, TASK_STOP_TIMEOUT)
+                if left:
+                    log.error(
+                        "tasks %s did not end within %.0fs of being cancelled; going on",
+                        left,
+                        TASK_STOP_TIMEOUT,
+                        extra={"resource": res.name},
+                    )
             for server in (self._reg_server, self._server):
                 if server is not None:
                     await server.stop(STOP_GRACE)

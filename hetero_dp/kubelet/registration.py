@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpc
 
+from ..aiotools import wait_event
 from ..names import API_VERSION
 from .api import deviceplugin_v1beta1_pb2 as pb
 from .api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
@@ -48,15 +49,17 @@ async def register_with_backoff(
     options: pb.DevicePluginOptions,
     kubelet_appeared: asyncio.Event,
     on_failure: Callable[[str], None] | None = None,
-) -> int:
-    """Register until it works; returns the number of attempts.
+    stopping: Callable[[], bool] = lambda: False,
+) -> int | None:
+    """Register until it works; returns the number of attempts, or None when
+    ``stopping()`` turned true (checked before every attempt and after every wait).
 
     Waits between attempts with exponential backoff (50 ms to 5 s), cut short
     when ``kubelet_appeared`` is set (``kubelet.sock`` was just created).
     """
     delay = 0.05
     attempt = 0
-    while True:
+    while not stopping():
         attempt += 1
         kubelet_appeared.clear()
         try:
@@ -77,11 +80,9 @@ async def register_with_backoff(
         )
         if on_failure is not None:
             on_failure(reason)
-        try:
-            await asyncio.wait_for(kubelet_appeared.wait(), delay)
-        except asyncio.TimeoutError:
-            pass
+        await wait_event(kubelet_appeared, delay)
         delay = min(delay * 2, MAX_BACKOFF)
+    return None
 
 
 class WatcherRegistrationServicer(reg_grpc.RegistrationServicer):

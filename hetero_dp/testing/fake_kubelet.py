@@ -12,8 +12,10 @@ It behaves as the kubelet's device manager does (REFERENCE section 1):
 - watcher mode: finds sockets created in ``plugins_registry``, calls ``GetInfo``,
   dials the endpoint and answers ``NotifyRegistrationStatus``; deleting the
   socket deregisters;
-- :meth:`restart` deletes the unix sockets in the device-plugin dir and creates
-  a fresh ``kubelet.sock``, as the kubelet does on start.
+- :meth:`restart` models a real kubelet restart (REFERENCE section 7): the
+  kubelet dies (streams end), stays down for ``downtime`` seconds while its
+  stale ``kubelet.sock`` refuses every connection, then on start deletes the
+  unix sockets in the device-plugin dir and binds a fresh ``kubelet.sock``.
 
 All waits are awaitable with timeouts; nothing sleeps to synchronise.
 """
@@ -24,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +46,14 @@ log = logging.getLogger(__name__)
 
 DIAL_TIMEOUT = 10.0
 _CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
+
+
+def _leave_dead_socket(path: Path) -> None:
+    """A socket file nobody listens on: what a killed kubelet leaves behind."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(str(path))  # bound, never listening: connect() is refused
 
 
 @dataclass
@@ -122,6 +133,7 @@ class FakeKubelet(ChangeWaiter):
         self.registrations: list[tuple[str, str]] = []  # (resource, mode) in order
         self.rejections: list[str] = []
         self.restarts = 0
+        self.down = False  # inside a restart's downtime
         self._server: grpc.aio.Server | None = None
         self._init_changes()
         self._watcher: DirectoryWatcher | None = None
@@ -171,9 +183,24 @@ class FakeKubelet(ChangeWaiter):
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
 
-    async def restart(self) -> None:
-        """Die and come back: drop streams, delete the dir's unix sockets, new kubelet.sock."""
+    async def restart(self, downtime: float = 0.0) -> None:
+        """Die and come back: drop streams, stay down ``downtime`` seconds, then delete
+        the dir's unix sockets and bind a new kubelet.sock.
+
+        A real kubelet is down for seconds (a systemd restart) to minutes (an
+        upgrade), and the socket file of the dead process stays behind: every
+        ``Register`` meanwhile fails with "connection refused" (REFERENCE section 7).
+        On start its device manager deletes the files in the dir, then binds
+        ``kubelet.sock``, so a plugin in registration backoff sees its own socket
+        deleted and ``kubelet.sock`` created in the same instant.
+        """
         await self.stop()
+        if downtime > 0:
+            self.down = True
+            await self._notify()
+            _leave_dead_socket(self.socket_path)
+            await asyncio.sleep(downtime)  # the modelled outage, not a synchronisation
+            self.down = False
         for entry in self.plugin_dir.iterdir():
             if entry.name == CHECKPOINT_FILE:
                 continue
