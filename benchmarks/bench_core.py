@@ -488,7 +488,7 @@ def _log_to_file() -> None:
     import logging
     import tempfile
 
-    from hetero_dp.logs import setup_logging
+    from hetero_dp.kits.logs import setup_logging
 
     setup_logging("info")
     handler = logging.getLogger().handlers[0]

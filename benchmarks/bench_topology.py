@@ -29,9 +29,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hetero_dp import Device, Link
-from hetero_dp.preferred import choose_preferred, link_scores, set_score
-from hetero_dp.sharing import advertise, parse_sharing
-from hetero_dp.topology import brute_force
+from hetero_dp.allocation.preferred import choose_preferred, link_scores, set_score
+from hetero_dp.allocation.sharing import advertise, parse_sharing
+from hetero_dp.allocation.topology import brute_force
 
 RES = "nvidia.com/gpu"
 NVLINK = 100

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pluggy
 
-from .device import (
+from hetero_dp.model.device import (
     HEALTHY,
     REPLICA_SEPARATOR,
     UNHEALTHY,
@@ -22,9 +22,9 @@ from .device import (
     is_replica,
     replica_base,
 )
-from .errors import AllocationError, ConfigError
-from .events import EventSink
-from .response import ContainerResponse
+from hetero_dp.model.errors import AllocationError, ConfigError
+from hetero_dp.model.events import EventSink
+from hetero_dp.model.response import ContainerResponse
 
 hookimpl = pluggy.HookimplMarker("hetero_dp")
 

@@ -1,3 +1,3 @@
-from .cli import main
+from hetero_dp.cli import main
 
 main()

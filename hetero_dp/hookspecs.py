@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from .device import Check, Device, Link, Sample
-    from .events import EventSink
-    from .response import ContainerResponse
+    from hetero_dp.model.device import Check, Device, Link, Sample
+    from hetero_dp.model.events import EventSink
+    from hetero_dp.model.response import ContainerResponse
 
 hookspec = pluggy.HookspecMarker("hetero_dp")
 

@@ -140,7 +140,7 @@ def main() -> int:
     parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args()
-    from hetero_dp.config import set_option
+    from hetero_dp.engine.config import set_option
 
     overrides: dict[str, Any] = {}
     for item in args.option:

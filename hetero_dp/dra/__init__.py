@@ -5,6 +5,6 @@ Needs the ``kubernetes`` client (``pip install 'hetero-dp[dra]'``). See ``docs/d
 
 from __future__ import annotations
 
-from .names import device_name, driver_name_for
+from hetero_dp.dra.names import device_name, driver_name_for
 
 __all__ = ["device_name", "driver_name_for"]

@@ -16,7 +16,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from .slices import VERSIONS
+from hetero_dp.dra.slices import VERSIONS
 
 REQUEST_TIMEOUT = 10.0
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..atomic import write_atomic
+from hetero_dp.kits.atomic import write_atomic
 
 CHECKPOINT_VERSION = 1
 

@@ -1,4 +1,4 @@
-"""One CDI spec file per prepared claim, built with :mod:`hetero_dp.cdi`.
+"""One CDI spec file per prepared claim, built with :mod:`hetero_dp.allocation.cdi`.
 
 Kind ``<driver>/claim``; one CDI device per allocated device, named
 ``<claim UID>-<DRA device name>``, carrying that device's edits (nodes,
@@ -21,8 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..atomic import write_atomic
-from ..cdi import (
+from hetero_dp.allocation.cdi import (
     SPEC_MODE,
     build_spec,
     check_device_names,
@@ -31,7 +30,8 @@ from ..cdi import (
     required_version,
     validate_kind,
 )
-from ..device import Device
+from hetero_dp.kits.atomic import write_atomic
+from hetero_dp.model.device import Device
 
 SPEC_PREFIX = "hetero-dp-dra_"
 CLAIM_CLASS = "claim"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..config import Config
-from ..daemon import Daemon
-from ..errors import ConfigError
-from ..plugins import Backend
+from hetero_dp.engine.config import Config
+from hetero_dp.engine.daemon import Daemon
+from hetero_dp.engine.plugins import Backend
+from hetero_dp.model.errors import ConfigError
 
 
 def make_dra_daemon(
@@ -20,8 +20,8 @@ def make_dra_daemon(
     kubeconfig: str | None,
 ) -> Daemon:
     try:
-        from .api import make_api_client
-        from .runner import DRADaemon, DRAOptions
+        from hetero_dp.dra.api import make_api_client
+        from hetero_dp.dra.runner import DRADaemon, DRAOptions
     except ImportError as e:
         raise ConfigError(
             f"--mode dra needs the kubernetes client ({e}); pip install 'hetero-dp[dra]'",

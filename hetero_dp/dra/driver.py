@@ -21,21 +21,21 @@ from typing import Any
 
 import grpc
 
-from .. import observe
-from ..cdi import CDIWriter
-from ..device import Device
-from ..errors import ConfigError
-from ..inotify import DirectoryWatcher
-from ..kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
-from ..kubelet.endpoint import check_socket_path, remove_socket
-from .api import APIError, ResourceAPI
-from .checkpoint import Checkpoint, CheckpointError
-from .claimspec import claim_kind
-from .names import device_name, driver_name_problem, is_dns_subdomain
-from .prepare import ClaimPreparer
-from .publisher import SlicePublisher
-from .servicer import DRARegistrationServicer, add_dra_services
-from .slices import VERSIONS
+from hetero_dp.allocation.cdi import CDIWriter
+from hetero_dp.dra.api import APIError, ResourceAPI
+from hetero_dp.dra.checkpoint import Checkpoint, CheckpointError
+from hetero_dp.dra.claimspec import claim_kind
+from hetero_dp.dra.names import device_name, driver_name_problem, is_dns_subdomain
+from hetero_dp.dra.prepare import ClaimPreparer
+from hetero_dp.dra.publisher import SlicePublisher
+from hetero_dp.dra.servicer import DRARegistrationServicer, add_dra_services
+from hetero_dp.dra.slices import VERSIONS
+from hetero_dp.kits import observe
+from hetero_dp.kits.inotify import DirectoryWatcher
+from hetero_dp.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
+from hetero_dp.kubelet.endpoint import check_socket_path, remove_socket
+from hetero_dp.model.device import Device
+from hetero_dp.model.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

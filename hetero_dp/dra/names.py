@@ -10,13 +10,13 @@ from __future__ import annotations
 import hashlib
 import re
 
-from ..errors import ConfigError
+from hetero_dp.model.errors import ConfigError
 
-# Kubernetes' name rules live in hetero_dp.names; re-exported for DRA callers.
-from ..names import MAX_DNS_LABEL as MAX_LABEL
-from ..names import is_dns_label as is_dns_label
-from ..names import is_dns_subdomain as is_dns_subdomain
-from ..names import resource_name_problem
+# Kubernetes' name rules live in hetero_dp.model.names; re-exported for DRA callers.
+from hetero_dp.model.names import MAX_DNS_LABEL as MAX_LABEL
+from hetero_dp.model.names import is_dns_label as is_dns_label
+from hetero_dp.model.names import is_dns_subdomain as is_dns_subdomain
+from hetero_dp.model.names import resource_name_problem
 
 MAX_IDENTIFIER = 32
 

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import observe
-from ..device import Device
-from ..errors import ConfigError
-from .api import APIError, ResourceAPI
-from .checkpoint import Checkpoint, PreparedClaim, PreparedDevice
-from .claimspec import build_claim_spec, spec_path, write_claim_spec
+from hetero_dp.dra.api import APIError, ResourceAPI
+from hetero_dp.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from hetero_dp.dra.claimspec import build_claim_spec, spec_path, write_claim_spec
+from hetero_dp.kits import observe
+from hetero_dp.model.device import Device
+from hetero_dp.model.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from .. import observe
-from ..device import Device
-from .api import APIError, ResourceAPI
-from .slices import render_devices, render_slices
+from hetero_dp.dra.api import APIError, ResourceAPI
+from hetero_dp.dra.slices import render_devices, render_slices
+from hetero_dp.kits import observe
+from hetero_dp.model.device import Device
 
 log = logging.getLogger(__name__)
 

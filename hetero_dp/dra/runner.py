@@ -1,6 +1,6 @@
 """``hetero-dp run --mode dra``: the daemon's backends served as DRA drivers.
 
-:class:`DRADaemon` is the device-plugin :class:`~hetero_dp.daemon.Daemon` with
+:class:`DRADaemon` is the device-plugin :class:`~hetero_dp.engine.daemon.Daemon` with
 its kubelet endpoints switched off: discovery, health polling, watch hooks and
 rediscovery work exactly as in device-plugin mode, and every publish of a
 backend's devices goes to one :class:`DRADriver` per resource name.
@@ -15,14 +15,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import Config
-from ..daemon import BackendRuntime, Daemon
-from ..device import Device
-from ..errors import ConfigError
-from ..plugins import Backend
-from .driver import DEFAULT_PLUGINS_DIR, DEFAULT_RESYNC_INTERVAL, DRADriver, DriverSettings
-from .names import driver_name_for, driver_name_problem
-from .slices import VERSIONS
+from hetero_dp.dra.driver import (
+    DEFAULT_PLUGINS_DIR,
+    DEFAULT_RESYNC_INTERVAL,
+    DRADriver,
+    DriverSettings,
+)
+from hetero_dp.dra.names import driver_name_for, driver_name_problem
+from hetero_dp.dra.slices import VERSIONS
+from hetero_dp.engine.config import Config
+from hetero_dp.engine.daemon import BackendRuntime, Daemon
+from hetero_dp.engine.plugins import Backend
+from hetero_dp.model.device import Device
+from hetero_dp.model.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

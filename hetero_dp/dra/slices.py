@@ -19,9 +19,9 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..device import AttributeValue, Device
-from ..names import MAX_DNS_SUBDOMAIN as MAX_SUBDOMAIN
-from .names import attribute_name, device_name
+from hetero_dp.dra.names import attribute_name, device_name
+from hetero_dp.model.device import AttributeValue, Device
+from hetero_dp.model.names import MAX_DNS_SUBDOMAIN as MAX_SUBDOMAIN
 
 log = logging.getLogger(__name__)
 

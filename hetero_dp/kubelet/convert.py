@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..device import Device
-from ..response import ContainerResponse
-from .api import deviceplugin_v1beta1_pb2 as pb
+from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2 as pb
+from hetero_dp.model.device import Device
+from hetero_dp.model.response import ContainerResponse
 
 
 def device_to_pb(d: Device) -> pb.Device:

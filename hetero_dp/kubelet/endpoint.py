@@ -18,14 +18,14 @@ from pathlib import Path
 
 import grpc
 
-from .. import observe
-from ..aiotools import cancel_and_wait, wait_event
-from ..names import KUBELET_SOCKET, MAX_UNIX_PATH, socket_name
-from ..resource import Resource
-from .api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from .api import pluginregistration_v1_pb2_grpc as reg_grpc
-from .registration import WatcherRegistrationServicer, register_with_backoff
-from .servicer import DevicePluginServicer
+from hetero_dp.kits import observe
+from hetero_dp.kits.aiotools import cancel_and_wait, wait_event
+from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from hetero_dp.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
+from hetero_dp.kubelet.contract import ServedResource
+from hetero_dp.kubelet.registration import WatcherRegistrationServicer, register_with_backoff
+from hetero_dp.kubelet.servicer import DevicePluginServicer
+from hetero_dp.model.names import KUBELET_SOCKET, MAX_UNIX_PATH, socket_name
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def check_socket_path(path: Path) -> None:
 class PluginEndpoint:
     def __init__(
         self,
-        resource: Resource,
+        resource: ServedResource,
         *,
         plugin_dir: Path,
         registry_dir: Path | None = None,

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import grpc
 
-from ..aiotools import wait_event
-from ..names import API_VERSION
-from .api import deviceplugin_v1beta1_pb2 as pb
-from .api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from .api import pluginregistration_v1_pb2 as reg_pb
-from .api import pluginregistration_v1_pb2_grpc as reg_grpc
+from hetero_dp.kits.aiotools import wait_event
+from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2 as pb
+from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from hetero_dp.kubelet.api import pluginregistration_v1_pb2 as reg_pb
+from hetero_dp.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
+from hetero_dp.model.names import API_VERSION
 
 log = logging.getLogger(__name__)
 

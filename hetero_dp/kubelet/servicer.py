@@ -1,7 +1,7 @@
 """The five DevicePlugin RPCs for one resource, on grpc.aio.
 
 Only translation and error mapping live here: the logic is in
-:class:`hetero_dp.resource.Resource`. Every failure reaches the kubelet as a
+:class:`hetero_dp.engine.resource.Resource`. Every failure reaches the kubelet as a
 gRPC status with a message naming the device IDs, never as a traceback.
 """
 
@@ -14,12 +14,12 @@ from typing import TypeVar
 
 import grpc
 
-from .. import observe
-from ..errors import AllocationError
-from ..resource import Resource
-from .api import deviceplugin_v1beta1_pb2 as pb
-from .api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from .convert import container_response_to_pb, list_and_watch_response
+from hetero_dp.kits import observe
+from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2 as pb
+from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from hetero_dp.kubelet.contract import ServedResource
+from hetero_dp.kubelet.convert import container_response_to_pb, list_and_watch_response
+from hetero_dp.model.errors import AllocationError
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def _status(code: str) -> grpc.StatusCode:
 
 
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
-    def __init__(self, resource: Resource) -> None:
+    def __init__(self, resource: ServedResource) -> None:
         self.resource = resource
 
     def options(self) -> pb.DevicePluginOptions:

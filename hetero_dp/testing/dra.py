@@ -48,13 +48,13 @@ from urllib.parse import parse_qs, urlsplit
 
 import grpc
 
-from ..dra.names import is_attribute_name, is_dns_label, is_dns_subdomain
-from ..inotify import DirectoryWatcher
-from ..kubelet.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
-from ..kubelet.api import pluginregistration_v1_pb2 as reg_pb
-from ..kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
-from .runner import PluginRunner, test_config
-from .waiting import ChangeWaiter
+from hetero_dp.dra.names import is_attribute_name, is_dns_label, is_dns_subdomain
+from hetero_dp.kits.inotify import DirectoryWatcher
+from hetero_dp.kubelet.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from hetero_dp.kubelet.api import pluginregistration_v1_pb2 as reg_pb
+from hetero_dp.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
+from hetero_dp.testing.runner import PluginRunner, test_config
+from hetero_dp.testing.waiting import ChangeWaiter
 
 GROUP = "resource.k8s.io"
 SCHEMA_VERSION = "1.34"
@@ -73,7 +73,7 @@ _SEMVER = re.compile(
 
 
 # The DNS rules the driver's names follow (one implementation of the Kubernetes rules,
-# as the fake kubelet shares hetero_dp.names), applied to what arrives over the wire.
+# as the fake kubelet shares hetero_dp.model.names), applied to what arrives over the wire.
 def _label_ok(name: object) -> bool:
     return isinstance(name, str) and is_dns_label(name)
 
@@ -732,9 +732,9 @@ class DRARunner(PluginRunner):
         api_versions: Sequence[str] | None = None,
         resync_interval: float = 0,
     ) -> Any:
-        from ..config import load_config
-        from ..dra.runner import DRADaemon, DRAOptions
-        from ..plugins import load_backends
+        from hetero_dp.dra.runner import DRADaemon, DRAOptions
+        from hetero_dp.engine.config import load_config
+        from hetero_dp.engine.plugins import load_backends
 
         raw = test_config(config, options)
         raw["kubeletDir"] = str(self.plugin_dir)

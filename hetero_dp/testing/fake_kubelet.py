@@ -34,13 +34,18 @@ from pathlib import Path
 
 import grpc
 
-from ..inotify import DirectoryWatcher
-from ..kubelet.api import deviceplugin_v1beta1_pb2 as pb
-from ..kubelet.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from ..kubelet.api import pluginregistration_v1_pb2 as reg_pb
-from ..kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
-from ..names import API_VERSION, CHECKPOINT_FILE, KUBELET_SOCKET, resource_name_problem
-from .waiting import ChangeWaiter
+from hetero_dp.kits.inotify import DirectoryWatcher
+from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2 as pb
+from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from hetero_dp.kubelet.api import pluginregistration_v1_pb2 as reg_pb
+from hetero_dp.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
+from hetero_dp.model.names import (
+    API_VERSION,
+    CHECKPOINT_FILE,
+    KUBELET_SOCKET,
+    resource_name_problem,
+)
+from hetero_dp.testing.waiting import ChangeWaiter
 
 log = logging.getLogger(__name__)
 

@@ -21,15 +21,15 @@ except ImportError:  # fixtures need pytest-asyncio; without it, offer none
 
 
 if TYPE_CHECKING:  # imported lazily so coverage of a test run sees every import
-    from .fake_kubelet import FakeKubelet
-    from .runner import PluginRunner
+    from hetero_dp.testing.fake_kubelet import FakeKubelet
+    from hetero_dp.testing.runner import PluginRunner
 
 if pytest_asyncio is not None:
 
     @pytest_asyncio.fixture
     async def fake_kubelet() -> AsyncIterator[FakeKubelet]:
-        from .fake_kubelet import FakeKubelet
-        from .runner import short_tempdir
+        from hetero_dp.testing.fake_kubelet import FakeKubelet
+        from hetero_dp.testing.runner import short_tempdir
 
         root = short_tempdir()
         kubelet = FakeKubelet(root / "dp", root / "reg")
@@ -42,7 +42,7 @@ if pytest_asyncio is not None:
 
     @pytest_asyncio.fixture
     async def plugin_runner(fake_kubelet: FakeKubelet) -> AsyncIterator[PluginRunner]:
-        from .runner import PluginRunner
+        from hetero_dp.testing.runner import PluginRunner
 
         runner = PluginRunner(fake_kubelet.plugin_dir, fake_kubelet.registry_dir)
         try:

@@ -8,9 +8,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ..config import load_config
-from ..daemon import Daemon
-from ..plugins import load_backends
+from hetero_dp.engine.config import load_config
+from hetero_dp.engine.daemon import Daemon
+from hetero_dp.engine.plugins import load_backends
+from hetero_dp.ops import operations
 
 
 def short_tempdir(prefix: str = "hdp-") -> Path:
@@ -58,7 +59,9 @@ class PluginRunner:
         if self.registry_dir is not None:
             raw.setdefault("pluginsRegistryDir", str(self.registry_dir))
         cfg = load_config(raw=raw, env={})
-        return await self.launch(Daemon(cfg, load_backends(backends, timeout=cfg.hook_timeout)))
+        daemon = Daemon(cfg, load_backends(backends, timeout=cfg.hook_timeout))
+        operations.attach(daemon)  # metrics, probes and labels, as ``hetero-dp run`` has
+        return await self.launch(daemon)
 
     async def launch(self, daemon: Daemon) -> Daemon:
         """Start ``daemon``; it is stopped with the others at the end (or now, if it fails)."""

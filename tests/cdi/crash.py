@@ -1,7 +1,7 @@
 """Run a real write in a child process and SIGKILL it at a chosen system call.
 
 The child installs a profiler (``sys.setprofile``) that watches for one builtin
-(``os.fsync`` or ``os.replace``) called from ``hetero_dp/atomic.py``, reports
+(``os.fsync`` or ``os.replace``) called from ``hetero_dp/kits/atomic.py``, reports
 "at <call>" on stdout and blocks on stdin; the parent checks the files while the
 child is frozen just before that call, then kills it with SIGKILL. Nothing of
 ours is patched: the write runs unchanged, and the process really dies mid-write.
@@ -27,7 +27,7 @@ _CHILD = textwrap.dedent(
 
     # Only the call made by write_atomic itself: imports call os.replace too
     # (when they write .pyc files).
-    ours = os.path.join("hetero_dp", "atomic.py")
+    ours = os.path.join("hetero_dp", "kits", "atomic.py")
 
     def watch(frame, event, arg):
         if event == "c_call" and arg is stop_at and frame.f_code.co_filename.endswith(ours):

@@ -4,7 +4,7 @@ For any test that generates CDI specs (simulated, udev and NVIDIA backends)::
 
     from tests.cdi.schema_check import assert_valid_cdi_spec
 
-    spec = hetero_dp.cdi.build_spec("acme.com/fpga", devices)   # or a file path
+    spec = hetero_dp.allocation.cdi.build_spec("acme.com/fpga", devices)   # or a file path
     assert_valid_cdi_spec(spec)
 
 Needs ``jsonschema`` (with ``referencing``) and the repository root on
@@ -20,7 +20,7 @@ Three layers, each of which a runtime enforces:
    names, at least one device, non-empty device edits, ``NAME=value`` env,
    ``rwm`` permissions, absolute paths, and a ``cdiVersion`` no lower than the
    fields used need (written here from the CDI version table, independently of
-   ``hetero_dp.cdi``).
+   ``hetero_dp.allocation.cdi``).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def _version_key(v: str) -> tuple[int, ...]:
 
 
 def minimum_version(spec: Mapping[str, Any]) -> str:
-    """The CDI version table applied to ``spec`` (independent of hetero_dp.cdi)."""
+    """The CDI version table applied to ``spec`` (independent of hetero_dp.allocation.cdi)."""
     devices = list(spec.get("devices") or [])
     edits = [d.get("containerEdits") or {} for d in devices] + [spec.get("containerEdits") or {}]
     need = "0.3.0"

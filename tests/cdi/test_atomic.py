@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hetero_dp.atomic import write_atomic
+from hetero_dp.kits.atomic import write_atomic
 from tests.cdi.crash import REPO, FrozenWriter
 
 OLD = b"old content\n" * 1000
@@ -26,7 +26,7 @@ def _temps(d: Path) -> list[Path]:
 def test_kill_before_rename_leaves_previous_file(tmp_path: Path, call: str) -> None:
     target = tmp_path / "spec.json"
     write_atomic(target, OLD)
-    code = f"from hetero_dp.atomic import write_atomic; write_atomic({str(target)!r}, {NEW!r})"
+    code = f"from hetero_dp.kits.atomic import write_atomic; write_atomic({str(target)!r}, {NEW!r})"
     child = FrozenWriter(call, code)
     # Frozen between writing and renaming: the new bytes sit in a hidden temp file.
     (tmp,) = _temps(tmp_path)
@@ -77,7 +77,7 @@ def test_missing_dir_raises_oserror(tmp_path: Path) -> None:
 _WRITER = textwrap.dedent(
     """
     import sys
-    from hetero_dp.atomic import write_atomic
+    from hetero_dp.kits.atomic import write_atomic
     target, n = sys.argv[1], int(sys.argv[2])
     a, b = b"a" * 300_000, b"b" * 200_003
     for i in range(n):

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from hetero_dp import Device, DeviceNode, Mount, hookimpl
-from hetero_dp.daemon import Daemon
+from hetero_dp.engine.daemon import Daemon
 from tests.cdi.schema_check import assert_valid_cdi_spec
 
 RES = "acme.com/accel"

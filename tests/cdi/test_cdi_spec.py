@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hetero_dp import ConfigError, Device, DeviceNode, Mount
-from hetero_dp.cdi import (
+from hetero_dp.allocation.cdi import (
     FILLER_ENV,
     CDINameError,
     build_spec,

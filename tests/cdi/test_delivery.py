@@ -8,8 +8,8 @@ import re
 import pytest
 
 from hetero_dp import AllocationError, ConfigError, ContainerResponse, Device, DeviceNode
-from hetero_dp.allocate import build_response
-from hetero_dp.delivery import (
+from hetero_dp.allocation.allocate import build_response
+from hetero_dp.allocation.delivery import (
     DEFAULT_STRATEGIES,
     Delivery,
     annotation_key,

@@ -195,7 +195,7 @@ def test_topo_shows_matrix_and_choice(cli_env, hetero_dp_cmd):
 
 PICKY = """
 from hetero_dp import hookimpl
-from hetero_dp.errors import ConfigError
+from hetero_dp.model.errors import ConfigError
 
 
 @hookimpl
@@ -211,9 +211,9 @@ def discover():
 
 async def test_list_and_run_name_a_refused_option_alike(tmp_path, plugin_runner):
     """``list`` (and ``topology``) report a backend's refusal with its field, as ``run`` does."""
-    from hetero_dp.config import load_config
-    from hetero_dp.errors import ConfigError
-    from hetero_dp.inspect import discover_once
+    from hetero_dp.cli.inspect import discover_once
+    from hetero_dp.engine.config import load_config
+    from hetero_dp.model.errors import ConfigError
 
     plugin = tmp_path / "picky.py"
     plugin.write_text(PICKY)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hetero_dp.config import env_name, load_config, set_option
-from hetero_dp.errors import ConfigError
-from hetero_dp.names import resource_name_problem, validate_resource_name
+from hetero_dp.engine.config import env_name, load_config, set_option
+from hetero_dp.model.errors import ConfigError
+from hetero_dp.model.names import resource_name_problem, validate_resource_name
 
 
 def write(tmp_path: Path, text: str) -> Path:

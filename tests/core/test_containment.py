@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from hetero_dp import Device, hookimpl
-from hetero_dp.errors import ConfigError
+from hetero_dp.model.errors import ConfigError
 
 from .scripted import Scripted, make_devices
 

@@ -10,8 +10,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from hetero_dp.device import Device
 from hetero_dp.dra.slices import render_devices
+from hetero_dp.model.device import Device
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "dra.md"
 

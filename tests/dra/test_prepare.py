@@ -9,7 +9,7 @@ import re
 import pytest
 
 from hetero_dp.dra import device_name
-from hetero_dp.errors import ConfigError
+from hetero_dp.model.errors import ConfigError
 from hetero_dp.testing.dra import ClaimRef, make_claim
 from tests.cdi.schema_check import assert_valid_cdi_spec
 
@@ -254,7 +254,7 @@ async def test_claims_are_read_through_v1beta1_on_an_old_api_server(dra, kubelet
 
 
 async def test_events_for_observers(dra, kubelet, api_server):
-    from hetero_dp import observe
+    from hetero_dp.kits import observe
 
     seen: list[tuple[str, dict]] = []
     unsubscribe = observe.subscribe(lambda event, fields: seen.append((event, fields)))

@@ -9,9 +9,9 @@ import logging
 import kubernetes_validate
 import pytest
 
-from hetero_dp.device import Device
 from hetero_dp.dra import device_name
 from hetero_dp.dra.slices import render_devices, render_slices
+from hetero_dp.model.device import Device
 from hetero_dp.testing.dra import FakeAPIServer, slice_problems
 
 from .backend import DRIVER, RES, Npus, npu
@@ -202,7 +202,7 @@ async def test_stale_slices_of_a_bigger_pool_are_deleted(dra, api_server):
 async def test_refused_slice_is_logged_with_the_servers_reason_and_retried(
     dra, api_server, kubelet, caplog
 ):
-    from hetero_dp import observe
+    from hetero_dp.kits import observe
 
     api_server.refuse_slices = 'admission webhook "quota.example.com" denied the request'
     seen: list[dict] = []

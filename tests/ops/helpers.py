@@ -9,8 +9,9 @@ from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from hetero_dp import observe
-from hetero_dp.daemon import Daemon
+from hetero_dp.engine.daemon import Daemon
+from hetero_dp.kits import observe
+from hetero_dp.ops import operations
 
 
 async def http_get(port: int, path: str, method: str = "GET") -> tuple[int, str]:
@@ -28,8 +29,8 @@ async def http_get(port: int, path: str, method: str = "GET") -> tuple[int, str]
 
 
 def port_of(daemon: Daemon) -> int:
-    assert daemon.ops.server is not None, "metrics.address not set"
-    return daemon.ops.server.port
+    assert operations.of(daemon).server is not None, "metrics.address not set"
+    return operations.of(daemon).server.port
 
 
 async def scrape(daemon: Daemon) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hetero_dp.config import load_config
-from hetero_dp.errors import ConfigError
+from hetero_dp.engine.config import load_config
+from hetero_dp.model.errors import ConfigError
 
 
 def test_flag_overrides_the_files_metrics_address(tmp_path):

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from hetero_dp.config import load_config
-from hetero_dp.doctor import DoctorSettings, exit_code, render_text, run_doctor, spec_problems
-from hetero_dp.plugins import load_backends
+from hetero_dp.engine.config import load_config
+from hetero_dp.engine.plugins import load_backends
+from hetero_dp.ops import operations
+from hetero_dp.ops.doctor import DoctorSettings, exit_code, render_text, run_doctor, spec_problems
 from hetero_dp.testing import FakeKubelet, short_tempdir
 from tests.core.scripted import Scripted, make_devices
 
@@ -128,7 +129,7 @@ async def test_a_healthy_node_passes_every_step(root):
         doc = {
             "kubeletDir": "/" + DP,
             "labels": {"enabled": True, "dir": "/" + LABELS},
-            "metrics": {"address": f"127.0.0.1:{daemon.ops.server.port}"},
+            "metrics": {"address": f"127.0.0.1:{operations.of(daemon).server.port}"},
         }
         findings = await asyncio.to_thread(doctor, root, [Scripted(make_devices(RES, 2))], doc)
     finally:
@@ -363,7 +364,7 @@ async def test_daemon_not_ready_names_the_resource(fake_kubelet, plugin_runner, 
     await asyncio.wait_for(_until_not_ready(daemon), 10)
     f = only(
         await asyncio.to_thread(
-            doctor, root, (), {}, daemon_address=f"127.0.0.1:{daemon.ops.server.port}"
+            doctor, root, (), {}, daemon_address=f"127.0.0.1:{operations.of(daemon).server.port}"
         ),
         "daemon",
     )

@@ -10,8 +10,8 @@ import pytest
 from hetero_dp_simulated.backend import SimulatedBackend
 
 from hetero_dp import Device, hookimpl
-from hetero_dp.inotify import DirectoryWatcher
-from hetero_dp.labels import generic_labels, label_problem, label_value, parse
+from hetero_dp.kits.inotify import DirectoryWatcher
+from hetero_dp.ops.labels import generic_labels, label_problem, label_value, parse
 from hetero_dp.testing import short_tempdir
 from tests.core.scripted import Scripted, make_devices
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
-from hetero_dp.logs import JsonFormatter, TextFormatter
+from hetero_dp.kits.logs import JsonFormatter, TextFormatter
 from tests.core.scripted import Scripted, make_devices
 
 RES = "example.com/accel"
@@ -15,7 +15,7 @@ async def test_one_line_per_health_transition_with_its_reason(fake_kubelet, plug
     backend = Scripted(make_devices(RES, 3))
     daemon = await plugin_runner.start(backend)
     await fake_kubelet.wait_registered(RES)
-    caplog.set_level(logging.INFO, logger="hetero_dp.daemon")
+    caplog.set_level(logging.INFO, logger="hetero_dp.engine.daemon")
     caplog.clear()
 
     backend.unhealthy["dev2"] = "XID 48: double-bit ECC error"
@@ -43,7 +43,7 @@ async def test_one_line_per_health_transition_with_its_reason(fake_kubelet, plug
 def test_every_extra_field_the_code_logs_is_a_structured_field(repo_root):
     import re
 
-    from hetero_dp.logs import FIELDS
+    from hetero_dp.kits.logs import FIELDS
 
     used = set()
     for path in (repo_root / "hetero_dp").rglob("*.py"):

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hetero_dp import scaffold
-from hetero_dp.probes import parse_address
+from hetero_dp.cli import scaffold
+from hetero_dp.ops.probes import parse_address
 
 ROOT = Path(__file__).resolve().parents[2]
 NFD_DIR = "/etc/kubernetes/node-feature-discovery/features.d"

@@ -16,9 +16,9 @@ pytest.importorskip("hetero_dp_nvidia")
 
 from hetero_dp_nvidia.backend import NvidiaBackend
 
-from hetero_dp.config import load_config
-from hetero_dp.doctor import DoctorSettings, exit_code, run_doctor
-from hetero_dp.labels import parse
+from hetero_dp.engine.config import load_config
+from hetero_dp.ops.doctor import DoctorSettings, exit_code, run_doctor
+from hetero_dp.ops.labels import parse
 from hetero_dp.testing import short_tempdir
 
 from .helpers import scrape, value
@@ -110,7 +110,7 @@ def test_doctor_puts_the_driver_first(fake_node, init_error, name, message, fix)
 
 
 def _load(backend):
-    from hetero_dp.plugins import load_backends
+    from hetero_dp.engine.plugins import load_backends
 
     return load_backends([backend])
 

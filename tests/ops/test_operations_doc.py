@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
-from hetero_dp.metrics import Metrics
-from hetero_dp.reload import FIXED
+from hetero_dp.engine.reconfigure import FIXED
+from hetero_dp.ops.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = (ROOT / "docs/operations.md").read_text()

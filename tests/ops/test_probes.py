@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from hetero_dp.errors import ConfigError
-from hetero_dp.probes import parse_address
+from hetero_dp.model.errors import ConfigError
+from hetero_dp.ops.probes import parse_address
 from tests.core.scripted import Scripted, make_devices
 
 from .helpers import expect_event, http_get, port_of, wait_ready

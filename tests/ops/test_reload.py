@@ -13,9 +13,10 @@ import yaml
 from hetero_dp_simulated.backend import SimulatedBackend
 
 from hetero_dp import hookimpl
-from hetero_dp.config import load_config
-from hetero_dp.errors import ConfigError
-from hetero_dp.reload import ConfigReloader
+from hetero_dp.engine.config import load_config
+from hetero_dp.model.errors import ConfigError
+from hetero_dp.ops import operations
+from hetero_dp.ops.reload import ConfigReloader
 from tests.core.scripted import Scripted, make_devices
 
 from .helpers import wait_ready
@@ -171,7 +172,7 @@ async def test_reload_turns_metrics_and_labels_on_without_touching_streams(
 
     doc = base_doc(fake_kubelet)
     _, daemon = await start_two(fake_kubelet, plugin_runner, doc)
-    assert daemon.ops.server is None and daemon.ops.labels is None
+    assert operations.of(daemon).server is None and operations.of(daemon).labels is None
     doc["metrics"] = {"address": "127.0.0.1:0"}
     doc["labels"] = {"enabled": True, "dir": str(tmp_path / "features.d")}
     summary = await daemon.apply_config(load_config(raw=doc, env={}))

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hetero_dp.inotify import DirectoryWatcher
-from hetero_dp.labels import parse
+from hetero_dp.kits.inotify import DirectoryWatcher
+from hetero_dp.ops.labels import parse
 from hetero_dp.testing import FakeKubelet, short_tempdir
 
 from .helpers import http_get

@@ -9,7 +9,7 @@ import threading
 
 import grpc
 
-from hetero_dp import observe
+from hetero_dp.kits import observe
 
 from .conftest import SIM, simulated
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hetero_dp.config import SCALARS, SECTION_KEYS, SECTIONS, Config, env_name, load_config
-from hetero_dp.errors import ConfigError
+from hetero_dp.engine.config import SCALARS, SECTION_KEYS, SECTIONS, Config, env_name, load_config
+from hetero_dp.model.errors import ConfigError
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -10,7 +10,7 @@ import time
 import grpc
 import pytest
 
-from hetero_dp import observe
+from hetero_dp.kits import observe
 
 from .conftest import SIM, simulated, vitals
 

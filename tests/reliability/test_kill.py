@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hetero_dp.names import socket_name
+from hetero_dp.model.names import socket_name
 
 from .conftest import SIM
 

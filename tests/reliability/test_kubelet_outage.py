@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import stat
 
-from hetero_dp import observe
+from hetero_dp.kits import observe
 
 from .conftest import SIM, simulated
 

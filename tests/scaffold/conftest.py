@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hetero_dp import scaffold
+from hetero_dp.cli import scaffold
 
 ROOT = Path(__file__).resolve().parents[2]
 VALUES = {

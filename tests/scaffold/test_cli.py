@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from hetero_dp import scaffold
-from hetero_dp.cli import main
-from hetero_dp.errors import ConfigError
+from hetero_dp.cli import scaffold
+from hetero_dp.cli.main import main
+from hetero_dp.model.errors import ConfigError
 
 from .conftest import VALUES, subprocess_env
 

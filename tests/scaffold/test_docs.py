@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from hetero_dp import hookspecs
-from hetero_dp.cli import main as cli_main
-from hetero_dp.config import RESOURCE_KEYS, SCALARS, SECTION_KEYS, env_name, load_config
+from hetero_dp.cli.main import main as cli_main
+from hetero_dp.engine.config import RESOURCE_KEYS, SCALARS, SECTION_KEYS, env_name, load_config
 
 from .conftest import ROOT, subprocess_env
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hetero_dp import scaffold
-from hetero_dp.errors import ConfigError
-from hetero_dp.names import resource_name_problem
+from hetero_dp.cli import scaffold
+from hetero_dp.model.errors import ConfigError
+from hetero_dp.model.names import resource_name_problem
 
 from .conftest import VALUES
 

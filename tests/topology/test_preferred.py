@@ -9,8 +9,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hetero_dp import AllocationError, Device, Link
-from hetero_dp.preferred import choose_preferred, explain_preferred, link_scores, set_score
-from hetero_dp.sharing import SharingConfig, advertise, parse_sharing, physical_id, to_physical
+from hetero_dp.allocation.preferred import (
+    choose_preferred,
+    explain_preferred,
+    link_scores,
+    set_score,
+)
+from hetero_dp.allocation.sharing import (
+    SharingConfig,
+    advertise,
+    parse_sharing,
+    physical_id,
+    to_physical,
+)
 
 RES = "example.com/accel"
 LEVELS = [0, 1, 2, 10, 20, 40, 60, 100, 200, 300]  # 1 and 2: NUMA must never outweigh a point

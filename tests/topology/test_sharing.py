@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from hetero_dp import AllocationError, ConfigError, Device
-from hetero_dp.sharing import (
+from hetero_dp.allocation.sharing import (
     SharingConfig,
     advertise,
     advertised_resources,
@@ -271,7 +271,7 @@ def test_default_config_is_inert() -> None:
 
 def test_replica_ids_are_one_fact_on_the_public_face():
     from hetero_dp import Device, is_replica, replica_base
-    from hetero_dp.sharing import advertise, parse_sharing
+    from hetero_dp.allocation.sharing import advertise, parse_sharing
 
     gpu = Device(id="GPU-1", resource="nvidia.com/gpu", index=0)
     mig = Device(id="MIG-9", resource="nvidia.com/mig-1g.5gb", parent="GPU-1", index=1)

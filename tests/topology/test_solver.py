@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetero_dp import topology
-from hetero_dp.topology import brute_force, solve, subset_score
+from hetero_dp.allocation import topology
+from hetero_dp.allocation.topology import brute_force, solve, subset_score
 
 # Scores as backends give them: NVIDIA's PCIe ladder and NVLink multiples, plus zeros.
 LEVELS = [0, 10, 20, 30, 40, 50, 60, 100, 200, 300, 400]

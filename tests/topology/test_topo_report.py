@@ -10,15 +10,15 @@ import pytest
 import yaml
 
 from hetero_dp import AllocationError, ConfigError, Device, Link
-from hetero_dp.config import load_config
-from hetero_dp.sharing import advertise, parse_sharing
-from hetero_dp.topo_report import (
+from hetero_dp.allocation.sharing import advertise, parse_sharing
+from hetero_dp.cli.topo_report import (
     load_topology,
     parse_topology,
     render_topology,
     report,
     topology_document,
 )
+from hetero_dp.engine.config import load_config
 
 RES = "nvidia.com/gpu"
 

@@ -10,7 +10,7 @@ from hetero_dp_udev import UdevBackend
 from hetero_dp_udev.testing import Testbed
 
 from hetero_dp import Device
-from hetero_dp.labels import generic_labels
+from hetero_dp.ops.labels import generic_labels
 
 pytestmark = pytest.mark.umockdev
 
@@ -198,7 +198,7 @@ def test_device_without_nodes_is_healthy_unless_nodes_are_expected(
 
 @pytest.mark.parametrize("name", ["amd-gpu", "ascend-npu", "gaudi", "xilinx-fpga", "dev-glob"])
 def test_cdi_spec_of_each_rule_set_validates(testbed: Testbed, data: Path, name: str) -> None:
-    from hetero_dp.cdi import build_spec
+    from hetero_dp.allocation.cdi import build_spec
     from tests.cdi.schema_check import assert_valid_cdi_spec
 
     devices = _discover(testbed, data, name)

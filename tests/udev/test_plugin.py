@@ -8,7 +8,7 @@ import pytest
 import tomllib
 from hetero_dp_udev import UdevBackend, backend, testing
 
-from hetero_dp.plugins import load_backends
+from hetero_dp.engine.plugins import load_backends
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "vendors" / "udev" / "pyproject.toml"
 HOOKS = {"configure", "discover", "check_health", "watch", "labels", "doctor"}

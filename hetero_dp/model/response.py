@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .device import DeviceNode, Mount
+from hetero_dp.model.device import DeviceNode, Mount
 
 
 @dataclass

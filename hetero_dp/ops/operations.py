@@ -1,28 +1,58 @@
 """Day-two operations of a daemon, wired in one place: metrics with the probe
 server (config ``metrics.address``), the node label file (``labels.enabled/dir``)
-and config reload (when the daemon was given a config file and a loader)."""
+and config reload (when given a config file and a loader).
+
+An engine extension (:mod:`hetero_dp.engine.extension`): :func:`attach` plugs it
+into a daemon, which then starts, stops and reconfigures it; it uses only the
+daemon's public surface."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .config import Config
-from .errors import ConfigError
-from .labels import LabelWriter, file_name
-from .probes import ProbeServer
-from .reload import ConfigReloader
+from hetero_dp.engine.config import Config
+from hetero_dp.model.errors import ConfigError
+from hetero_dp.ops.labels import LabelWriter, file_name
+from hetero_dp.ops.probes import ProbeServer, parse_address
+from hetero_dp.ops.reload import ConfigReloader
 
 if TYPE_CHECKING:
-    from .daemon import Daemon
-    from .metrics import Metrics
+    from hetero_dp.engine.daemon import Daemon
+    from hetero_dp.ops.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 
+def attach(
+    daemon: Daemon,
+    config_path: Path | None = None,
+    config_loader: Callable[[], Config] | None = None,
+) -> Operations:
+    """Plug metrics, probes, labels and (with a config file and loader) reload into
+    ``daemon``; returns the extension (``ops.server``, ``ops.labels``...)."""
+    ops = Operations(daemon, config_path, config_loader)
+    daemon.extensions.append(ops)
+    return ops
+
+
+def of(daemon: Daemon) -> Operations | None:
+    """The operations extension attached to ``daemon``, if any."""
+    return next((e for e in daemon.extensions if isinstance(e, Operations)), None)
+
+
 class Operations:
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(
+        self,
+        daemon: Daemon,
+        config_path: Path | None = None,
+        config_loader: Callable[[], Config] | None = None,
+    ) -> None:
         self.daemon = daemon
+        self.config_path = config_path
+        self.config_loader = config_loader
         self.metrics: Metrics | None = None
         self.server: ProbeServer | None = None
         self.labels: LabelWriter | None = None
@@ -34,9 +64,8 @@ class Operations:
         cfg = self.daemon.config
         await self._start_server(cfg)
         self._start_labels(cfg)
-        d = self.daemon
-        if d.config_path is not None and d.config_loader is not None:
-            self.reloader = ConfigReloader(d, d.config_path, d.config_loader)
+        if self.config_path is not None and self.config_loader is not None:
+            self.reloader = ConfigReloader(self.daemon, self.config_path, self.config_loader)
             self.reloader.start()
 
     async def stop(self) -> None:
@@ -50,7 +79,13 @@ class Operations:
         """Before a reload commits: bind the new probe address (ConfigError if it cannot)."""
         if old.metrics == new.metrics or not new.metrics.get("address"):
             return
-        from .metrics import Metrics  # prometheus_client (~10 MiB) only when metrics are on
+        try:
+            parse_address(str(new.metrics["address"]))
+        except ConfigError as e:
+            raise ConfigError(e.reason, field=e.field, source=new.source) from None
+        from hetero_dp.ops.metrics import (
+            Metrics,  # prometheus_client (~10 MiB) only when metrics are on
+        )
 
         metrics = self.metrics or Metrics(self.daemon)  # counters survive an address change
         server = ProbeServer(self.daemon, str(new.metrics["address"]), metrics)
@@ -92,7 +127,9 @@ class Operations:
         address = str(cfg.metrics.get("address") or "")
         if not address:
             return
-        from .metrics import Metrics  # prometheus_client (~10 MiB) only when metrics are on
+        from hetero_dp.ops.metrics import (
+            Metrics,  # prometheus_client (~10 MiB) only when metrics are on
+        )
 
         self.metrics = Metrics(self.daemon)
         self.server = ProbeServer(self.daemon, address, self.metrics)
@@ -116,11 +153,10 @@ class Operations:
             return
         name = file_name(cfg.socket_prefix, [b.name for b in self.daemon.backends])
         self.labels = LabelWriter(self.daemon, str(cfg.labels["dir"]), name)
-        self.daemon.publishers.append(self.labels)
+        self.daemon.add_publisher(self.labels)
 
     def _stop_labels(self) -> None:
         if self.labels is not None:
-            if self.labels in self.daemon.publishers:
-                self.daemon.publishers.remove(self.labels)
+            self.daemon.remove_publisher(self.labels)
             self.labels.remove()
             self.labels = None

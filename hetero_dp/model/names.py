@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import re
 
-from .errors import ConfigError
+from hetero_dp.model.errors import ConfigError
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"

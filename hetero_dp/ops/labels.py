@@ -17,14 +17,14 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import observe
-from .atomic import write_atomic
-from .device import Device
-from .errors import BackendError
-from .names import is_dns_subdomain, is_qualified_name
+from hetero_dp.kits import observe
+from hetero_dp.kits.atomic import write_atomic
+from hetero_dp.model.device import Device
+from hetero_dp.model.errors import BackendError
+from hetero_dp.model.names import is_dns_subdomain, is_qualified_name
 
 if TYPE_CHECKING:
-    from .daemon import BackendRuntime, Daemon
+    from hetero_dp.engine.daemon import BackendRuntime, Daemon
 
 log = logging.getLogger(__name__)
 

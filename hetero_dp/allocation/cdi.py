@@ -18,9 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .atomic import write_atomic
-from .device import Device, DeviceNode, Mount
-from .errors import ConfigError
+from hetero_dp.kits.atomic import write_atomic
+from hetero_dp.model.device import Device, DeviceNode, Mount
+from hetero_dp.model.errors import ConfigError
 
 DEFAULT_CDI_DIR = "/var/run/cdi"
 SPEC_FILE_PREFIX = "hetero-dp_"

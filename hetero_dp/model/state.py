@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 
-from .device import Device
+from hetero_dp.model.device import Device
 
 _pending: set[asyncio.Task[None]] = set()  # keep wake-up tasks alive until done
 

@@ -15,12 +15,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from .aiotools import with_timeout
-from .errors import ConfigError
+from hetero_dp.kits.aiotools import with_timeout
+from hetero_dp.model.errors import ConfigError
 
 if TYPE_CHECKING:
-    from .daemon import Daemon
-    from .metrics import Metrics
+    from hetero_dp.engine.daemon import Daemon
+    from hetero_dp.ops.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -52,20 +52,7 @@ def readiness(daemon: Daemon) -> tuple[bool, list[str]]:
     dra = getattr(daemon, "dra_readiness", None)  # DRA mode: drivers, not endpoints
     if dra is not None:
         return dra()
-    if not daemon.ready.is_set():
-        return False, ["daemon: starting"]
-    lines = []
-    ok = True
-    for name, res in sorted(daemon.resources.items()):
-        if res.ready:
-            lines.append(f"{name}: ready ({len(res.state.devices)} devices)")
-            continue
-        ok = False
-        why = "not registered with the kubelet" if not res.registered else "no ListAndWatch stream"
-        lines.append(f"{name}: not ready: {why}")
-    if not lines:
-        lines.append("no resources: no backend found devices")
-    return ok, lines
+    return daemon.readiness()
 
 
 class ProbeServer:

@@ -6,10 +6,10 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from .config import Config
-from .device import Device
-from .errors import BackendError, ConfigError
-from .plugins import Backend, load_backends
+from hetero_dp.engine.config import Config
+from hetero_dp.engine.plugins import Backend, load_backends
+from hetero_dp.model.device import Device
+from hetero_dp.model.errors import BackendError, ConfigError
 
 
 @contextlib.asynccontextmanager

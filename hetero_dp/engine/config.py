@@ -17,10 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .delivery import parse_delivery
-from .errors import ConfigError
-from .names import DEFAULT_DEVICE_PLUGIN_DIR, DEFAULT_PLUGINS_REGISTRY_DIR, validate_resource_name
-from .sharing import REPLICA_POLICIES, SharingConfig, parse_sharing
+from hetero_dp.allocation.delivery import parse_delivery
+from hetero_dp.allocation.sharing import REPLICA_POLICIES, SharingConfig, parse_sharing
+from hetero_dp.model.errors import ConfigError
+from hetero_dp.model.names import (
+    DEFAULT_DEVICE_PLUGIN_DIR,
+    DEFAULT_PLUGINS_REGISTRY_DIR,
+    validate_resource_name,
+)
 
 ENV_PREFIX = "HETERO_DP_"
 NVIDIA_FLAGS_BACKEND = "nvidia"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .device import Device
-from .errors import AllocationError
-from .response import ContainerResponse
-from .state import ResourceState
+from hetero_dp.model.device import Device
+from hetero_dp.model.errors import AllocationError
+from hetero_dp.model.response import ContainerResponse
+from hetero_dp.model.state import ResourceState
 
 MAX_IDS_SHOWN = 8
 MAX_ID_SHOWN = 80  # longer IDs are cut: the message travels in a 16 KiB gRPC trailer

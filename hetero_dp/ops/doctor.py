@@ -29,13 +29,13 @@ from typing import Any
 
 import yaml
 
-from .cdi import device_name_problem, kind_problem
-from .config import Config
-from .errors import BackendError, ConfigError
-from .labels import file_name, label_problem
-from .names import KUBELET_SOCKET
-from .plugins import Backend
-from .probes import parse_address
+from hetero_dp.allocation.cdi import device_name_problem, kind_problem
+from hetero_dp.engine.config import Config
+from hetero_dp.engine.plugins import Backend
+from hetero_dp.model.errors import BackendError, ConfigError
+from hetero_dp.model.names import KUBELET_SOCKET
+from hetero_dp.ops.labels import file_name, label_problem
+from hetero_dp.ops.probes import parse_address
 
 try:
     import tomllib

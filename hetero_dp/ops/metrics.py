@@ -1,6 +1,6 @@
 """Prometheus metrics for one daemon.
 
-Event counters and the Allocate latency histogram follow :mod:`hetero_dp.observe`
+Event counters and the Allocate latency histogram follow :mod:`hetero_dp.kits.observe`
 events; gauges (devices total/healthy, open streams, registration) are read from
 the daemon's state at scrape time, so they can never drift from it. Backends add
 their own samples through the ``metrics`` hook, gathered before each scrape.
@@ -20,12 +20,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from . import observe
-from .device import Sample
-from .errors import BackendError
+from hetero_dp.kits import observe
+from hetero_dp.model.device import Sample
+from hetero_dp.model.errors import BackendError
 
 if TYPE_CHECKING:
-    from .daemon import Daemon
+    from hetero_dp.engine.daemon import Daemon
 
 log = logging.getLogger(__name__)
 

@@ -26,11 +26,11 @@ from typing import Any
 
 import yaml
 
-from .config import Config
-from .device import Device, Link
-from .errors import BackendError, ConfigError
-from .preferred import explain_preferred, link_scores, scoring_id
-from .sharing import DEFAULT_REPLICA_POLICY, advertise
+from hetero_dp.allocation.preferred import explain_preferred, link_scores, scoring_id
+from hetero_dp.allocation.sharing import DEFAULT_REPLICA_POLICY, advertise
+from hetero_dp.engine.config import Config
+from hetero_dp.model.device import Device, Link
+from hetero_dp.model.errors import BackendError, ConfigError
 
 TOPOLOGY_FILE_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -260,7 +260,7 @@ def _parse_device(item: Any, where: str, fail: Any) -> Device:
 
 async def backend_topology(spec: str, cfg: Config) -> tuple[list[Device], list[Link]]:
     """Configure one backend, discover once and ask for its links (no kubelet needed)."""
-    from .inspect import configured_backend
+    from hetero_dp.cli.inspect import configured_backend
 
     async with configured_backend(spec, cfg) as backend:
         try:

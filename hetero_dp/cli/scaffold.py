@@ -21,9 +21,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .atomic import write_atomic
-from .errors import ConfigError
-from .names import is_dns_label, resource_name_problem
+from hetero_dp.kits.atomic import write_atomic
+from hetero_dp.model.errors import ConfigError
+from hetero_dp.model.names import is_dns_label, resource_name_problem
 
 TEMPLATE = "device-plugin"
 SOURCE = ""  # errors name the flag; the command prefixes "hetero-dp new:"
@@ -195,8 +195,10 @@ def render(text: str, context: Mapping[str, str], where: str) -> str:
 
 def template_dir(name: str = TEMPLATE) -> Path:
     """The template shipped with hetero-dp (in the package, or in a source checkout)."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "templates" / name, here.parent / "templates" / name):
+    package = Path(__file__).resolve().parent.parent  # hetero_dp/
+    here = package
+    # installed: hetero_dp/templates; in a source checkout: the top-level templates/
+    for candidate in (package / "templates" / name, package.parent / "templates" / name):
         if (candidate / "cookiecutter.json").is_file():
             return candidate
     raise ConfigError(f"template {name!r} not found next to {here}", source=SOURCE)

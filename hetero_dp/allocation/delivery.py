@@ -15,16 +15,17 @@ With CDI strategies only, the response carries no DeviceSpecs and no mounts
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .cdi import CDINameError, CDIWriter, check_device_names, kind_problem
-from .device import Device
-from .errors import AllocationError, ConfigError
-from .response import ContainerResponse
+from hetero_dp.allocation.cdi import CDINameError, CDIWriter, check_device_names, kind_problem
+from hetero_dp.model.device import Device
+from hetero_dp.model.errors import AllocationError, ConfigError
+from hetero_dp.model.response import ContainerResponse
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +233,13 @@ class CDIPublisher:
         # kind -> physical resource -> its devices, across all backends
         self._devices: dict[str, dict[str, list[Device]]] = {}
         self._lock = asyncio.Lock()
+
+    def remove_specs(self) -> None:
+        """Remove every spec this publisher wrote (it is being replaced)."""
+        for kind in list(self._devices):
+            with contextlib.suppress(OSError):
+                self.writer.remove(kind)
+        self._devices.clear()
 
     def kinds(self, physical: str, advertised: set[str]) -> set[str]:
         """The CDI kinds whose specs hold the devices of ``physical``."""

@@ -12,9 +12,9 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
-from .errors import ConfigError
-from .testing import FakeKubelet, PluginRunner, short_tempdir
-from .testing.fake_kubelet import FakeDevice
+from hetero_dp.model.errors import ConfigError
+from hetero_dp.testing import FakeKubelet, PluginRunner, short_tempdir
+from hetero_dp.testing.fake_kubelet import FakeDevice
 
 STEP_TIMEOUT = 10.0
 

@@ -1,10 +1,17 @@
-"""Wires backends, resources, servers and watchers together on one event loop.
+"""The daemon: wires backends, resources, servers and watchers together on one
+event loop, and owns their lifecycle (start, stop, signals).
 
-Per backend it keeps the discovered (physical) records and two health overlays
-(events pushed by the backend's ``watch`` hook, results of ``check_health``
-polls); a device is healthy only when its record, both overlays and its
-physical parent agree. Every change is published to the affected resources,
-which wake their ListAndWatch streams only on a real change.
+The pieces it wires live beside it: each backend's devices and health overlays
+(:mod:`.runtime`), its watch hook (:mod:`.watching`), what a publish sends to
+which resource (:mod:`.publishing`), a config applied while running
+(:mod:`.reconfigure`), and the kubelet dir watch (:mod:`hetero_dp.kubelet.dirwatch`).
+
+Public surface for day-two pieces (``hetero_dp.ops``), which the engine never
+imports: :attr:`Daemon.resources` and :meth:`Daemon.devices` (what each resource
+advertises), :attr:`Daemon.runtimes` (read-only), :meth:`Daemon.readiness`,
+:meth:`Daemon.apply_config`, :meth:`Daemon.request_rediscover`,
+:meth:`Daemon.add_publisher` / :meth:`Daemon.remove_publisher`, extensions
+(:mod:`.extension`), and the events on :mod:`hetero_dp.kits.observe`.
 """
 
 from __future__ import annotations
@@ -14,100 +21,31 @@ import contextlib
 import inspect
 import logging
 import signal
-import threading
-from collections.abc import Callable, Iterable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-from . import observe
-from .aiotools import wait_event
-from .cdi import CDIWriter
-from .config import Config
-from .delivery import CDIPublisher, parse_delivery
-from .device import Device
-from .errors import BackendError, ConfigError
-from .events import EventSink
-from .inotify import DirectoryWatcher
-from .kubelet.endpoint import PluginEndpoint
-from .names import KUBELET_SOCKET, resource_name_problem
-from .ops import Operations
-from .plugins import Backend
-from .preferred import link_scores
-from .resource import Resource
-from .sharing import advertise
+from hetero_dp.allocation.cdi import CDIWriter
+from hetero_dp.allocation.delivery import CDIPublisher, parse_delivery
+from hetero_dp.allocation.preferred import link_scores
+from hetero_dp.engine.config import Config
+from hetero_dp.engine.extension import Extension
+from hetero_dp.engine.plugins import Backend
+from hetero_dp.engine.publishing import log_transitions, plan
+from hetero_dp.engine.resource import Resource
+from hetero_dp.engine.runtime import BackendRuntime
+from hetero_dp.engine.watching import HookWatch
+from hetero_dp.kits import observe
+from hetero_dp.kits.aiotools import wait_event
+from hetero_dp.kubelet.dirwatch import KubeletDirWatch
+from hetero_dp.kubelet.endpoint import PluginEndpoint
+from hetero_dp.model.device import Device
+from hetero_dp.model.errors import BackendError, ConfigError
+from hetero_dp.model.events import EventSink
+from hetero_dp.model.names import resource_name_problem
 
 log = logging.getLogger(__name__)
 
-WATCH_RESTART_BACKOFF = (1.0, 60.0)
-
-Publisher = Callable[["BackendRuntime"], Any]
-# physical resource -> (its devices by ID, advertised name -> the devices it advertises)
-Plan = dict[str, tuple[dict[str, Device], dict[str, list[Device]]]]
-
-
-class BackendRuntime:
-    """What the daemon knows about one backend's devices."""
-
-    def __init__(self, backend: Backend) -> None:
-        self.backend = backend
-        self.discovered: dict[str, Device] = {}
-        self.event_health: dict[str, tuple[bool, str]] = {}
-        self.poll_health: dict[str, tuple[bool, str]] = {}
-        self.faults: dict[str, str] = {}  # "discover" / "watch" -> reason
-        self.published: dict[str, Device] = {}
-        self.resources: dict[str, set[str]] = {}  # physical resource -> advertised names
-        self.rediscover_wanted = asyncio.Event()
-        self.sink: EventSink | None = None
-        self.watch_thread: threading.Thread | None = None
-        self.watch_task: asyncio.Task[None] | None = None
-        self.poll_busy = False
-        # Events are numbered; a discovery remembers the number current when it
-        # started, so a "healthy" event that arrives while a slow discovery still
-        # reads the old, unhealthy state wins over that stale verdict.
-        self.event_seq = 0
-        self.event_stamp: dict[str, int] = {}
-        self.discovered_at = 0
-        # Discoveries may overlap (the rediscovery loop, a reload): each is numbered,
-        # and one that ends after a newer one has been applied is stale and dropped.
-        self.discoveries = 0
-        self.discovery_applied = 0
-
-    def _newer_recovery(self, d: Device) -> str | None:
-        for key in (d.parent, d.id):
-            if key is None or key not in self.event_health:
-                continue
-            ok, why = self.event_health[key]
-            if ok and self.event_stamp.get(key, 0) > self.discovered_at:
-                return why
-        return None
-
-    def effective(self) -> list[Device]:
-        fault = "; ".join(self.faults.values())
-        overlays = (self.event_health, self.poll_health)
-        out = []
-        for d in self.discovered.values():
-            healthy, reason = d.healthy, d.reason
-            if not healthy and (recovered := self._newer_recovery(d)) is not None:
-                healthy, reason = True, recovered
-            # verdicts on the device and on its physical parent, events before polls
-            verdicts = [
-                o[k] for o in overlays for k in (d.parent, d.id) if k is not None and k in o
-            ]
-            if healthy:
-                why = next((why for ok, why in verdicts if not ok), None)
-                if why is not None:
-                    healthy, reason = False, why
-            if fault and healthy:
-                healthy, reason = False, fault
-            if healthy and not reason:
-                # a recovery reason stays visible until the next change
-                for ok, why in verdicts:
-                    if ok:
-                        reason = why or reason
-            out.append(
-                d if (healthy, reason) == (d.healthy, d.reason) else d.with_health(healthy, reason)
-            )
-        return out
+Publisher = Callable[[BackendRuntime], Any]
 
 
 class Daemon:
@@ -124,21 +62,20 @@ class Daemon:
         self.resource_defaults: dict[str, dict[str, Any]] = {}  # from backends' hook
         self.publishers: list[Publisher] = []
         self._tasks: list[asyncio.Task[Any]] = []
-        self._watchers: list[DirectoryWatcher] = []
+        self._dir_watch: KubeletDirWatch | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._started = False
         self._stop_event = asyncio.Event()
         self.ready = asyncio.Event()
-        # --- operations: metrics, probes, labels, reload (hetero_dp/ops.py) ---
-        self.config_path: Path | None = None  # set with config_loader to enable reload
-        self.config_loader: Callable[[], Config] | None = None
-        self.ops = Operations(self)
+        # day-two pieces (metrics, probes, labels, reload) that plug in from above
+        self.extensions: list[Extension] = []
 
     # --- start-up --------------------------------------------------------
 
     async def start(self) -> None:
         """Configure, discover, validate, then serve and register. ConfigError = bad setup."""
-        await self.ops.start()  # probes first: /readyz says "starting" meanwhile
+        for ext in self.extensions:  # probes first: /readyz says "starting" meanwhile
+            await ext.start()
         for b in self.backends:
             b.timeout = self.config.hook_timeout
             b.options = self.config.backend_options(b.name)
@@ -154,20 +91,80 @@ class Daemon:
             await self._discover(rt)
         self._check_startup_names()
         for rt in self.runtimes.values():
-            await self._publish(rt)
+            await self.publish(rt)
         if self.serve_device_plugins:
-            self._watch_kubelet_dir()
+            self._dir_watch = KubeletDirWatch(
+                self.config.kubelet_dir,
+                self.config.plugins_registry_dir if self.config.registration == "watcher" else None,
+                self.endpoints.values,
+            )
+            self._dir_watch.start()
         self._started = True
         await asyncio.gather(*(ep.start() for ep in self.endpoints.values()))
-        loop = asyncio.get_running_loop()
         for rt in self.runtimes.values():
             self._start_watch(rt)
-            self._tasks.append(
-                loop.create_task(self._rediscover_loop(rt), name=f"rediscover {rt.backend.name}")
-            )
-        if self.config.health_interval > 0:
-            self._tasks.append(loop.create_task(self._health_loop(), name="health poll"))
+        self.restart_loops(None, self.config)
         self.ready.set()
+
+    def restart_loops(self, old: Config | None, new: Config) -> None:
+        """(Re)start the health poll and rediscovery loops whose interval changed."""
+        loop = asyncio.get_running_loop()
+        tasks = self._tasks
+        if old is None or old.health_interval != new.health_interval:
+            for t in [t for t in tasks if t.get_name() == "health poll"]:
+                t.cancel()
+                tasks.remove(t)
+            if new.health_interval > 0:
+                tasks.append(loop.create_task(self._health_loop(), name="health poll"))
+        if old is None or old.rediscover_interval != new.rediscover_interval:
+            for rt in self.runtimes.values():
+                name = f"rediscover {rt.backend.name}"
+                for t in [t for t in tasks if t.get_name() == name]:
+                    t.cancel()
+                    tasks.remove(t)
+                if old is not None:
+                    # The old loop may be cancelled inside a rediscover it had taken the
+                    # request for (a watch hook's "the device set changed"): do it again.
+                    rt.rediscover_wanted.set()
+                tasks.append(loop.create_task(self._rediscover_loop(rt), name=name))
+
+    # --- the public surface for day-two pieces ------------------------------
+
+    def devices(self, resource: str) -> list[Device]:
+        """What ``resource`` advertises now (replicas included), or [] if unknown."""
+        res = self.resources.get(resource)
+        return list(res.state.devices) if res is not None else []
+
+    def readiness(self) -> tuple[bool, list[str]]:
+        """(ready, one line per resource) for ``/readyz`` and ``doctor``."""
+        if not self.ready.is_set():
+            return False, ["daemon: starting"]
+        lines = []
+        ok = True
+        for name, res in sorted(self.resources.items()):
+            if res.ready:
+                lines.append(f"{name}: ready ({len(res.state.devices)} devices)")
+                continue
+            ok = False
+            why = "no ListAndWatch stream" if res.registered else "not registered with the kubelet"
+            lines.append(f"{name}: not ready: {why}")
+        if not lines:
+            lines.append("no resources: no backend found devices")
+        return ok, lines
+
+    def request_rediscover(self, backend_name: str | None = None) -> None:
+        """Ask for a rediscovery of one backend (or all) soon; returns at once."""
+        for rt in self.runtimes.values():
+            if backend_name is None or rt.backend.name == backend_name:
+                rt.rediscover_wanted.set()
+
+    def add_publisher(self, publisher: Publisher) -> None:
+        """Call ``publisher(runtime)`` after every publish of a backend's devices."""
+        self.publishers.append(publisher)
+
+    def remove_publisher(self, publisher: Publisher) -> None:
+        if publisher in self.publishers:
+            self.publishers.remove(publisher)
 
     def _check_startup_names(self) -> None:
         for rt in self.runtimes.values():
@@ -184,55 +181,6 @@ class Daemon:
             physical = [d for rt in self.runtimes.values() for d in rt.discovered.values()]
             check(physical)
 
-    def _watch_kubelet_dir(self) -> None:
-        plugin_dir = self.config.kubelet_dir
-        plugin_dir.mkdir(parents=True, exist_ok=True)
-        w = DirectoryWatcher(plugin_dir, self._on_plugin_dir_event)
-        w.start()
-        self._watchers.append(w)
-        if self.config.registration == "watcher":
-            reg = self.config.plugins_registry_dir
-            reg.mkdir(parents=True, exist_ok=True)
-            w2 = DirectoryWatcher(reg, self._on_registry_dir_event)
-            w2.start()
-            self._watchers.append(w2)
-
-    def _on_plugin_dir_event(self, name: str, kind: str) -> None:
-        if kind == "created" and name == KUBELET_SOCKET:
-            log.info("kubelet.sock created: the kubelet restarted; re-registering")
-            observe.emit("kubelet_restart", reason="kubelet.sock created")
-            for ep in self.endpoints.values():
-                if ep.mode == "watcher":
-                    # the kubelet's plugin watcher walks plugins_registry on start and
-                    # registers us itself; a restart here would only register twice
-                    continue
-                ep.notify_kubelet_appeared()
-                # Still registering (first start, or the kubelet came late) with our
-                # socket in place: waking the pending Register is enough. A restart
-                # would send a second, overlapping Register that the kubelet may
-                # finish in either order.
-                if ep.resource.registered or not ep.socket_path.exists():
-                    ep.request_restart("kubelet.sock created")
-            return
-        if kind == "deleted":
-            for ep in self.endpoints.values():
-                if name == ep.socket_name and not ep.changing and not ep.socket_path.exists():
-                    log.info(
-                        "own socket %s deleted; restarting",
-                        name,
-                        extra={"resource": ep.resource.name},
-                    )
-                    observe.emit("kubelet_restart", reason=f"{name} deleted")
-                    ep.request_restart(f"socket {name} deleted")
-
-    def _on_registry_dir_event(self, name: str, kind: str) -> None:
-        if kind != "deleted":
-            return
-        for ep in self.endpoints.values():
-            sock = ep.registry_socket
-            if sock is not None and name == sock.name and not ep.changing and not sock.exists():
-                ep.request_restart(f"registration socket {name} deleted")
-
     # --- resources -------------------------------------------------------
 
     @property
@@ -247,7 +195,7 @@ class Daemon:
     def _wants_defaults(self, name: str, rt: BackendRuntime) -> bool:
         return name not in self.resource_defaults and rt.backend.implements("resource_defaults")
 
-    async def _load_defaults(self, name: str, rt: BackendRuntime) -> None:
+    async def load_defaults(self, name: str, rt: BackendRuntime) -> None:
         if not self._wants_defaults(name, rt):  # loaded already (by a concurrent publish too)
             return
         try:
@@ -301,25 +249,25 @@ class Daemon:
             raise ConfigError(msg, field="resource", source=f"backend {rt.backend.name}")
         log.error(msg)
 
-    async def _publish(self, rt: BackendRuntime) -> None:
+    async def publish(self, rt: BackendRuntime) -> None:
         """Push the backend's effective devices to its resources."""
         # Load new resources' defaults first, then read the devices and update every
         # resource without awaiting: a publish that read them before an await could
         # finish after a newer one and put its stale view back.
         while True:
             effective = rt.effective()
-            plan, invalid = self._plan(rt, effective)
+            planned, invalid = plan(rt, effective, self.config.sharing)
             missing = {
                 name
-                for phys, (_, grouped) in plan.items()
+                for phys, (_, grouped) in planned.items()
                 for name in set(grouped) | rt.resources.get(phys, set())
                 if self._wants_defaults(name, rt)
             }
             if not missing:
                 break
             for name in sorted(missing):
-                await self._load_defaults(name, rt)
-        self._log_transitions(rt, effective)
+                await self.load_defaults(name, rt)
+        log_transitions(rt, effective)
         ids_changed = set(rt.published) != {d.id for d in effective}
         rt.published = {d.id: d for d in effective}
         for d in invalid:
@@ -329,7 +277,7 @@ class Daemon:
                 d.id,
                 d.resource,
             )
-        for phys, (physical_map, grouped) in plan.items():
+        for phys, (physical_map, grouped) in planned.items():
             for name in set(grouped) | rt.resources.get(phys, set()):
                 res = self._ensure_resource(name, rt)
                 if res is None:
@@ -351,47 +299,6 @@ class Daemon:
                     await result
             except Exception:
                 log.exception("publisher %r failed", publish)
-
-    def _plan(self, rt: BackendRuntime, effective: list[Device]) -> tuple[Plan, list[Device]]:
-        """Per physical resource: its devices by ID and what each advertised name gets;
-        and the devices left out for an invalid resource name."""
-        by_resource: dict[str, list[Device]] = {}
-        invalid = []
-        for d in effective:
-            if resource_name_problem(d.resource):
-                invalid.append(d)
-            else:
-                by_resource.setdefault(d.resource, []).append(d)
-        for phys in set(rt.resources) - set(by_resource):
-            by_resource[phys] = []
-        plan = {}
-        for phys, devices in by_resource.items():
-            grouped: dict[str, list[Device]] = {}
-            for d in advertise(devices, self.config.sharing):
-                grouped.setdefault(d.resource, []).append(d)
-            plan[phys] = ({d.id: d for d in devices}, grouped)
-        return plan, invalid
-
-    def _log_transitions(self, rt: BackendRuntime, effective: Iterable[Device]) -> None:
-        for d in effective:
-            old = rt.published.get(d.id)
-            if old is not None and old.healthy != d.healthy:
-                level = logging.INFO if d.healthy else logging.WARNING
-                log.log(
-                    level,
-                    "device %s is now %s%s",
-                    d.id,
-                    d.health,
-                    f": {d.reason}" if d.reason else "",
-                    extra={"resource": d.resource, "device": d.id, "reason": d.reason},
-                )
-                observe.emit(
-                    "health_transition",
-                    resource=d.resource,
-                    device=d.id,
-                    healthy=d.healthy,
-                    reason=d.reason,
-                )
 
     async def _refresh_links(self, rt: BackendRuntime) -> None:
         try:
@@ -443,7 +350,7 @@ class Daemon:
         for rt in self.runtimes.values():
             if backend_name is None or rt.backend.name == backend_name:
                 await self._discover(rt)
-                await self._publish(rt)
+                await self.publish(rt)
 
     async def _rediscover_loop(self, rt: BackendRuntime) -> None:
         interval = self.config.rediscover_interval or None
@@ -451,7 +358,7 @@ class Daemon:
             await wait_event(rt.rediscover_wanted, interval)
             rt.rediscover_wanted.clear()
             await self._discover(rt)
-            await self._publish(rt)
+            await self.publish(rt)
 
     async def _health_loop(self) -> None:
         while True:
@@ -491,7 +398,7 @@ class Daemon:
                 rt.poll_health[device_id] = verdict
         finally:
             rt.poll_busy = False
-        await self._publish(rt)
+        await self.publish(rt)
 
     def set_health(
         self, backend_name: str, device_id: str, healthy: bool, reason: str = ""
@@ -501,7 +408,7 @@ class Daemon:
         rt.event_seq += 1
         rt.event_health[device_id] = (healthy, reason)
         rt.event_stamp[device_id] = rt.event_seq
-        self._spawn(self._publish(rt))
+        self._spawn(self.publish(rt))
 
     # --- watch hooks -----------------------------------------------------
 
@@ -509,77 +416,29 @@ class Daemon:
         b = rt.backend
         if not b.implements("watch"):
             return
-        loop = asyncio.get_running_loop()
-        sink = EventSink(
-            loop,
+        rt.sink = EventSink(
+            asyncio.get_running_loop(),
             lambda i, ok, why: self.set_health(b.name, i, ok, why),
             rt.rediscover_wanted.set,
         )
-        rt.sink = sink
-        impl = b._impls["watch"]
-        if inspect.iscoroutinefunction(impl.function):
-            rt.watch_task = loop.create_task(
-                self._run_async_watch(rt, sink), name=f"watch {b.name}"
-            )
-        else:
-            t = threading.Thread(
-                target=self._run_thread_watch,
-                args=(rt, sink, loop),
-                name=f"hdp-watch-{b.name}",
-                daemon=True,
-            )
-            rt.watch_thread = t
-            t.start()
-
-    async def _run_async_watch(self, rt: BackendRuntime, sink: EventSink) -> None:
-        delay = WATCH_RESTART_BACKOFF[0]
-        while not sink.stopping.is_set():
-            try:
-                watch: Any = rt.backend._impls["watch"].function
-                await watch(events=sink)
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                self._watch_failed(rt, e)
-            await asyncio.sleep(delay)  # backoff before restarting a crashed watcher
-            delay = min(delay * 2, WATCH_RESTART_BACKOFF[1])
-            self._watch_restarted(rt)
-
-    def _run_thread_watch(
-        self, rt: BackendRuntime, sink: EventSink, loop: asyncio.AbstractEventLoop
-    ) -> None:
-        delay = WATCH_RESTART_BACKOFF[0]
-        while not sink.stopping.is_set():
-            try:
-                rt.backend._impls["watch"].function(events=sink)
-                return
-            except Exception as e:
-                if loop.is_closed():
-                    return
-                loop.call_soon_threadsafe(self._watch_failed, rt, e)
-            if sink.stopping.wait(delay):
-                return
-            delay = min(delay * 2, WATCH_RESTART_BACKOFF[1])
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(self._watch_restarted, rt)
+        HookWatch(rt, self._watch_failed, self._watch_restarted).start()
 
     def _watch_failed(self, rt: BackendRuntime, e: BaseException) -> None:
         err = BackendError(f"backend {rt.backend.name!r} hook watch raised {e!r}")
         self._hook_error(rt, "watch", err)
         rt.faults["watch"] = f"health watcher failed: {e!r}"
-        self._spawn(self._publish(rt))
+        self._spawn(self.publish(rt))
 
     def _watch_restarted(self, rt: BackendRuntime) -> None:
         if rt.faults.pop("watch", None):
             log.info("restarted the health watcher of backend %r", rt.backend.name)
-            self._spawn(self._publish(rt))
+            self._spawn(self.publish(rt))
 
-    # --- reload (hetero_dp/reload.py) ------------------------------------
+    # --- reconfiguration (engine/reconfigure.py) --------------------------
 
     async def apply_config(self, new: Config) -> dict[str, list[str]]:
         """Apply a new config while running; ConfigError (and the old one kept) if it cannot."""
-        from .reload import apply_config
+        from hetero_dp.engine.reconfigure import apply_config
 
         return await apply_config(self, new)
 
@@ -593,7 +452,8 @@ class Daemon:
 
     async def stop(self) -> None:
         """End streams, stop servers, remove own sockets, shut backends down."""
-        await self.ops.stop()
+        for ext in reversed(self.extensions):
+            await ext.stop()
         for rt in self.runtimes.values():
             if rt.sink is not None:
                 rt.sink.stopping.set()
@@ -605,9 +465,9 @@ class Daemon:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
-        for w in self._watchers:
-            w.close()
-        self._watchers.clear()
+        if self._dir_watch is not None:
+            self._dir_watch.close()
+            self._dir_watch = None
         await asyncio.gather(*(ep.stop() for ep in self.endpoints.values()))
         for rt in self.runtimes.values():
             if rt.watch_task is not None:

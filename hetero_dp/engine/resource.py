@@ -8,15 +8,15 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .allocate import build_response, validate_ids
-from .delivery import Delivery, apply_delivery, parse_delivery
-from .device import Device
-from .errors import AllocationError, BackendError, ConfigError
-from .plugins import Backend
-from .preferred import choose_preferred
-from .response import ContainerResponse
-from .sharing import SharingConfig, to_physical
-from .state import ResourceState
+from hetero_dp.allocation.allocate import build_response, validate_ids
+from hetero_dp.allocation.delivery import Delivery, apply_delivery, parse_delivery
+from hetero_dp.allocation.preferred import choose_preferred
+from hetero_dp.allocation.sharing import SharingConfig, to_physical
+from hetero_dp.engine.plugins import Backend
+from hetero_dp.model.device import Device
+from hetero_dp.model.errors import AllocationError, BackendError, ConfigError
+from hetero_dp.model.response import ContainerResponse
+from hetero_dp.model.state import ResourceState
 
 log = logging.getLogger(__name__)
 

@@ -28,13 +28,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .device import REPLICA_SEPARATOR, Device, is_replica, replica_base
-from .errors import AllocationError, ConfigError
-from .names import resource_name_problem
+from hetero_dp.model.device import REPLICA_SEPARATOR, Device, is_replica, replica_base
+from hetero_dp.model.errors import AllocationError, ConfigError
+from hetero_dp.model.names import resource_name_problem
 
 #: Suffix of the resource name shared devices get with ``renameByDefault``.
 SHARED_SUFFIX = ".shared"
-#: How replicas are picked for a request (see :mod:`hetero_dp.preferred`).
+#: How replicas are picked for a request (see :mod:`hetero_dp.allocation.preferred`).
 REPLICA_POLICIES = ("distributed", "packed", "spread")
 DEFAULT_REPLICA_POLICY = "distributed"
 

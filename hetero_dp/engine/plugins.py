@@ -4,7 +4,7 @@ Backends are pluggy plugins: found by name through the entry-point group
 ``hetero_dp`` (bundled and third-party alike), or loaded from a ``.py`` file.
 Each hook is called per backend, in a worker thread unless it is a coroutine,
 under a timeout; an exception, a timeout or garbage becomes a
-:class:`~hetero_dp.errors.BackendError` that the caller turns into Unhealthy
+:class:`~hetero_dp.model.errors.BackendError` that the caller turns into Unhealthy
 devices, never a dead daemon.
 """
 
@@ -25,10 +25,10 @@ from typing import Any
 
 import pluggy
 
-from . import hookspecs
-from .aiotools import with_timeout
-from .device import Check, Device, Link, Sample
-from .errors import BackendError, ConfigError
+from hetero_dp import hookspecs
+from hetero_dp.kits.aiotools import with_timeout
+from hetero_dp.model.device import Check, Device, Link, Sample
+from hetero_dp.model.errors import BackendError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +126,12 @@ class Backend:
 
     def implements(self, hook: str) -> bool:
         return hook in self._impls
+
+    def hook_function(self, hook: str) -> Any:
+        """The backend's own function for ``hook`` (None if it has none), for hooks
+        the engine runs itself rather than through :meth:`call` (``watch``)."""
+        impl = self._impls.get(hook)
+        return None if impl is None else impl.function
 
     def _call_sync(self, hook: str, kwargs: Mapping[str, Any]) -> Any:
         impl = self._impls[hook]

@@ -3,7 +3,7 @@
 Whole devices
     The set of ``size`` devices that contains ``must_include`` and maximises the
     total pair score from the backend's :func:`~hetero_dp.hookspecs.links`
-    (exact up to 16 candidates, see :mod:`hetero_dp.topology`). NUMA locality
+    (exact up to 16 candidates, see :mod:`hetero_dp.allocation.topology`). NUMA locality
     breaks ties: among sets with the same score, the one with the most pairs
     sharing a NUMA node wins; then the earlier devices in ``available``.
 Replicas and slices
@@ -25,16 +25,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from . import topology
-from .device import Device, Link
-from .errors import AllocationError
-from .sharing import (
+from hetero_dp.allocation import topology
+from hetero_dp.allocation.sharing import (
     DEFAULT_REPLICA_POLICY,
     REPLICA_POLICIES,
     is_replica,
     physical_id,
     replica_number,
 )
+from hetero_dp.model.device import Device, Link
+from hetero_dp.model.errors import AllocationError
 
 Scores = Mapping[tuple[str, str], float]
 

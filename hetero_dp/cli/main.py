@@ -11,8 +11,8 @@ from typing import Any
 
 import click
 
-from .config import Config, load_config, set_option
-from .errors import ConfigError
+from hetero_dp.engine.config import Config, load_config, set_option
+from hetero_dp.model.errors import ConfigError
 
 EXIT_CONFIG = 2
 
@@ -118,9 +118,9 @@ def run(
     """Serve BACKENDS (installed names or .py files) to the kubelet until SIGTERM.
 
     With --config, SIGHUP or a change of the file reloads it in place."""
-    from .daemon import Daemon
-    from .logs import setup_logging
-    from .plugins import load_backends
+    from hetero_dp.engine.daemon import Daemon
+    from hetero_dp.engine.plugins import load_backends
+    from hetero_dp.kits.logs import setup_logging
 
     flags: dict[str, Any] = dict(
         kubeletDir=kubelet_dir,
@@ -140,16 +140,19 @@ def run(
         setup_logging(cfg.log_level, cfg.log_format)
         loaded = load_backends(backends, timeout=cfg.hook_timeout)
         if mode == "dra":
-            from .dra.cli import make_dra_daemon
+            from hetero_dp.dra.cli import make_dra_daemon
 
             daemon = make_dra_daemon(
                 cfg, loaded, node_name, driver_names, dra_plugins_dir, api_server, kubeconfig
             )
         else:
             daemon = Daemon(cfg, loaded)
-        if config:  # hot reload (hetero_dp/reload.py): the same sources, read again
-            daemon.config_path = Path(config)
-            daemon.config_loader = lambda: _config(config, options, **flags)
+        from hetero_dp.ops import operations
+
+        if config:  # hot reload (hetero_dp/ops/reload.py): the same sources, read again
+            operations.attach(daemon, Path(config), lambda: _config(config, options, **flags))
+        else:
+            operations.attach(daemon)
         asyncio.run(daemon.run())
     except ConfigError as e:
         _fail_config(e)
@@ -162,7 +165,7 @@ def run(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def list_devices(backend: str, config: str | None, options: tuple[str, ...], as_json: bool) -> None:
     """Print what BACKEND discovers, without talking to the kubelet."""
-    from .inspect import device_table, devices_json, discover_once
+    from hetero_dp.cli.inspect import device_table, devices_json, discover_once
 
     try:
         cfg = _config(config, options)
@@ -181,7 +184,7 @@ def list_devices(backend: str, config: str | None, options: tuple[str, ...], as_
 def demo(count: int) -> None:
     """Run a simulated node in one process: fake kubelet, simulated devices, a health
     flip and recovery, one allocation. Exits 0 when every step worked."""
-    from .demo import run_demo
+    from hetero_dp.cli.demo import run_demo
 
     sys.exit(asyncio.run(run_demo(count, echo=click.echo)))
 
@@ -205,7 +208,7 @@ def new(output: str | None, force: bool, **values: str | None) -> None:
     Without a terminal every value comes from flags (--vendor-domain, --resource and
     --device-glob are required); on a terminal, missing values are asked for.
     """
-    from . import scaffold
+    from hetero_dp.cli import scaffold
 
     try:
         if sys.stdin.isatty():
@@ -220,7 +223,7 @@ def new(output: str | None, force: bool, **values: str | None) -> None:
 
 def _ask_missing(values: dict[str, str | None]) -> dict[str, str | None]:
     """Prompt for missing values, re-asking until each one is valid."""
-    from . import scaffold
+    from hetero_dp.cli import scaffold
 
     defaults = scaffold.template_variables(scaffold.template_dir())
     answers = dict(values)
@@ -267,8 +270,8 @@ def topo(
 
     BACKEND_OR_FILE is a backend or a topology file (.yaml, .yml, .json).
     """
-    from .errors import AllocationError
-    from .topo_report import report
+    from hetero_dp.cli.topo_report import report
+    from hetero_dp.model.errors import AllocationError
 
     try:
         cfg = _config(config, options)
@@ -317,8 +320,8 @@ def doctor(
 ) -> None:
     """Walk the node's troubleshooting chain: driver, devices, container runtime,
     kubelet sockets, the running daemon, CDI specs, labels. Exits 1 on any failure."""
-    from .doctor import DoctorSettings, exit_code, render_json, render_text, run_doctor
-    from .plugins import load_backends
+    from hetero_dp.engine.plugins import load_backends
+    from hetero_dp.ops.doctor import DoctorSettings, exit_code, render_json, render_text, run_doctor
 
     try:
         flags: dict[str, Any] = {"kubeletDir": kubelet_dir}

@@ -1,0 +1,65 @@
+"""What a publish of one backend's devices sends where: the plan per physical
+resource (its devices, and what each advertised name gets after sharing), and the
+health transitions it logs and emits."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from hetero_dp.allocation.sharing import SharingConfig, advertise
+from hetero_dp.engine.runtime import BackendRuntime
+from hetero_dp.kits import observe
+from hetero_dp.model.device import Device
+from hetero_dp.model.names import resource_name_problem
+
+log = logging.getLogger("hetero_dp.engine.daemon")  # transitions read as the daemon's
+
+# physical resource -> (its devices by ID, advertised name -> the devices it advertises)
+Plan = dict[str, tuple[dict[str, Device], dict[str, list[Device]]]]
+
+
+def plan(
+    rt: BackendRuntime, effective: list[Device], sharing: SharingConfig
+) -> tuple[Plan, list[Device]]:
+    """Per physical resource: its devices by ID and what each advertised name gets;
+    and the devices left out for an invalid resource name."""
+    by_resource: dict[str, list[Device]] = {}
+    invalid = []
+    for d in effective:
+        if resource_name_problem(d.resource):
+            invalid.append(d)
+        else:
+            by_resource.setdefault(d.resource, []).append(d)
+    for phys in set(rt.resources) - set(by_resource):
+        by_resource[phys] = []
+    out: Plan = {}
+    for phys, devices in by_resource.items():
+        grouped: dict[str, list[Device]] = {}
+        for d in advertise(devices, sharing):
+            grouped.setdefault(d.resource, []).append(d)
+        out[phys] = ({d.id: d for d in devices}, grouped)
+    return out, invalid
+
+
+def log_transitions(rt: BackendRuntime, effective: Iterable[Device]) -> None:
+    """Log and emit each device whose health differs from what was published last."""
+    for d in effective:
+        old = rt.published.get(d.id)
+        if old is not None and old.healthy != d.healthy:
+            level = logging.INFO if d.healthy else logging.WARNING
+            log.log(
+                level,
+                "device %s is now %s%s",
+                d.id,
+                d.health,
+                f": {d.reason}" if d.reason else "",
+                extra={"resource": d.resource, "device": d.id, "reason": d.reason},
+            )
+            observe.emit(
+                "health_transition",
+                resource=d.resource,
+                device=d.id,
+                healthy=d.healthy,
+                reason=d.reason,
+            )

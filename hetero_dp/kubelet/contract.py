@@ -1,0 +1,39 @@
+"""What the kubelet side needs of a resource it serves, and nothing more.
+
+The protocol side (servicer, endpoint) is written against this contract, so it
+knows nothing of backends, sharing or allocation; the engine's
+:class:`hetero_dp.engine.resource.Resource` fulfils it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Protocol
+
+from hetero_dp.model.response import ContainerResponse
+from hetero_dp.model.state import ResourceState
+
+
+class ServedResource(Protocol):
+    name: str
+    state: ResourceState  # the advertised device set that ListAndWatch streams
+    registered: bool
+    open_streams: int
+    streams_changed: asyncio.Event  # set on every stream open and close
+
+    @property
+    def pre_start_required(self) -> bool: ...
+
+    @property
+    def preferred_allocation_available(self) -> bool: ...
+
+    async def allocate(self, ids: Sequence[str]) -> ContainerResponse:
+        """The response for one container; AllocationError to refuse."""
+        ...
+
+    async def preferred(
+        self, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> list[str]: ...
+
+    async def pre_start(self, ids: Sequence[str]) -> None: ...
