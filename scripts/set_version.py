@@ -51,7 +51,7 @@ COPIES: list[tuple[str, re.Pattern[str]]] = [
 def source_version() -> str:
     match = _SOURCE_RE.search(SOURCE.read_text())
     if not match:
-        sys.exit(f"{SOURCE}: no line __version__ = \"X.Y.Z\"")
+        sys.exit(f'{SOURCE}: no line __version__ = "X.Y.Z"')
     return match.group(1)
 
 
