@@ -7,12 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import tomllib
-
 import hetero_dp
 from hetero_dp import scaffold
 
 from .conftest import ROOT
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: tomli, a dependency of hetero-dp there
+    import tomli as tomllib  # type: ignore[no-redef]
 
 SCRIPT = ROOT / "scripts" / "set_version.py"
 

@@ -17,6 +17,11 @@ from hetero_dp.names import resource_name_problem
 
 from .conftest import VALUES
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: tomli, a dependency of hetero-dp there
+    import tomli as tomllib  # type: ignore[no-redef]
+
 EXPECTED = {
     "Dockerfile",
     "README.md",
@@ -37,7 +42,6 @@ def test_project_has_every_file_and_no_template_tags_left(project: Path):
 
 
 def test_pyproject_declares_the_entry_point_and_module(project: Path):
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     meta = tomllib.loads((project / "pyproject.toml").read_text())
     assert meta["project"]["name"] == "acme-npu-device-plugin"
     assert meta["project"]["entry-points"]["hetero_dp"] == {"acme_npu": "acme_npu"}
