@@ -23,6 +23,7 @@ except ModuleNotFoundError:  # Python 3.10: tomli, a dependency of hetero-dp the
     import tomli as tomllib  # type: ignore[no-redef]
 
 EXPECTED = {
+    ".dockerignore",
     "Dockerfile",
     "README.md",
     "acme_npu.py",
