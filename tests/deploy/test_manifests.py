@@ -3,7 +3,8 @@
 - Each Helm chart under deploy/ passes ``helm lint --strict`` and renders with a real
   ``helm template``, with its default values and with each values file shipped beside
   it (any ``values*.yaml`` or ``*-values.yaml`` under the backend's deploy/<backend>/
-  folder, outside the chart's templates/).
+  folder, outside the chart's templates/, and any file under that folder that the docs
+  pass to helm with ``-f``/``--values``).
 - Every rendering, every static manifest under deploy/ and the DaemonSet that
   ``hetero-dp new`` writes validate strictly (``kubernetes-validate``) against every
   Kubernetes minor from 1.30 to the newest the installed kubernetes-validate bundles.
@@ -15,6 +16,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -48,14 +50,26 @@ def _is_values(path: Path) -> bool:
     return path.name.startswith("values") or path.name.endswith("-values.yaml")
 
 
+# `helm ... -f FILE` / `--values FILE` in the docs: the values files we tell users to use
+_DOCUMENTED = re.compile(r"(?:\s-f|--values)[ =]+(deploy/[\w./-]+\.ya?ml)")
+
+
+def documented_values() -> set[Path]:
+    texts = [p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]]
+    texts += [p.read_text() for p in sorted(DEPLOY.glob("**/*.md"))]
+    return {ROOT / m for text in texts for m in _DOCUMENTED.findall(text)}
+
+
 def values_files(chart: Path) -> list[Path]:
-    """The values files shipped for ``chart``: beside it in its deploy/<backend>/ folder."""
+    """The values files shipped for ``chart``: beside it in its deploy/<backend>/ folder,
+    and any under deploy/<backend>/ that the docs pass to helm."""
     backend = DEPLOY / chart.relative_to(DEPLOY).parts[0]
     found = {
         p
         for p in backend.glob("**/*.yaml")
         if _is_values(p) and p != chart / "values.yaml" and "templates" not in p.parts
     }
+    found |= {p for p in documented_values() if p.is_relative_to(backend) and p.is_file()}
     return sorted(found)
 
 
@@ -127,6 +141,11 @@ def check_pods_start(docs: list[dict], where: str) -> None:
 
 def test_kubernetes_minors_from_1_30_to_the_newest_bundled():
     assert MINORS[0] == "1.30" and len(MINORS) >= 2, MINORS
+
+
+def test_every_documented_values_file_exists():
+    missing = sorted(str(p.relative_to(ROOT)) for p in documented_values() if not p.is_file())
+    assert not missing, f"the docs pass helm values files that do not exist: {missing}"
 
 
 def test_every_chart_is_checked():
