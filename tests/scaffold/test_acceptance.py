@@ -82,8 +82,9 @@ async def test_project_installs_from_wheels_alone_and_registers(
     built_wheels: Path, fake_kubelet, tmp_path: Path
 ):
     """A user outside this repository: ``hetero-dp new --wheels`` puts the built wheel in
-    the project, a fresh venv (no system site-packages) installs the project with
-    ``--only-binary :all:``, its own tests pass there, and its entry point registers."""
+    the project, a fresh venv (no system site-packages) installs the project from
+    wheels alone (``--no-index --only-binary :all:``), its own tests pass there, and
+    its entry point registers with the fake kubelet."""
     project, _ = scaffold.generate(VALUES, tmp_path / "proj", wheels=built_wheels)
     [wheel] = (project / "wheels").glob("hetero_dp-*.whl")
     assert wheel.read_bytes() == next(built_wheels.glob("hetero_dp-*.whl")).read_bytes()
@@ -95,10 +96,17 @@ async def test_project_installs_from_wheels_alone_and_registers(
     outside = "import sys; print([p for p in sys.path if 'packages' in p and sys.prefix not in p])"
     cfg = run([python, "-c", outside], env=env)
     assert cfg.stdout.strip() == "[]", cfg.stdout + cfg.stderr
-    # Every distribution from a wheel: hetero-dp from the project's wheels/, the rest
-    # from the index's wheels (pip builds only the project itself).
-    pip = [python, "-m", "pip", "install", "-q", "--only-binary", ":all:"]
-    installed = run([*pip, "--find-links", "wheels", ".[test]"], cwd=project, env=env)
+    # The air-gapped path of docs/install.md: third-party wheels fetched once from the
+    # index into a wheelhouse; then the install uses no index at all, only wheels (the
+    # project itself is built by setuptools from the wheelhouse).
+    wheelhouse = tmp_path / "wheelhouse"
+    need = [sys.executable, "-m", "pip", "download", "-q", "--only-binary", ":all:"]
+    need += ["--dest", str(wheelhouse), "--find-links", "wheels", ".[test]", "setuptools>=77"]
+    fetched = run(need, cwd=project)
+    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    pip = [python, "-m", "pip", "install", "-q", "--no-index", "--only-binary", ":all:"]
+    pip += ["--find-links", "wheels", "--find-links", str(wheelhouse)]
+    installed = run([*pip, ".[test]"], cwd=project, env=env)
     assert installed.returncode == 0, installed.stdout + installed.stderr
     where = run([python, "-c", "import hetero_dp; print(hetero_dp.__file__)"], cwd=away, env=env)
     assert Path(where.stdout.strip()).is_relative_to(venv), where.stdout + where.stderr
