@@ -31,7 +31,7 @@ def run(
 def test_generated_tests_pass(project: Path):
     result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=project)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "3 passed" in result.stdout
+    assert "4 passed" in result.stdout
 
 
 async def serve_and_check(
@@ -113,7 +113,7 @@ async def test_project_installs_from_wheels_alone_and_registers(
 
     tests = run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=project, env=env)
     assert tests.returncode == 0, tests.stdout + tests.stderr
-    assert "3 passed" in tests.stdout
+    assert "4 passed" in tests.stdout
 
     found = run(
         [
