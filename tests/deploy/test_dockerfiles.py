@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,51 @@ def test_multi_stage_pinned_and_only_what_runs(scaffold_dockerfile: Path):
         )
         assert any("--mount=type=bind,from=build" in i for i in final), dockerfile
         assert any(i.startswith("ENTRYPOINT") for i in final), dockerfile
+
+
+def sdist_top_level(project: Path, out: Path) -> set[str]:
+    """Top-level entries of ``project``'s sdist, less what the build generates."""
+    import tarfile
+
+    done = subprocess.run(
+        [sys.executable, "-m", "build", "-q", "--sdist", "--no-isolation", "--outdir", str(out)],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    [sdist] = out.glob("*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/")[1] for n in tar.getnames() if n.count("/") >= 1}
+    # setuptools adds tests/ to sdists by default; no wheel is built from them
+    generated = ("PKG-INFO", "setup.cfg", "tests")
+    return {n for n in names if n not in generated and not n.endswith("egg-info")}
+
+
+def copied_sources(dockerfile: Path) -> set[str]:
+    """What the build stage's COPY instructions take from the context, top level only."""
+    sources = set()
+    for instruction in stages(dockerfile.read_text())[1]:
+        words = instruction.split()
+        if words[0].upper() == "COPY" and not any(w.startswith("--from") for w in words):
+            sources |= {w.rstrip("/").split("/")[0] for w in words[1:-1]}
+    return sources
+
+
+def test_build_stage_copies_everything_the_package_build_needs(
+    tmp_path: Path, scaffold_dockerfile: Path
+):
+    """The image build runs the package build on what the build stage copied: it must
+    copy every top-level path of the sdist (the nvidia image once forgot templates/)."""
+    pytest.importorskip("build", reason="pip install build (in the dev extra)")
+    core = sdist_top_level(ROOT, tmp_path / "core")
+    for dockerfile in sorted(DEPLOY.glob("*/Dockerfile")):
+        backend = dockerfile.parent.name
+        missing = (core | {"vendors"}) - copied_sources(dockerfile)
+        assert not missing, f"{dockerfile.relative_to(ROOT)} does not copy {sorted(missing)}"
+        assert f"vendors/{backend}" in dockerfile.read_text(), dockerfile
+    project = scaffold_dockerfile.parent
+    needed = sdist_top_level(project, tmp_path / "project")
+    missing = needed - copied_sources(scaffold_dockerfile)
+    assert not missing, f"the scaffold's Dockerfile does not copy {sorted(missing)}"
