@@ -378,7 +378,10 @@ def plan_wheels(source: str | Path, version: str) -> list[PlannedFile]:
     where = Path(source)
     if not where.is_dir():
         raise ConfigError(f"{where} is not a directory", field="--wheels", source=SOURCE)
-    wheels = sorted(p for p in where.iterdir() if p.name.endswith(".whl"))
+    try:
+        wheels = sorted(p for p in where.iterdir() if p.name.endswith(".whl"))
+    except OSError as e:
+        raise ConfigError(f"cannot list {where}: {e}", field="--wheels", source=SOURCE) from e
     ours = [p.name for p in wheels if p.name.startswith("hetero_dp-")]
     usable = [n for n in ours if compatible(n.split("-")[1], version)]
     if not usable:
