@@ -1,31 +1,70 @@
 # hetero-dp developer commands. `make demo` and `make test` are the README's quick start.
-PYTHON ?= python3
-PIP ?= $(PYTHON) -m pip
+#
+# Which Python gets the packages:
+#   - PYTHON=/path/to/python on the command line: that interpreter, as it is;
+#   - else an activated virtual environment ($VIRTUAL_ENV): its python;
+#   - else ./.venv, made on first use from $(BASE_PYTHON). Installing into the system
+#     Python is refused on PEP 668 systems (Debian 12, Ubuntu 24.04: "externally-managed-
+#     environment") and unwise everywhere else, as root most of all, so we never do it.
+BASE_PYTHON ?= python3
+VENV ?= .venv
+ifeq ($(origin PYTHON),undefined)
+  ifneq ($(VIRTUAL_ENV),)
+    PYTHON := $(VIRTUAL_ENV)/bin/python
+  else
+    PYTHON := $(VENV)/bin/python
+    NEED_VENV := $(PYTHON)
+  endif
+endif
+PIP := $(PYTHON) -m pip
+# The environment's own tools (ruff, kubernetes-validate, hadolint, hetero-dp) come first
+# on PATH for the commands below and the tests' subprocesses, as if it were activated.
+ifneq ($(NEED_VENV)$(VIRTUAL_ENV),)
+  export PATH := $(abspath $(dir $(PYTHON))):$(PATH)
+endif
 VENDORS := vendors/simulated $(wildcard vendors/udev) $(wildcard vendors/nvidia)
-APT_PACKAGES := gcc umockdev libumockdev0 gir1.2-umockdev-1.0 python3-gi
+# gcc builds the fake NVML library; umockdev fakes udev for the udev backend's tests.
+APT_PACKAGES := gcc umockdev libumockdev0 python3-venv
+DIST ?= dist
 
-.PHONY: demo test install system-deps lint proto bench docs
+.PHONY: demo test install system-deps lint proto bench docs dists check-dists tools \
+	images deploy-check
 
-install:
+$(VENV)/bin/python:
+	@$(BASE_PYTHON) -m venv $(VENV) || { \
+	  echo "make: '$(BASE_PYTHON) -m venv $(VENV)' failed. On Debian/Ubuntu install python3-venv" \
+	       "(make system-deps does, as root), or activate a virtual environment first." >&2; \
+	  rm -rf $(VENV); exit 1; }
+	@echo "make: packages go into $(VENV) (activate a venv, or pass PYTHON=..., to choose another)"
+
+install: $(NEED_VENV)
 	$(PIP) install -q --config-settings editable_mode=compat -e '.[dev]' $(foreach v,$(VENDORS),-e $(v))
 
+# npm only fetches helm for tests/deploy (make tools); any npm will do.
 system-deps:
-	@if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
-	  missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
-	  if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi; \
+	@missing=$$(command -v dpkg >/dev/null && for p in $(APT_PACKAGES); do \
+	  dpkg -s $$p >/dev/null 2>&1 || echo $$p; done; command -v npm >/dev/null || echo npm); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	else \
+	  echo "make: missing system packages:" $$missing "(as root: apt-get install" $$missing \
+	       "); the tests that need them skip and say so" >&2; \
 	fi
 
-demo: install
-	hetero-dp demo
+# The demo needs only the core and the simulated backend (no dev tools).
+demo: $(NEED_VENV)
+	$(PIP) install -q --config-settings editable_mode=compat -e . -e vendors/simulated
+	$(PYTHON) -m hetero_dp demo
 
 test: system-deps install
 	$(PYTHON) -m coverage run --source=hetero_dp -m pytest -q
 	$(PYTHON) -m coverage report --skip-covered --omit='hetero_dp/kubelet/api/*' | tail -n 25
 
 lint:
-	ruff check .
-	ruff format --check .
-	mypy
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+	$(PYTHON) -m mypy
 
 proto:
 	$(PYTHON) scripts/gen_proto.py
@@ -36,3 +75,23 @@ docs:
 
 bench: install
 	$(PYTHON) -m benchmarks
+
+# Wheels and sdists of hetero-dp and every vendors/* package, into $(DIST)/.
+dists:
+	$(PYTHON) scripts/check_dists.py --build-only --dist $(DIST)
+
+# The same, then a fresh venv that installs them from those files alone and runs them.
+check-dists:
+	$(PYTHON) scripts/check_dists.py --dist $(DIST)
+
+# helm (for tests/deploy) into .cache/tools; offline afterwards.
+tools:
+	$(PYTHON) scripts/fetch_helm.py
+
+# Lint every Dockerfile; lint, render and validate every chart and manifest.
+deploy-check:
+	$(PYTHON) -m pytest -q tests/deploy
+
+# Build every image where a container engine runs; say so plainly where none does.
+images:
+	$(PYTHON) scripts/build_images.py

@@ -202,7 +202,13 @@ def demo(count: int) -> None:
     help="Project directory to create [./<package with dashes>-device-plugin].",
 )
 @click.option("--force", is_flag=True, help="Write into a non-empty directory.")
-def new(output: str | None, force: bool, **values: str | None) -> None:
+@click.option(
+    "--wheels",
+    type=click.Path(),
+    help="Copy this directory's wheels (hetero-dp's at least) into the project's wheels/, "
+    "for pip and the Dockerfile where no package index has hetero-dp.",
+)
+def new(output: str | None, force: bool, wheels: str | None, **values: str | None) -> None:
     """Create a plugin project: module, tests, Dockerfile, DaemonSet, README.
 
     Without a terminal every value comes from flags (--vendor-domain, --resource and
@@ -213,12 +219,12 @@ def new(output: str | None, force: bool, **values: str | None) -> None:
     try:
         if sys.stdin.isatty():
             values = _ask_missing(values)
-        project, written = scaffold.generate(values, output, force=force)
+        project, written = scaffold.generate(values, output, force=force, wheels=wheels)
     except ConfigError as e:
         click.echo(f"hetero-dp new: {e}", err=True)
         sys.exit(EXIT_CONFIG)
     click.echo(f"created {project} ({len(written)} files)")
-    click.echo(f"next: cd {project} && pip install -e '.[test]' && pytest")
+    click.echo(f"next: cd {project} && pip install --find-links wheels -e '.[test]' && pytest")
 
 
 def _ask_missing(values: dict[str, str | None]) -> dict[str, str | None]:

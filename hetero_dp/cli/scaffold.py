@@ -47,6 +47,8 @@ _PACKAGE = re.compile(r"^[a-z_][a-z0-9_]*$")
 _GLOB = re.compile(r"^/[A-Za-z0-9_./*?\[\]!:+@%=,-]*$")
 _ENV_VAR = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*(:[A-Za-z0-9_.-]{1,128})?(@sha256:[a-f0-9]{64})?$")
+_VERSION = re.compile(r"^\d+(\.\d+)+([a-z0-9.+-]*)$")
+_WHEEL = re.compile(r"^[A-Za-z0-9_.+-]+\.whl$")
 _FORBIDDEN_PACKAGES = {"hetero_dp", "tests", "test", "conftest", "setup", "pytest", "pluggy"}
 
 
@@ -119,6 +121,10 @@ def _env_var(v: str, _ctx: Mapping[str, str]) -> str | None:
     return None if _ENV_VAR.match(v) else f"{v!r} is not an upper-case environment variable name"
 
 
+def _version(v: str, _ctx: Mapping[str, str]) -> str | None:
+    return None if _VERSION.match(v) else f"{v!r} is not a release version such as '0.1.0'"
+
+
 def _image(v: str, _ctx: Mapping[str, str]) -> str | None:
     if len(v) > 255 or not _IMAGE.match(v) or "//" in v:
         return f"{v!r} is not an image reference such as 'registry.example.com/acme:0.1.0'"
@@ -134,6 +140,7 @@ _CHECKS: dict[str, Callable[[str, Mapping[str, str]], str | None]] = {
     "project_name": _project_name,
     "env_var": _env_var,
     "image": _image,
+    "hetero_dp_version": _version,
 }
 
 
@@ -302,7 +309,11 @@ def _is_inside(path: Path, root: Path) -> bool:
 
 
 def write(files: list[PlannedFile], target: Path, *, force: bool = False) -> list[Path]:
-    """Write ``files`` under ``target``: refuses a non-empty dir unless ``force``."""
+    """Write ``files`` under ``target``: refuses a non-empty dir unless ``force``.
+
+    Every destination is checked before the first byte is written: a refusal leaves
+    the disk as it was.
+    """
     target = Path(target)
     if target.exists() and not target.is_dir():
         raise ConfigError(
@@ -314,19 +325,85 @@ def write(files: list[PlannedFile], target: Path, *, force: bool = False) -> lis
             field="--output",
             source=SOURCE,
         )
-    target.mkdir(parents=True, exist_ok=True)
     root = target.resolve()
-    written = []
-    for f in files:
-        dest = root / f.path
+    destinations = [root / f.path for f in files]
+    for dest in destinations:
+        _check_destination(dest, root)
+    target.mkdir(parents=True, exist_ok=True)
+    for f, dest in zip(files, destinations):
         dest.parent.mkdir(parents=True, exist_ok=True)
-        # An existing symlink (under --force) must not carry a write out of the project.
-        real = dest.parent.resolve() / dest.name
-        if not _is_inside(real, root) or dest.is_symlink():
-            raise ConfigError(f"{dest} would be written outside {root}", source=SOURCE)
         write_atomic(dest, f.content, mode=f.mode)
-        written.append(dest)
-    return written
+    return destinations
+
+
+def _check_destination(dest: Path, root: Path) -> None:
+    """``dest`` can be written as a regular file without leaving ``root``."""
+    # An existing symlink (under --force) must not carry a write out of the project.
+    if not _is_inside(dest.resolve(), root) or dest.is_symlink():
+        raise ConfigError(f"{dest} would be written outside {root}", source=SOURCE)
+    if dest.is_dir():
+        raise ConfigError(f"{dest} is a directory, not a file", source=SOURCE)
+    for parent in dest.relative_to(root).parents:
+        here = root / parent
+        if here.exists() and not here.is_dir():
+            raise ConfigError(f"{here} is in the way of {dest}: not a directory", source=SOURCE)
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The numeric release part of a version: ``0.1.2rc1`` -> ``(0, 1, 2)``."""
+    parts = []
+    for part in version.split("."):
+        digits = re.match(r"\d+", part)
+        if not digits:
+            break
+        parts.append(int(digits.group()))
+        if digits.end() != len(part):
+            break
+    return tuple(parts)
+
+
+def compatible(candidate: str, pin: str) -> bool:
+    """Whether ``candidate`` satisfies ``~=pin`` (release numbers only; pre-releases
+    count as their release)."""
+    want, got = _release(pin), _release(candidate)
+    return len(want) >= 2 and got[: len(want) - 1] == want[:-1] and got >= want
+
+
+def plan_wheels(source: str | Path, version: str) -> list[PlannedFile]:
+    """The wheels of ``source`` as files under ``wheels/`` of the project.
+
+    Refused, before anything is written, unless ``source`` is a readable directory
+    holding a hetero-dp wheel that satisfies ``hetero-dp~=version`` (the pin the
+    generated project carries). Every ``*.whl`` there is taken, so a whole wheelhouse
+    (hetero-dp and its dependencies, for a site without an index) works too.
+    """
+    where = Path(source)
+    if not where.is_dir():
+        raise ConfigError(f"{where} is not a directory", field="--wheels", source=SOURCE)
+    try:
+        wheels = sorted(p for p in where.iterdir() if p.name.endswith(".whl"))
+    except OSError as e:
+        raise ConfigError(f"cannot list {where}: {e}", field="--wheels", source=SOURCE) from e
+    ours = [p.name for p in wheels if p.name.startswith("hetero_dp-")]
+    usable = [n for n in ours if compatible(n.split("-")[1], version)]
+    if not usable:
+        found = ", ".join(ours) or "no hetero_dp-*.whl"
+        raise ConfigError(
+            f"{where} holds no hetero-dp wheel for hetero-dp~={version} (found: {found}); "
+            "build one with `python -m build` in the hetero-dp repository",
+            field="--wheels",
+            source=SOURCE,
+        )
+    files = []
+    for wheel in wheels:
+        if not _WHEEL.match(wheel.name) or not wheel.is_file():
+            raise ConfigError(f"{wheel} is not a plain wheel file", field="--wheels", source=SOURCE)
+        try:
+            content = wheel.read_bytes()
+        except OSError as e:
+            raise ConfigError(f"cannot read {wheel}: {e}", field="--wheels", source=SOURCE) from e
+        files.append(PlannedFile(Path("wheels") / wheel.name, content, 0o644))
+    return files
 
 
 def generate(
@@ -335,10 +412,21 @@ def generate(
     *,
     force: bool = False,
     template: Path | None = None,
+    wheels: str | Path | None = None,
 ) -> tuple[Path, list[Path]]:
-    """Validate, render and write a project; returns (project dir, written files)."""
+    """Validate, render and write a project; returns (project dir, written files).
+
+    The project pins ``hetero-dp~=`` this hetero-dp's version. ``wheels``: a directory
+    whose wheels are copied into the project's ``wheels/`` (see :func:`plan_wheels`).
+    """
+    from . import __version__
+
     template = template or template_dir()
+    if values.get("hetero_dp_version") is None:
+        values = {**values, "hetero_dp_version": __version__}
     context = build_context(values, template)
     files = plan(context, template)
+    if wheels is not None:
+        files += plan_wheels(wheels, context["hetero_dp_version"])
     out = Path(target) if target is not None else Path.cwd() / context["project_slug"]
     return out, write(files, out, force=force)

@@ -3,7 +3,10 @@ hetero_dp.templates); a new subpackage must not be forgotten there."""
 
 from __future__ import annotations
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: tomli, a dependency of hetero-dp there
+    import tomli as tomllib  # type: ignore[no-redef]
 
 
 def test_every_subpackage_is_listed(repo_root):

@@ -32,10 +32,18 @@ def test_probes_port_and_label_dir_agree(which, tmp_path):
     ds = next(d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "DaemonSet")
     pod = ds["spec"]["template"]["spec"]
     [c] = pod["containers"]
-    env = {e["name"]: e["value"] for e in c["env"]}
+    env = {e["name"]: e.get("value") for e in c["env"]}
 
     host, port = parse_address(env["HETERO_DP_METRICS_ADDRESS"])
-    assert host is None, "the kubelet probes the pod's IP: listen on all interfaces"
+    if pod.get("hostNetwork"):
+        # In the host network "all interfaces" are the node's: bind the node's own IP
+        # (downward API), which is also the pod IP the kubelet probes.
+        assert host == "$(NODE_IP)", "in the host network, listen on the node's IP only"
+        [node_ip] = [e for e in c["env"] if e["name"] == "NODE_IP"]
+        assert node_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+        assert c["env"].index(node_ip) < list(env).index("HETERO_DP_METRICS_ADDRESS")
+    else:
+        assert host is None, "the kubelet probes the pod's IP: listen on all interfaces"
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports["metrics"] == port
     for probe, target in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):

@@ -1,11 +1,10 @@
 """Acceptance: a generated project installs, its own tests pass, and ``hetero-dp run``
-of it (as a file, and through its entry point once installed) registers with a fake
-kubelet over real unix sockets."""
+of it (as a file, and through its entry point once installed in a fresh venv from
+built wheels alone) registers with a fake kubelet over real unix sockets."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import signal
 import subprocess
 import sys
@@ -13,40 +12,42 @@ from pathlib import Path
 
 import pytest
 
+from hetero_dp import scaffold
 from hetero_dp.testing import FakeKubelet
 
-from .conftest import subprocess_env
+from .conftest import VALUES, clean_env, subprocess_env
 
 RESOURCE = "acme.example.com/npu"
 
 
-def run(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    args: list[str], cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        args, cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=240
+        args, cwd=cwd, env=env or subprocess_env(), capture_output=True, text=True, timeout=300
     )
 
 
 def test_generated_tests_pass(project: Path):
     result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=project)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "3 passed" in result.stdout
+    assert "4 passed" in result.stdout
 
 
-async def serve_and_check(python: str, backend: str, fake_kubelet: FakeKubelet, devs: Path):
-    """Run ``hetero-dp run BACKEND`` in a child process until it registers and allocates."""
+async def serve_and_check(
+    cmd: list[str], fake_kubelet: FakeKubelet, devs: Path, env: dict[str, str], cwd: Path
+):
+    """Run ``CMD run acme_npu-ish`` in a child process until it registers and allocates."""
     for i in range(2):
         (devs / f"acme{i}").touch()
     proc = await asyncio.create_subprocess_exec(
-        python,
-        "-m",
-        "hetero_dp",
-        "run",
-        backend,
+        *cmd,
         "--kubelet-dir",
         str(fake_kubelet.plugin_dir),
         "-o",
         f"acme_npu.deviceGlob={devs}/acme*",
-        env=subprocess_env(),
+        env=env,
+        cwd=cwd,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
@@ -73,36 +74,59 @@ async def serve_and_check(python: str, backend: str, fake_kubelet: FakeKubelet, 
 
 
 async def test_run_of_the_module_file_registers(project: Path, fake_kubelet, tmp_path: Path):
-    await serve_and_check(sys.executable, str(project / "acme_npu.py"), fake_kubelet, tmp_path)
+    cmd = [sys.executable, "-m", "hetero_dp", "run", str(project / "acme_npu.py")]
+    await serve_and_check(cmd, fake_kubelet, tmp_path, subprocess_env(), tmp_path)
 
 
-async def test_installed_project_registers_through_its_entry_point(
-    project: Path, fake_kubelet, tmp_path: Path
+async def test_project_installs_from_wheels_alone_and_registers(
+    built_wheels: Path, fake_kubelet, tmp_path: Path
 ):
-    # --without-pip: the venv then uses the outer pip and setuptools (a venv's bundled
-    # setuptools may be too old to build an editable wheel without the network).
-    # An editable install without build isolation builds with the outer setuptools:
-    # it needs bdist_wheel, built into setuptools from 70.1 (older ones need `wheel`).
-    setuptools = pytest.importorskip("setuptools")
-    has_wheel = importlib.util.find_spec("wheel") is not None
-    version = tuple(int(p) for p in setuptools.__version__.split(".")[:2])
-    assert version >= (70, 1) or has_wheel, "pip install 'setuptools>=70.1' (or wheel)"
+    """A user outside this repository: ``hetero-dp new --wheels`` puts the built wheel in
+    the project, a fresh venv (no system site-packages) installs the project from
+    wheels alone (``--no-index --only-binary :all:``), its own tests pass there, and
+    its entry point registers with the fake kubelet."""
+    project, _ = scaffold.generate(VALUES, tmp_path / "proj", wheels=built_wheels)
+    [wheel] = (project / "wheels").glob("hetero_dp-*.whl")
+    assert wheel.read_bytes() == next(built_wheels.glob("hetero_dp-*.whl")).read_bytes()
     venv = tmp_path / "venv"
-    made = run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)])
+    made = run([sys.executable, "-m", "venv", str(venv)])
     assert made.returncode == 0, made.stderr
-    python = str(venv / "bin" / "python")
-    pip = [python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e"]
-    installed = run([*pip, str(project)])
+    python, env, away = str(venv / "bin" / "python"), clean_env(venv), tmp_path / "elsewhere"
+    away.mkdir()
+    outside = "import sys; print([p for p in sys.path if 'packages' in p and sys.prefix not in p])"
+    cfg = run([python, "-c", outside], env=env)
+    assert cfg.stdout.strip() == "[]", cfg.stdout + cfg.stderr
+    # The air-gapped path of docs/install.md: third-party wheels fetched once from the
+    # index into a wheelhouse; then the install uses no index at all, only wheels (the
+    # project itself is built by setuptools from the wheelhouse).
+    wheelhouse = tmp_path / "wheelhouse"
+    need = [sys.executable, "-m", "pip", "download", "-q", "--only-binary", ":all:"]
+    need += ["--dest", str(wheelhouse), "--find-links", "wheels", ".[test]", "setuptools>=77"]
+    fetched = run(need, cwd=project)
+    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    pip = [python, "-m", "pip", "install", "-q", "--no-index", "--only-binary", ":all:"]
+    pip += ["--find-links", "wheels", "--find-links", str(wheelhouse)]
+    installed = run([*pip, ".[test]"], cwd=project, env=env)
     assert installed.returncode == 0, installed.stdout + installed.stderr
+    where = run([python, "-c", "import hetero_dp; print(hetero_dp.__file__)"], cwd=away, env=env)
+    assert Path(where.stdout.strip()).is_relative_to(venv), where.stdout + where.stderr
+
+    tests = run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=project, env=env)
+    assert tests.returncode == 0, tests.stdout + tests.stderr
+    assert "4 passed" in tests.stdout
+
     found = run(
         [
             python,
             "-c",
             "from importlib.metadata import entry_points as e;"
             "print({x.name: x.value for x in e(group='hetero_dp')})",
-        ]
+        ],
+        cwd=away,
+        env=env,
     )
     assert "'acme_npu': 'acme_npu'" in found.stdout, found.stdout + found.stderr
     devs = tmp_path / "devs"
     devs.mkdir()
-    await serve_and_check(python, "acme_npu", fake_kubelet, devs)
+    cmd = [str(venv / "bin" / "hetero-dp"), "run", "acme_npu"]
+    await serve_and_check(cmd, fake_kubelet, devs, env, away)

