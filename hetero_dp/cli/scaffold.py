@@ -419,7 +419,7 @@ def generate(
     The project pins ``hetero-dp~=`` this hetero-dp's version. ``wheels``: a directory
     whose wheels are copied into the project's ``wheels/`` (see :func:`plan_wheels`).
     """
-    from . import __version__
+    from hetero_dp import __version__
 
     template = template or template_dir()
     if values.get("hetero_dp_version") is None:

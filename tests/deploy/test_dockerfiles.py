@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hetero_dp import scaffold
+from hetero_dp.cli import scaffold
 
 from .conftest import DEPLOY, ROOT
 

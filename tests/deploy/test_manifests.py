@@ -25,8 +25,8 @@ import pytest
 import yaml
 from kubernetes_validate.utils import all_versions
 
-from hetero_dp import scaffold
-from hetero_dp.probes import parse_address
+from hetero_dp.cli import scaffold
+from hetero_dp.ops.probes import parse_address
 
 from .conftest import DEPLOY, ROOT
 

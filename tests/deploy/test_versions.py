@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import hetero_dp
-from hetero_dp import scaffold
+from hetero_dp.cli import scaffold
 
 from .conftest import ROOT
 

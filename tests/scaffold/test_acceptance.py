@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hetero_dp import scaffold
+from hetero_dp.cli import scaffold
 from hetero_dp.testing import FakeKubelet
 
 from .conftest import VALUES, clean_env, subprocess_env

@@ -9,9 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 import hetero_dp
-from hetero_dp import scaffold
-from hetero_dp.cli import main
-from hetero_dp.errors import ConfigError
+from hetero_dp.cli import main, scaffold
+from hetero_dp.model.errors import ConfigError
 
 from .conftest import VALUES
 
