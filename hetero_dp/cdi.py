@@ -274,6 +274,60 @@ def build_spec(kind: str, devices: Sequence[Device]) -> dict[str, Any]:
     return spec
 
 
+def _merge_entries(
+    base: list[dict[str, Any]], extra: Sequence[Mapping[str, Any]], key: str
+) -> list[dict[str, Any]]:
+    """``base`` with ``extra`` entries added; an extra entry replaces a base one with
+    the same ``key`` (a device node's ``path``, a mount's ``containerPath``)."""
+    by_key = {e.get(key): i for i, e in enumerate(base)}
+    out = list(base)
+    for e in extra:
+        i = by_key.get(e.get(key))
+        if i is None:
+            by_key[e.get(key)] = len(out)
+            out.append(dict(e))
+        else:
+            out[i] = dict(e)
+    return out
+
+
+def merge_edits(edits: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """CDI ``containerEdits`` ``edits`` with ``extra`` merged in (a new dict).
+
+    Device nodes and mounts of ``extra`` replace those at the same container path;
+    env entries replace the same variable; hooks are appended. Used for the
+    spec-wide edits a backend contributes through the ``cdi_spec_edits`` hook.
+    """
+    out = {k: list(v) if isinstance(v, list) else v for k, v in edits.items()}
+    for name, value in extra.items():
+        if name == "deviceNodes":
+            out[name] = _merge_entries(out.get(name, []), value, "path")
+        elif name == "mounts":
+            out[name] = _merge_entries(out.get(name, []), value, "containerPath")
+        elif name == "env":
+            added = {str(e).partition("=")[0] for e in value}
+            kept = [e for e in out.get(name, []) if str(e).partition("=")[0] not in added]
+            out[name] = kept + [str(e) for e in value]
+        elif name == "hooks":
+            out[name] = [*out.get(name, []), *(dict(h) for h in value)]
+        else:
+            raise ConfigError(
+                f"unsupported container edit {name!r} (supported: deviceNodes, env, hooks, mounts)",
+                field="cdi_spec_edits",
+            )
+    return out
+
+
+def with_edits(spec: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``spec`` with spec-wide ``extra`` edits merged in and ``cdiVersion`` recomputed."""
+    out = dict(spec)
+    common = merge_edits(dict(spec.get("containerEdits") or {}), extra)
+    if common:
+        out["containerEdits"] = common
+    out["cdiVersion"] = required_version(out)
+    return out
+
+
 def render_spec(spec: Mapping[str, Any]) -> str:
     """The spec as the JSON text written to disk (stable, so unchanged specs compare equal)."""
     return json.dumps(spec, indent=2) + "\n"
@@ -343,11 +397,15 @@ class CDIWriter:
         With no devices the spec is removed (CDI rejects a spec without devices).
         Returns the spec's path, or None when there is none.
         """
-        path = self.path_for(kind)
         if not devices:
             self.remove(kind)
             return None
-        text = render_spec(build_spec(kind, devices))
+        return self.write_spec(kind, build_spec(kind, devices))
+
+    def write_spec(self, kind: str, spec: Mapping[str, Any]) -> Path:
+        """Write an already built spec of ``kind`` atomically; skip if unchanged."""
+        path = self.path_for(kind)
+        text = render_spec(spec)
         try:
             if path.read_text(encoding="utf-8") == text:
                 return path

@@ -52,7 +52,10 @@ CHOICES = {
     "logFormat": ("text", "json"),
 }
 SECTION_KEYS: dict[str, dict[str, tuple[type, Any]]] = {
-    "cdi": {"enabled": (bool, False), "dir": (str, "/var/run/cdi")},
+    # enabled unset (None): specs are written for the resources that deliver through
+    # CDI, the dir checked when the first one is needed; false: never; true: the
+    # dir is checked at start-up.
+    "cdi": {"enabled": (bool, None), "dir": (str, "/var/run/cdi")},
     "labels": {
         "enabled": (bool, False),
         "dir": (str, "/etc/kubernetes/node-feature-discovery/features.d"),

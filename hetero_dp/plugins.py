@@ -243,6 +243,16 @@ class Backend:
         result = await self.call("resource_defaults", resource=resource)
         return dict(result or {})
 
+    async def cdi_spec_edits(self, kind: str, devices: list[Device]) -> dict[str, Any]:
+        result = await self.call("cdi_spec_edits", kind=kind, devices=devices)
+        if result is None:
+            return {}
+        if not isinstance(result, Mapping):
+            raise BackendError(
+                f"backend {self.name!r} cdi_spec_edits returned {type(result).__name__}"
+            )
+        return dict(result)
+
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._request_executor.shutdown(wait=False, cancel_futures=True)

@@ -186,6 +186,8 @@ def test_hookimpls_match_the_contract():
     pm.check_pending()
     implemented = {h.name for h in pm.get_hookcallers(backend_module)}
     assert implemented == {
+        "cdi_spec_edits",
+        "parse_args",
         "configure",
         "discover",
         "check_health",

@@ -17,12 +17,13 @@ from typing import Any
 from hetero_dp import Check, ConfigError, Device, EventSink, Link, Sample, hookimpl
 
 from . import nvml
-from .discovery import GPU_RESOURCE, NodeInfo, build_devices, check_layout, read_node
+from .discovery import NodeInfo, build_devices, check_layout, read_node
+from .driver_files import spec_edits
 from .health import HealthMonitor, probe_gpu
 from .labels import node_labels
 from .metrics import node_samples
 from .nvml import NvmlUnavailable, log, log_once
-from .options import parse_options
+from .options import COMMAND_LINE, parse_command_line, parse_options
 from .topology import compute_links
 
 CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
@@ -168,7 +169,7 @@ class NvidiaBackend:
 
     @hookimpl
     def resource_defaults(self, resource: str) -> dict[str, Any] | None:
-        if resource != GPU_RESOURCE and not resource.startswith("nvidia.com/mig-"):
+        if not resource.startswith("nvidia.com/"):  # ours, renamed ones included
             return None
         strategies = self.options.device_list_strategy
         deliver = []
@@ -180,7 +181,22 @@ class NvidiaBackend:
             "deliver": deliver,
             "cdiKind": CDI_KIND,
             "cdiAnnotationPrefix": self.options.cdi_annotation_prefix,
+            "replicaPolicy": self.options.allocation_policy,
         }
+
+    @hookimpl
+    def cdi_spec_edits(self, kind: str, devices: list[Device]) -> dict[str, Any] | None:
+        """The driver (libraries, utilities, firmware, hooks, env) for the CDI spec."""
+        with self._lock:
+            version = self.node.driver_version
+        if not version:
+            return None  # no driver: the spec holds the device records only
+        return spec_edits(self.options, version)
+
+    @hookimpl
+    def parse_args(self, args: list[str]) -> dict[str, Any]:
+        """NVIDIA's command-line flags (``--mig-strategy mixed`` ...) as options."""
+        return {COMMAND_LINE: parse_command_line(args)}
 
     # -- doctor ----------------------------------------------------------------
 
@@ -305,6 +321,18 @@ def metrics(devices: list[Device]) -> Iterable[Sample]:
 def resource_defaults(resource: str) -> Mapping[str, Any] | None:
     """deviceListStrategy mapped onto the framework's delivery settings."""
     return BACKEND.resource_defaults(resource)
+
+
+@hookimpl
+def cdi_spec_edits(kind: str, devices: list[Device]) -> Mapping[str, Any] | None:
+    """The driver's files, hooks and env for the CDI spec."""
+    return BACKEND.cdi_spec_edits(kind, devices)
+
+
+@hookimpl
+def parse_args(args: list[str]) -> Mapping[str, Any]:
+    """NVIDIA's command-line flags."""
+    return BACKEND.parse_args(args)
 
 
 @hookimpl

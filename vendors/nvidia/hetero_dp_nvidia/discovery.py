@@ -304,12 +304,13 @@ def control_nodes(opts: Options) -> tuple[DeviceNode, ...]:
 
 def _delivery(opts: Options, visible_id: str) -> tuple[dict[str, str], tuple[Mount, ...]]:
     strategies = opts.device_list_strategy
+    extra = opts.extra_env  # NVIDIA_GDRCOPY/GDS/MOFED=enabled, under every strategy
     if "volume-mounts" in strategies:
         mount = Mount("/dev/null", f"{VOLUME_MOUNT_ROOT}/{visible_id}", read_only=False)
-        return {VISIBLE_DEVICES: VOLUME_MOUNT_ROOT}, (mount,)
+        return {VISIBLE_DEVICES: VOLUME_MOUNT_ROOT, **extra}, (mount,)
     if "envvar" in strategies:
-        return {VISIBLE_DEVICES: visible_id}, ()
-    return {}, ()  # CDI only: no env, no mounts
+        return {VISIBLE_DEVICES: visible_id, **extra}, ()
+    return extra, ()  # CDI only: no NVIDIA_VISIBLE_DEVICES, no mounts (as NVIDIA's)
 
 
 def _wants_nodes(opts: Options) -> bool:
@@ -364,7 +365,7 @@ def _gpu_device(
     attrs["migEnabled"] = gpu.mig_enabled
     return Device(
         id=gpu.uuid,
-        resource=GPU_RESOURCE,
+        resource=opts.renames.gpu(gpu.name, GPU_RESOURCE),
         healthy=not gpu.error,
         reason=gpu.error,
         numa_nodes=gpu.numa,  # type: ignore[arg-type]  # an int < 0 means none
@@ -408,7 +409,9 @@ def _mig_devices(
         out.append(
             Device(
                 id=mig.uuid,
-                resource=GPU_RESOURCE if mig_mode == "single" else mig_resource(mig.profile),
+                resource=opts.renames.mig_device(
+                    mig.profile, GPU_RESOURCE if mig_mode == "single" else mig_resource(mig.profile)
+                ),
                 numa_nodes=gpu.numa,  # type: ignore[arg-type]
                 nodes=nodes,
                 mounts=mounts,
