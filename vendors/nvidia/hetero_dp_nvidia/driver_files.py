@@ -72,12 +72,6 @@ LD_CACHE = "/etc/ld.so.cache"
 # Mount options of NVIDIA's spec for driver files (read-only binds, no devices, no setuid).
 FILE_OPTIONS = ["ro", "nosuid", "nodev", "rbind", "rprivate"]
 SOCKET_OPTIONS = [*FILE_OPTIONS, "noexec"]
-HOOKS = (
-    "create-symlinks",
-    "enable-cuda-compat",
-    "update-ldcache",
-    "disable-device-node-modification",
-)
 
 
 @dataclass
@@ -195,7 +189,7 @@ def _mount(opts: Options, path: str, options: list[str]) -> dict[str, Any]:
 
 
 def control_device_nodes(opts: Options) -> list[dict[str, Any]]:
-    """The control nodes present under the dev root, with type, major, minor, mode."""
+    """The control nodes present under the dev root, with type, major and minor."""
     out = []
     for name in CONTROL_NODES:
         path = f"/dev/{name}"
@@ -208,12 +202,9 @@ def control_device_nodes(opts: Options) -> list[dict[str, Any]]:
         if host != path:
             node["hostPath"] = host
         if stat.S_ISCHR(st.st_mode):
-            node.update(
-                type="c",
-                major=os.major(st.st_rdev),
-                minor=os.minor(st.st_rdev),
-                fileMode=stat.S_IMODE(st.st_mode),
-            )
+            # No fileMode: the CDI JSON schema (shared/cdi-schema) has none, and a
+            # loader rejects unknown fields; the runtime takes the mode from the host.
+            node.update(type="c", major=os.major(st.st_rdev), minor=os.minor(st.st_rdev))
         node["permissions"] = "rw"
         out.append(node)
     return out

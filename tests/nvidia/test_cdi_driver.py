@@ -1,0 +1,199 @@
+"""The NVIDIA CDI spec carries the driver (REFERENCE.md section 7): libraries of the
+running driver version found through the driver root's ld cache or the usual lib
+dirs, utilities, the persistenced socket, GSP firmware, control nodes with
+major/minor, nvidia-ctk createContainer hooks and NVIDIA's env. Files that are not
+there are left out. The fake driver root is built by tests/nvidia/driver_root.py."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hetero_dp_nvidia import ldcache
+from hetero_dp_nvidia.backend import NvidiaBackend
+from hetero_dp_nvidia.driver_files import find_files, spec_edits
+from hetero_dp_nvidia.options import parse_options
+
+from tests.cdi.schema_check import assert_valid_cdi_spec
+from tests.nvidia.driver_root import (
+    FIRMWARE,
+    SONAMES,
+    VERSION,
+    add_persistenced_socket,
+    build_ld_cache,
+    make_driver_root,
+)
+
+KIND = "k8s.device-plugin.nvidia.com/gpu"
+
+
+def read_spec(cdi_dir: Path) -> dict:
+    [path] = cdi_dir.glob("*.json")
+    return assert_valid_cdi_spec(json.loads(path.read_text()))
+
+
+def by_container_path(spec: dict) -> dict[str, dict]:
+    return {m["containerPath"]: m for m in spec["containerEdits"].get("mounts", [])}
+
+
+def hook_args(spec: dict) -> dict[str, list[str]]:
+    return {h["args"][2]: h["args"] for h in spec["containerEdits"].get("hooks", [])}
+
+
+async def test_spec_carries_the_driver_found_through_the_ld_cache(
+    fake_kubelet, plugin_runner, fake_node, tmp_path
+):
+    node = fake_node("h100-8x.scn")
+    driver = node.root / "driver"
+    # An unusual lib dir that only the ld cache can point at.
+    make_driver_root(driver, lib_dir="/opt/nvidia/lib64")
+    build_ld_cache(driver)
+    sock = add_persistenced_socket(driver)
+    # A real character device where nvidiactl is: major/minor come from stat().
+    (driver / "dev/nvidiactl").unlink()
+    os.symlink("/dev/null", driver / "dev/nvidiactl")
+    null = os.stat("/dev/null")
+    cdi_dir = tmp_path / "cdi"
+    env = {
+        "DEVICE_LIST_STRATEGY": "cdi-cri",
+        # The host sees the driver at /run/nvidia/driver; we read it where it is mounted.
+        "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver",
+        "DRIVER_ROOT_CTR_PATH": str(driver),
+    }
+    try:
+        await plugin_runner.start(
+            NvidiaBackend(environ=env),
+            config={"cdi": {"dir": str(cdi_dir)}},  # enabled unset: written for CDI strategies
+            options={"nvidia": node.options},
+        )
+        await fake_kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 8)
+        r = await fake_kubelet.allocate("nvidia.com/gpu", [node.uuid(2)])
+    finally:
+        sock.close()
+    assert [c.name for c in r.cdi_devices] == [f"{KIND}={node.uuid(2)}"]
+    assert "NVIDIA_VISIBLE_DEVICES" not in r.envs  # CDI only: as NVIDIA's plugin answers
+
+    spec = read_spec(cdi_dir)
+    assert spec["kind"] == KIND
+    edits = spec["containerEdits"]
+    lib = "/opt/nvidia/lib64"
+    assert set(edits["env"]) == {"NVIDIA_VISIBLE_DEVICES=void", f"NVIDIA_CTK_LIBCUDA_DIR={lib}"}
+    mounts = by_container_path(spec)
+    libs = {f"{lib}/{stem}.so.{VERSION}" for stem in SONAMES}
+    utilities = {"/usr/bin/nvidia-smi", "/usr/bin/nvidia-persistenced"}
+    utilities.add("/usr/bin/nvidia-cuda-mps-control")
+    firmware = {f"/lib/firmware/nvidia/{VERSION}/{n}" for n in FIRMWARE}
+    socket_path = "/run/nvidia-persistenced/socket"
+    assert set(mounts) == libs | utilities | firmware | {socket_path}
+    assert f"{lib}/libcuda.so.535.104.05" not in mounts  # another version is never mounted
+    for path, m in mounts.items():
+        assert m["hostPath"] == "/run/nvidia/driver" + path
+        assert {"ro", "nosuid", "nodev", "rbind"} <= set(m["options"])
+    assert "noexec" in mounts[socket_path]["options"]
+
+    nodes = {n["path"]: n for n in edits["deviceNodes"]}
+    assert set(nodes) == {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
+    ctl = nodes["/dev/nvidiactl"]
+    assert (ctl["type"], ctl["major"], ctl["minor"]) == (
+        "c",
+        os.major(null.st_rdev),
+        os.minor(null.st_rdev),
+    )
+    assert ctl["hostPath"] == "/run/nvidia/driver/dev/nvidiactl"
+    assert "major" not in nodes["/dev/nvidia-uvm"]  # a plain file: the runtime stats the host
+    per_device = {d["name"]: d["containerEdits"] for d in spec["devices"]}
+    [gpu_node] = per_device[node.uuid(2)]["deviceNodes"]
+    assert gpu_node["hostPath"] == "/run/nvidia/driver/dev/nvidia2"
+
+    hooks = hook_args(spec)
+    assert {h["path"] for h in edits["hooks"]} == {"/usr/bin/nvidia-ctk"}
+    assert {h["hookName"] for h in edits["hooks"]} == {"createContainer"}
+    links = hooks["create-symlinks"][3:]
+    assert links[0::2] == ["--link"] * (len(links) // 2)
+    assert f"libcuda.so.{VERSION}::{lib}/libcuda.so.1" in links
+    assert f"libnvidia-nvvm.so.{VERSION}::{lib}/libnvidia-nvvm.so.4" in links
+    assert f"libcuda.so.1::{lib}/libcuda.so" in links
+    assert hooks["enable-cuda-compat"][3:] == [f"--host-driver-version={VERSION}"]
+    assert hooks["update-ldcache"][3:] == ["--folder", lib]
+    assert "disable-device-node-modification" in hooks
+
+
+def test_without_an_ld_cache_the_usual_lib_dirs_are_searched(tmp_path):
+    root = make_driver_root(tmp_path / "root", lib_dir="/usr/lib64")
+    opts = parse_options({"nvidiaDriverRoot": str(root)}, {})
+    files = find_files(opts, VERSION)
+    assert sorted(files.libraries) == sorted(f"/usr/lib64/{s}.so.{VERSION}" for s in SONAMES)
+    assert files.sockets == []  # no persistenced running: no socket mount
+    # Soname links come from the ld cache only; without one just libcuda.so is linked.
+    assert files.links == [("libcuda.so.1", "/usr/lib64/libcuda.so")]
+
+
+def test_missing_files_are_left_out_never_invented(tmp_path):
+    root = make_driver_root(tmp_path / "root", libs=("libcuda",))
+    for name in ("usr/bin", "lib/firmware"):
+        for p in sorted((root / name).rglob("*"), reverse=True):
+            p.unlink() if not p.is_dir() else p.rmdir()
+    opts = parse_options({"nvidiaDriverRoot": str(root)}, {})
+    edits = spec_edits(opts, VERSION)
+    paths = [m["containerPath"] for m in edits["mounts"]]
+    assert paths == [f"/usr/lib/x86_64-linux-gnu/libcuda.so.{VERSION}"]
+    assert "deviceNodes" not in edits  # no /dev under this root
+    # Another driver version on the node: nothing of this one is found.
+    assert spec_edits(opts, "999.1.2").get("mounts") is None
+
+
+def test_hook_path_and_disabled_hooks_follow_nvidia_settings(tmp_path):
+    root = make_driver_root(tmp_path / "root")
+    env = {
+        "NVIDIA_CDI_HOOK_PATH": "/usr/local/nvidia/toolkit/nvidia-cdi-hook",
+        "CDI_DISABLE_HOOKS": "enable-cuda-compat,disable-device-node-modification",
+    }
+    opts = parse_options({"nvidiaDriverRoot": str(root)}, env)
+    hooks = spec_edits(opts, VERSION)["hooks"]
+    # nvidia-cdi-hook takes the hook name directly (no "hook" word, unlike nvidia-ctk)
+    assert [h["args"][:2] for h in hooks] == [
+        ["nvidia-cdi-hook", "create-symlinks"],
+        ["nvidia-cdi-hook", "update-ldcache"],
+    ]
+    assert {h["path"] for h in hooks} == {env["NVIDIA_CDI_HOOK_PATH"]}
+    opts = parse_options({"nvidiaDriverRoot": str(root)}, {"CDI_DISABLE_HOOKS": "all"})
+    assert "hooks" not in spec_edits(opts, VERSION)
+    # NVIDIA_CTK_PATH is the older name of the same setting
+    opts = parse_options({"nvidiaDriverRoot": str(root)}, {"NVIDIA_CTK_PATH": "/opt/nvidia-ctk"})
+    assert opts.cdi_hook_path == "/opt/nvidia-ctk"
+
+
+async def test_cdi_disabled_writes_no_spec(fake_kubelet, plugin_runner, fake_node, tmp_path):
+    node = fake_node("h100-8x.scn")
+    cdi_dir = tmp_path / "cdi"
+    await plugin_runner.start(
+        NvidiaBackend(environ={"DEVICE_LIST_STRATEGY": "cdi-cri"}),
+        config={"cdi": {"enabled": False, "dir": str(cdi_dir)}},
+        options={"nvidia": node.options},
+    )
+    await fake_kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 8)
+    assert not cdi_dir.exists()  # the names are sent; the specs come from elsewhere
+
+
+async def test_no_spec_and_no_dir_without_a_cdi_strategy(
+    fake_kubelet, plugin_runner, fake_node, tmp_path
+):
+    node = fake_node("h100-8x.scn")
+    cdi_dir = tmp_path / "cdi"
+    await plugin_runner.start(
+        NvidiaBackend(environ={}),
+        config={"cdi": {"dir": str(cdi_dir)}},
+        options={"nvidia": node.options},
+    )
+    await fake_kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 8)
+    assert not cdi_dir.exists()
+
+
+def test_ld_cache_rejects_other_data(tmp_path):
+    with pytest.raises(ldcache.LdCacheError):
+        ldcache.parse(b"ld.so-1.7.0\0\0\0\0")
+    bad = tmp_path / "ld.so.cache"
+    bad.write_bytes(b"glibc-ld.so.cache1.1" + b"\xff" * 28)  # claims 4 billion entries
+    assert ldcache.read(bad) == []
