@@ -58,7 +58,11 @@ def test_list_strategy_as_list_and_comma_env():
         ({}, {"DEVICE_DISCOVERY_STRATEGY": "tegra"}, "DEVICE_DISCOVERY_STRATEGY"),
         ({}, {"CDI_DISABLE_HOOKS": "update-ldcache,frobnicate"}, "CDI_DISABLE_HOOKS"),
         ({"resources": {"gpus": [{"pattern": "*"}]}}, {}, "resources.gpus[0]"),
-        ({"resources": {"gpus": [{"pattern": "*", "name": "Big_GPU"}]}}, {}, "resources.gpus[0].name"),
+        (
+            {"resources": {"gpus": [{"pattern": "*", "name": "Big_GPU"}]}},
+            {},
+            "resources.gpus[0].name",
+        ),
         ({"resources": {"cpus": []}}, {}, "resources.cpus"),
         ({"failOnInitError": "maybe"}, {}, "failOnInitError"),
         ({}, {"MIG_STRATEGY": "bogus"}, "MIG_STRATEGY"),
