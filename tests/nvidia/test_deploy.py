@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
 
-from .minihelm import referenced_values, render
+from .minihelm import referenced_values
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy/nvidia"
 CHART = DEPLOY / "helm/hetero-dp-nvidia"
@@ -26,11 +29,30 @@ def chart_values(**overrides):
     return values
 
 
+def helm() -> str:
+    """A real helm (env HELM, or on PATH); REFERENCE.md section 5 says how to get one offline."""
+    path = os.environ.get("HELM") or shutil.which("helm")
+    if not path:
+        pytest.skip("a real helm is needed to render the chart (set HELM or put it on PATH)")
+    return path
+
+
+def helm_template(values, *, check=True) -> subprocess.CompletedProcess[str]:
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        yaml.safe_dump(values, f)
+        f.flush()
+        return subprocess.run(
+            [helm(), "template", RELEASE["Name"], str(CHART)]
+            + ["--namespace", RELEASE["Namespace"], "-f", f.name],
+            capture_output=True,
+            text=True,
+            check=check,
+        )
+
+
 def render_chart(values):
-    docs = []
-    for template in sorted((CHART / "templates").glob("*.yaml")):
-        docs += [d for d in yaml.safe_load_all(render(template.read_text(), values, RELEASE)) if d]
-    return docs
+    """The chart rendered by a real helm with exactly ``values``."""
+    return [d for d in yaml.safe_load_all(helm_template(values).stdout) if d]
 
 
 def validate(docs):
@@ -58,13 +80,64 @@ def test_plain_manifest_validates_with_the_cli():
 
 
 def test_chart_with_default_values_renders_the_plain_manifest():
-    assert render_chart(chart_values()) == [d for d in yaml.safe_load_all(PLAIN.read_text()) if d]
+    """Alike but for what NVIDIA's own two differ in: the chart selects GPU nodes by
+    node affinity and so fails on init errors (NVIDIA's default); the static
+    manifest runs on every node, so a node without a GPU must not crash-loop."""
+    [chart] = render_chart(chart_values())
+    [plain] = [d for d in yaml.safe_load_all(PLAIN.read_text()) if d]
+    pod = chart["spec"]["template"]["spec"]
+    terms = pod.pop("affinity")["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    keys = [t["matchExpressions"][0]["key"] for t in terms["nodeSelectorTerms"]]
+    assert keys == [
+        "feature.node.kubernetes.io/pci-10de.present",
+        "feature.node.kubernetes.io/cpu-model.vendor_id",
+        "nvidia.com/gpu.present",
+    ]
+    assert env(container([plain])[1])["FAIL_ON_INIT_ERROR"] == "false"
+    assert env(pod["containers"][0])["FAIL_ON_INIT_ERROR"] == "true"
+    for c in (pod["containers"][0], container([plain])[1]):
+        c["env"] = [e for e in c["env"] if e["name"] != "FAIL_ON_INIT_ERROR"]
+    assert chart == plain
+
+
+@pytest.mark.parametrize("strategy", ["envvar", "volume-mounts", "cdi-cri", "cdi-annotations"])
+def test_values_file_per_strategy_renders_valid_and_mounts_cdi(strategy):
+    values = chart_values(**yaml.safe_load((CHART / f"values-{strategy}.yaml").read_text()))
+    docs = render_chart(values)
+    validate(docs)
+    ds, c = container(docs)
+    assert env(c)["DEVICE_LIST_STRATEGY"] == strategy
+    mounts = {m["mountPath"]: m.get("readOnly", False) for m in c["volumeMounts"]}
+    vols = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    if strategy.startswith("cdi-"):
+        assert mounts["/var/run/cdi"] is False and mounts["/driver-root"] is True
+        assert vols["cdi-root"]["hostPath"]["path"] == "/var/run/cdi"
+        assert vols["driver-root"]["hostPath"]["path"] == "/"
+    else:
+        assert "/var/run/cdi" not in mounts and "cdi-root" not in vols
+
+
+def test_config_map_without_default_uses_its_only_entry_or_is_refused():
+    docs = render_chart(chart_values(config={"map": {"a100": "version: v1\n"}, "default": ""}))
+    assert env(container(docs)[1])["CONFIG_FILE"] == "/config/a100"
+    two = {"map": {"a": "version: v1\n", "b": "version: v1\n"}, "default": ""}
+    out = helm_template(chart_values(config=two), check=False)
+    assert out.returncode != 0
+    assert "config.map has 2 entries (a, b) and config.default is empty" in out.stderr
+    wrong = {"map": {"a": "version: v1\n"}, "default": "z"}
+    out = helm_template(chart_values(config=wrong), check=False)
+    assert out.returncode != 0 and 'config.default "z" is not a key of config.map' in out.stderr
+
+
+def test_cdi_hook_path_value_reaches_nvidias_env_var():
+    docs = render_chart(chart_values(cdi={"nvidiaHookPath": "/usr/local/bin/nvidia-cdi-hook"}))
+    assert env(container(docs)[1])["NVIDIA_CDI_HOOK_PATH"] == "/usr/local/bin/nvidia-cdi-hook"
 
 
 def test_values_and_templates_stay_in_step():
     values = chart_values()
     used = set()
-    for template in (CHART / "templates").glob("*.yaml"):
+    for template in [*(CHART / "templates").glob("*.yaml"), CHART / "templates/_helpers.tpl"]:
         used |= referenced_values(template.read_text())
     top_used = {u.split(".")[0] for u in used}
     assert top_used == set(values), "values.yaml keys unused by templates, or missing"
