@@ -20,6 +20,7 @@ CHART = DEPLOY / "helm/hetero-dp-nvidia"
 PLAIN = DEPLOY / "nvidia-device-plugin.yml"
 RELEASE = {"Name": "hetero-dp-nvidia", "Namespace": "kube-system"}
 K8S = "1.32"
+NAMESPACE = ("--namespace", RELEASE["Namespace"])
 NFD_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
 
 
@@ -42,8 +43,7 @@ def helm_template(values, *, check=True) -> subprocess.CompletedProcess[str]:
         yaml.safe_dump(values, f)
         f.flush()
         return subprocess.run(
-            [helm(), "template", RELEASE["Name"], str(CHART)]
-            + ["--namespace", RELEASE["Namespace"], "-f", f.name],
+            [helm(), "template", RELEASE["Name"], str(CHART), "-f", f.name, *NAMESPACE],
             capture_output=True,
             text=True,
             check=check,
