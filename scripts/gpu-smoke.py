@@ -14,9 +14,9 @@ spec written for the real driver (schema-valid, ``libcuda``/``libnvidia-ml`` of 
 running version and ``nvidia-smi`` mounted, ``NVIDIA_VISIBLE_DEVICES=void``), and runs
 the ``nvidia-device-plugin`` command with NVIDIA's flags against a fresh fake kubelet
 (``--skip-command`` skips that). It exits non-zero on any failure and gives up after
-``--timeout`` seconds (90 by default). Options ``-o key=value`` are the backend's (NVIDIA's names), values
-parsed as ``hetero-dp run -o nvidia.key=value`` parses them; the
-NVIDIA env vars (MIG_STRATEGY ...) apply as in the DaemonSet.
+``--timeout`` seconds (90 by default). Options ``-o key=value`` are the backend's
+(NVIDIA's names), values parsed as ``hetero-dp run -o nvidia.key=value`` parses them;
+the NVIDIA env vars (MIG_STRATEGY ...) apply as in the DaemonSet.
 """
 
 from __future__ import annotations
