@@ -16,6 +16,10 @@
  *   fake_nvml_reset()                               -> forget everything (next init reloads)
  *   fake_nvml_call_count(gpu)                       -> device calls so far on a GPU
  *
+ * Control from another process (the plugin run as its own process, as deployed):
+ * with FAKE_NVML_CONTROL=<fifo>, the first nvmlInit starts a thread that reads
+ * lines "xid <gpu> <xid>" or "lost <gpu> <0|1>" from that FIFO and applies them.
+ *
  * Build: gcc -shared -fPIC -O2 -pthread -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 fake_nvml.c
  */
 #define _GNU_SOURCE
@@ -401,9 +405,45 @@ static void fill_pci(struct fdev *g, nvmlPciInfo_t *pci) {
 
 /* ---- init / system ---- */
 
+int fake_nvml_inject_xid(unsigned gpu, unsigned long long xid);
+int fake_nvml_set_lost(unsigned gpu, int lost);
+
+static void *control_thread(void *arg) {
+    const char *path = arg;
+    char line[128];
+    /* read+write open: never sees EOF when a writer closes, so one open serves all */
+    FILE *f = fopen(path, "r+");
+    if (!f) {
+        fprintf(stderr, "fake-nvml: cannot open control FIFO %s\n", path);
+        return NULL;
+    }
+    while (fgets(line, sizeof line, f)) {
+        unsigned gpu = 0;
+        unsigned long long value = 0;
+        if (sscanf(line, "xid %u %llu", &gpu, &value) == 2)
+            fake_nvml_inject_xid(gpu, value);
+        else if (sscanf(line, "lost %u %llu", &gpu, &value) == 2)
+            fake_nvml_set_lost(gpu, (int)value);
+        else
+            fprintf(stderr, "fake-nvml: control: cannot parse %s", line);
+    }
+    fclose(f);
+    return NULL;
+}
+
+static pthread_once_t control_once = PTHREAD_ONCE_INIT;
+
+static void control_start(void) {
+    const char *path = getenv("FAKE_NVML_CONTROL");
+    pthread_t t;
+    if (path && *path && pthread_create(&t, NULL, control_thread, (void *)path) == 0)
+        pthread_detach(t);
+}
+
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
     pthread_once(&cv_once, cv_init);
+    pthread_once(&control_once, control_start);
     pthread_mutex_lock(&mu);
     if (initialised == 0) {
         const char *path = getenv("FAKE_NVML_SCENARIO");
