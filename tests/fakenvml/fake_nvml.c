@@ -15,6 +15,8 @@
  *   fake_nvml_set_value(gpu, name, value)           -> change temp/util/power/memused
  *   fake_nvml_reset()                               -> forget everything (next init reloads)
  *   fake_nvml_call_count(gpu)                       -> device calls so far on a GPU
+ *   fake_nvml_set_present(n)                        -> only the first n GPUs are there
+ *                                                      (hot-plug; scenario line "present n")
  *
  * Control from another process (the plugin run as its own process, as deployed):
  * with FAKE_NVML_CONTROL=<fifo>, the first nvmlInit starts a thread that reads
@@ -164,6 +166,10 @@ static char nvml_version[80] = "12.550.54.15";
 static int cuda_version = 12040;
 static struct fdev gpus[MAXGPU];
 static int ngpu;
+/* GPUs beyond this index are not there yet (hot-plug); -1: all are. Guessed, not
+ * checked against a real driver: that nvmlDeviceGetCount counts a GPU bound after
+ * nvmlInit without a new init. The backend re-reads the count at every discovery. */
+static int present = -1;
 static struct fdev migpool[MAXGPU * MAXMIG];
 static int nmigpool;
 static struct fault faults[MAXFAULT];
@@ -232,6 +238,7 @@ static void reset_state(void) {
     memset(sets, 0, sizeof sets);
     memset(topo_override, 0xff, sizeof topo_override);
     ngpu = nmigpool = nfault = 0;
+    present = -1;
     init_error = 0;
     loaded = 0;
     snprintf(driver_version, sizeof driver_version, "550.54.15");
@@ -259,6 +266,8 @@ static int load_scenario(const char *path) {
             snprintf(nvml_version, sizeof nvml_version, "%s", toks[1]);
         } else if (!strcmp(k, "cuda") && ntok > 1) {
             cuda_version = (int)strtol(toks[1], NULL, 0);
+        } else if (!strcmp(k, "present") && ntok > 1) {
+            present = (int)strtol(toks[1], NULL, 0);
         } else if (!strcmp(k, "init_error") && ntok > 1) {
             init_error = (int)strtol(toks[1], NULL, 0);
         } else if (!strcmp(k, "gpu") && ngpu < MAXGPU) {
@@ -512,13 +521,14 @@ nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) {
 
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n) {
     ENTER(NULL);
-    *n = ngpu;
+    *n = present >= 0 && present < ngpu ? present : ngpu;
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *d) {
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
-    if (i >= (unsigned)ngpu) return NVML_ERROR_INVALID_ARGUMENT;
+    if (i >= (unsigned)ngpu || (present >= 0 && i >= (unsigned)present))
+        return NVML_ERROR_INVALID_ARGUMENT;
     ENTER(&gpus[i]);
     *d = &gpus[i];
     return NVML_SUCCESS;
@@ -808,6 +818,13 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t s, nvmlEventData_t *data, unsign
 }
 
 /* ---- test controls ---- */
+
+/* hot-plug: the first n GPUs of the scenario are there (-1: all) */
+void fake_nvml_set_present(int n) {
+    pthread_mutex_lock(&mu);
+    present = n;
+    pthread_mutex_unlock(&mu);
+}
 
 int fake_nvml_inject_event(unsigned gpu, unsigned long long type, unsigned long long data,
                            unsigned gi, unsigned ci) {

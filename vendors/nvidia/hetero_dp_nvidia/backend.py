@@ -101,7 +101,10 @@ class NvidiaBackend:
         node = read_node(self.options)
         devices = build_devices(node, self.options)
         with self._lock:
+            before = {g.uuid for g in self.node.gpus if g.uuid}
             self.node = node
+        if {g.uuid for g in node.gpus if g.uuid} != before:
+            self.monitor.gpus_changed.set()  # hot-plug: the watch loop registers new GPUs
         return devices
 
     @hookimpl
