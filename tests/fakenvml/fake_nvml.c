@@ -81,6 +81,28 @@ typedef struct {
 } nvmlDeviceAttributes_t;
 
 typedef struct fdev *nvmlDevice_t;
+typedef struct fdev *nvmlGpuInstance_t; /* the MIG device that is the GPU instance */
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned int id, profileId;
+    unsigned int start, size; /* nvmlGpuInstancePlacement_t */
+} nvmlGpuInstanceInfo_t;
+
+typedef struct {
+    unsigned int id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount;
+    unsigned int copyEngineCount, decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+} nvmlGpuInstanceProfileInfo_t;
+
+/* GPU instance profiles of an A100-SXM4-40GB: NVML's profile enum (nvml.h
+ * NVML_GPU_INSTANCE_PROFILE_*: 0 = 1 slice, 1 = 2, 2 = 3, 3 = 4, 4 = 7, 7 = 1 slice
+ * REV1 (media extensions), 9 = 1 slice REV2) -> the profile ID the driver reports
+ * (NVIDIA's MIG user guide, A100 profiles: 1g.5gb 19, 1g.5gb+me 20, 1g.10gb 15,
+ * 2g.10gb 14, 3g.20gb 9, 4g.20gb 5, 7g.40gb 0). Other enums: NOT_SUPPORTED. */
+static const int a100_profile_ids[18] = {19, 14, 9, 5, 0, -1, -1, 20, -1, 15,
+                                         -1, -1, -1, -1, -1, -1, -1, -1};
+static const unsigned a100_profile_slices[18] = {1, 2, 3, 4, 7, 0, 0, 1, 0, 1};
 typedef struct fset *nvmlEventSet_t;
 
 typedef struct {
@@ -99,6 +121,9 @@ unsigned int fake_nvml_sizeof(const char *name) {
     if (!strcmp(name, "nvmlUtilization_t")) return sizeof(nvmlUtilization_t);
     if (!strcmp(name, "nvmlDeviceAttributes_t")) return sizeof(nvmlDeviceAttributes_t);
     if (!strcmp(name, "nvmlEventData_t")) return sizeof(nvmlEventData_t);
+    if (!strcmp(name, "nvmlGpuInstanceInfo_t")) return sizeof(nvmlGpuInstanceInfo_t);
+    if (!strcmp(name, "nvmlGpuInstanceProfileInfo_t"))
+        return sizeof(nvmlGpuInstanceProfileInfo_t);
     return 0;
 }
 
@@ -125,6 +150,7 @@ struct fdev {
     int nmig;
     struct fdev *migs[MAXMIG];
     unsigned gi, ci, gi_slices, ci_slices, sms;
+    unsigned gi_profile; /* MIG: the GPU instance's profile ID (scenario "profile=") */
     unsigned util, memutil, temp, power_mw;
     int lost;
     long calls, lost_after;
@@ -312,6 +338,11 @@ static int load_scenario(const char *path) {
             m->ci = kvl(ntok, toks, "ci", 0);
             m->gi_slices = kvl(ntok, toks, "slices", 1);
             m->ci_slices = kvl(ntok, toks, "cislices", m->gi_slices);
+            /* default: the A100 profile ID of a plain profile with that many slices */
+            long dflt = 0;
+            for (int e = 0; e < 5; e++)
+                if (a100_profile_slices[e] == m->gi_slices) dflt = a100_profile_ids[e];
+            m->gi_profile = kvl(ntok, toks, "profile", dflt);
             m->sms = kvl(ntok, toks, "sms", 14 * m->ci_slices);
             if (!m->name[0]) snprintf(m->name, sizeof m->name, "%s MIG", p->name);
         } else if (!strcmp(k, "nvlink")) {
@@ -673,6 +704,41 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t m, unsigned int *id) {
     ENTER(m);
     if (!m->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
     *id = m->gi;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t d, unsigned int profile,
+                                                  nvmlGpuInstanceProfileInfo_t *info) {
+    ENTER(d);
+    if (d->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+    if (profile >= 18) return NVML_ERROR_INVALID_ARGUMENT;
+    if (a100_profile_ids[profile] < 0) return NVML_ERROR_NOT_SUPPORTED;
+    memset(info, 0, sizeof *info);
+    info->id = (unsigned)a100_profile_ids[profile];
+    info->sliceCount = a100_profile_slices[profile];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t d, unsigned int id, nvmlGpuInstance_t *gi) {
+    ENTER(d);
+    if (d->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    for (int j = 0; j < d->nmig; j++) {
+        if (d->migs[j]->gi == id) {
+            *gi = d->migs[j];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gi, nvmlGpuInstanceInfo_t *info) {
+    ENTER(gi);
+    memset(info, 0, sizeof *info);
+    info->device = gi->parent;
+    info->id = gi->gi;
+    info->profileId = gi->gi_profile;
+    info->size = gi->gi_slices;
     return NVML_SUCCESS;
 }
 

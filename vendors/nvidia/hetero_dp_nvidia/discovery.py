@@ -97,6 +97,70 @@ def mig_profile(gi_slices: int, ci_slices: int, memory_mib: int) -> str:
     return name
 
 
+# NVML's GPU instance profile enum (nvml.h NVML_GPU_INSTANCE_PROFILE_*) -> the profile
+# name's attribute suffix, as NVIDIA's go-nvlib names profiles (mig_profile.go):
+# REV1 = media extensions "+me", ALL_ME "+me.all", GFX "+gfx", NO_ME "-me".
+PROFILE_SUFFIX = {
+    7: "+me",  # 1 slice REV1
+    8: "+me",  # 2 slice REV1
+    10: "+gfx",
+    11: "+gfx",
+    12: "+gfx",
+    13: "-me",
+    14: "-me",
+    15: "+me.all",
+    16: "+me.all",
+}
+GPU_INSTANCE_PROFILE_COUNT = 18
+# parent GPU UUID -> {profile ID the driver reports: profile enum}; fixed per GPU model
+_profile_enums: dict[str, dict[int, int]] = {}
+
+
+def _gi_profile_info(handle: Any, enum: int) -> Any:
+    try:
+        return pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum, version=1)
+    except TypeError:  # an older nvidia-ml-py without the version argument
+        return pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum)
+
+
+def _enums(gpu: GpuInfo) -> dict[int, int]:
+    table = _profile_enums.get(gpu.uuid)
+    if table is None:
+        table = {}
+        for enum in range(GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                table[int(_gi_profile_info(gpu.handle, enum).id)] = enum
+            except NVMLError as err:
+                if err.value in (nvml.NOT_SUPPORTED, nvml.INVALID_ARGUMENT):
+                    continue  # a profile this GPU does not have
+                raise
+        _profile_enums[gpu.uuid] = table
+    return table
+
+
+def profile_suffix(gpu: GpuInfo, gi: int) -> str:
+    """``+me`` and the like for the GPU instance ``gi`` of ``gpu`` ("" for a plain one).
+
+    As NVIDIA's plugin finds it: the instance's profile ID, matched against the
+    GPU's profile table to get NVML's profile enum, whose revision names the
+    attribute. Any NVML error leaves the plain name (logged once).
+    """
+    try:
+        info = pynvml.nvmlGpuInstanceGetInfo(pynvml.nvmlDeviceGetGpuInstanceById(gpu.handle, gi))
+        enum = _enums(gpu).get(int(info.profileId))
+    except NVMLError as err:
+        log_once(
+            f"gi-profile:{gpu.uuid}:{err.value}",
+            explain(err, "reading the MIG GPU instance profile", gpu.uuid)
+            + "; MIG profiles are named without attributes such as +me",
+            logging.INFO
+            if err.value in (nvml.NOT_SUPPORTED, nvml.FUNCTION_NOT_FOUND)
+            else logging.WARNING,
+        )
+        return ""
+    return PROFILE_SUFFIX.get(enum, "") if enum is not None else ""
+
+
 def mig_resource(profile: str) -> str:
     return "nvidia.com/mig-" + profile.replace("+", ".")
 
@@ -212,7 +276,8 @@ def _read_migs(gpu: GpuInfo) -> list[MigInfo]:
                     attrs.gpuInstanceSliceCount,
                     attrs.computeInstanceSliceCount,
                     int(attrs.memorySizeMB),
-                ),
+                )
+                + profile_suffix(gpu, gi),
                 handle=mh,
             )
         )
