@@ -267,6 +267,7 @@ class CDIPublisher:
         # kind -> physical resource -> its devices, across all backends
         self._devices: dict[str, dict[str, list[Device]]] = {}
         self._backends: dict[str, _Backend] = {}  # physical resource -> its backend
+        self._edits: dict[str, dict[str, Any]] = {}  # kind -> backends' edits last written
         self._lock = asyncio.Lock()
 
     def kinds(self, physical: str, advertised: set[str]) -> set[str]:
@@ -296,20 +297,30 @@ class CDIPublisher:
                 if per_resource.get(physical) != devices:
                     per_resource[physical] = devices
                     changed.add(kind)
+        # Kinds holding this backend's devices are looked at again even when the devices
+        # did not change: its spec-wide edits may have (options reloaded, driver files).
+        ours = set(rt.resources)
+        if rt.backend.implements("cdi_spec_edits"):
+            touched = {k for k, per in self._devices.items() if ours & set(per)}
+        else:
+            touched = set()
         async with self._lock:
-            if changed and self.check_first:
+            if (changed or touched) and self.check_first:
                 try:
                     await asyncio.to_thread(self.writer.check, "cdi.dir")
                 except ConfigError as e:
                     log.error("CDI specs not written: %s", e)
                     return  # checked again at the next change
                 self.check_first = False
-            for kind in sorted(changed):
+            for kind in sorted(changed | touched):
                 per_resource = self._devices.get(kind, {})
                 devices = [d for ds in per_resource.values() for d in ds]
                 extra = await self._extra_edits(kind, per_resource) if devices else {}
                 if extra is None:
                     continue  # a backend failed: the previous spec stays
+                if kind not in changed and self._edits.get(kind) == extra:
+                    continue
+                self._edits[kind] = extra
                 await asyncio.to_thread(self._write, kind, devices, extra)
 
     async def _extra_edits(

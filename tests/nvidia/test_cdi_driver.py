@@ -197,3 +197,34 @@ def test_ld_cache_rejects_other_data(tmp_path):
     bad = tmp_path / "ld.so.cache"
     bad.write_bytes(b"glibc-ld.so.cache1.1" + b"\xff" * 28)  # claims 4 billion entries
     assert ldcache.read(bad) == []
+
+
+async def test_a_reload_that_changes_the_hook_path_rewrites_the_spec(
+    fake_kubelet, plugin_runner, fake_node, tmp_path
+):
+    from hetero_dp.config import load_config
+
+    node = fake_node("h100-8x.scn")
+    make_driver_root(node.root / "driver")
+    cdi_dir = tmp_path / "cdi"
+    doc = {
+        "kubeletDir": str(fake_kubelet.plugin_dir),
+        "pluginsRegistryDir": str(fake_kubelet.registry_dir),
+        "healthInterval": 0,
+        "rediscoverInterval": 0,
+        "cdi": {"dir": str(cdi_dir)},
+        "flags": {**node.options, "plugin": {"deviceListStrategy": "cdi-cri"}},
+    }
+    daemon = await plugin_runner.start(NvidiaBackend(environ={}), config=doc)
+    await fake_kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 8)
+    assert {h["path"] for h in read_spec(cdi_dir)["containerEdits"]["hooks"]} == {
+        "/usr/bin/nvidia-ctk"
+    }
+    plugin = {"deviceListStrategy": "cdi-cri", "nvidiaCTKPath": "/opt/toolkit/nvidia-ctk"}
+    doc = {**doc, "flags": {**node.options, "plugin": plugin}}
+    summary = await daemon.apply_config(load_config(raw=doc, env={}))
+    # the devices are the same: nothing restarts, but the spec follows the new path
+    assert summary["restarted"] == [] and summary["reconfigured"] == ["nvidia"]
+    assert {h["path"] for h in read_spec(cdi_dir)["containerEdits"]["hooks"]} == {
+        "/opt/toolkit/nvidia-ctk"
+    }
