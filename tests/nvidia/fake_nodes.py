@@ -34,6 +34,10 @@ class FakeNodes:
             },
         }
 
+    def changed(self, name: str, after: int) -> bool:
+        """Stopping, or ``name`` changed after version ``after`` (caller holds cond)."""
+        return self.stopping or any(v > after and n == name for v, n in self.history)
+
     def set_labels(self, name: str, labels: dict[str, str]) -> None:
         with self.cond:
             self.version += 1
@@ -88,12 +92,7 @@ class FakeNodes:
                 self.end_headers()
                 while True:
                     with fake.cond:
-                        fake.cond.wait_for(
-                            lambda: (
-                                fake.stopping
-                                or any(v > since and n == name for v, n in fake.history)
-                            )
-                        )
+                        fake.cond.wait_for(lambda after=since: fake.changed(name, after))
                         if fake.stopping:
                             self.wfile.write(b"0\r\n\r\n")
                             return
