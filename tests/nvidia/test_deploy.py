@@ -117,16 +117,42 @@ def test_values_file_per_strategy_renders_valid_and_mounts_cdi(strategy):
         assert "/var/run/cdi" not in mounts and "cdi-root" not in vols
 
 
-def test_config_map_without_default_uses_its_only_entry_or_is_refused():
+def test_config_map_without_default_uses_its_only_entry_or_refuses_a_wrong_default():
     docs = render_chart(chart_values(config={"map": {"a100": "version: v1\n"}, "default": ""}))
     assert env(container(docs)[1])["CONFIG_FILE"] == "/config/a100"
-    two = {"map": {"a": "version: v1\n", "b": "version: v1\n"}, "default": ""}
-    out = helm_template(chart_values(config=two), check=False)
-    assert out.returncode != 0
-    assert "config.map has 2 entries (a, b) and config.default is empty" in out.stderr
+    assert {d["kind"] for d in docs} == {"DaemonSet", "ConfigMap"}  # no API access needed
     wrong = {"map": {"a": "version: v1\n"}, "default": "z"}
     out = helm_template(chart_values(config=wrong), check=False)
     assert out.returncode != 0 and 'config.default "z" is not a key of config.map' in out.stderr
+
+
+def test_several_configs_are_chosen_per_node_by_the_config_manager():
+    two = {"map": {"a100": "version: v1\n", "h100": "version: v1\n"}, "default": "a100"}
+    docs = render_chart(chart_values(config=two))
+    validate(docs)
+    ds, c = container(docs)  # the plugin stays the first container
+    pod = ds["spec"]["template"]["spec"]
+    assert env(c)["CONFIG_FILE"] == "/config/config.yaml"
+    init = pod["initContainers"][0]
+    sidecar = next(x for x in pod["containers"] if x["name"] == "config-manager")
+    assert init["command"] == ["hetero-dp-nvidia-config-manager", "--oneshot"]
+    assert sidecar["command"] == ["hetero-dp-nvidia-config-manager"]
+    for x in (init, sidecar):
+        e = {v["name"]: v.get("value") for v in x["env"]}
+        assert e["NODE_LABEL"] == "nvidia.com/device-plugin.config"
+        assert e["DEFAULT_CONFIG"] == "a100" and e["CONFIG_FILE_DST"] == "/config/config.yaml"
+        assert x["securityContext"]["readOnlyRootFilesystem"] is True
+    # only the config manager gets an API token; the plugin does not
+    assert pod["automountServiceAccountToken"] is False
+    token = "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert token in {m["mountPath"] for m in sidecar["volumeMounts"]}
+    assert token not in {m["mountPath"] for m in c["volumeMounts"]}
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    ]
+    binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding")
+    assert binding["subjects"][0]["name"] == pod["serviceAccountName"]
 
 
 def test_cdi_hook_path_value_reaches_nvidias_env_var():
