@@ -154,9 +154,7 @@ def find_files(opts: Options, version: str) -> DriverFiles:
     if cuda_dir:  # what CUDA's development tools link against
         found.links.append(("libcuda.so.1", f"{cuda_dir}/libcuda.so"))
     for name in UTILITIES:
-        path = next((f"{d}/{name}" for d in BIN_DIRS if root.is_file(f"{d}/{name}")), None)
-        if path:
-            found.utilities.append(path)
+        found.utilities += [f"{d}/{name}" for d in BIN_DIRS if root.is_file(f"{d}/{name}")][:1]
     for sock in PERSISTENCED_SOCKETS:
         if os.path.exists(root.real(sock)):
             found.sockets.append(sock)
