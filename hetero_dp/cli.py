@@ -50,9 +50,7 @@ def backend_flag_options(backends: Sequence[Any], args: list[str]) -> dict[str, 
     if len(takers) != 1:
         why = "no backend takes flags" if not takers else "more than one backend takes flags"
         raise ConfigError(f"unknown arguments {' '.join(args)} ({why})", source="command line")
-    b = takers[0]
-    result = b._call_sync("parse_args", {"args": args})
-    return {b.name: dict(result or {})}
+    return {takers[0].name: takers[0].parse_args(args)}
 
 
 config_option = click.option(

@@ -154,3 +154,15 @@ def test_help_runs_without_a_driver():
         timeout=60,
     )
     assert out.returncode == 0 and "--mig-strategy [MIG_STRATEGY]" in out.stdout
+
+
+def test_run_refuses_flags_no_backend_takes():
+    from click.testing import CliRunner
+
+    from hetero_dp.cli import main as cli_main
+
+    result = CliRunner().invoke(cli_main, ["run", "simulated", "--mig-strategy", "mixed"])
+    assert result.exit_code == 2
+    assert "unknown arguments --mig-strategy mixed (no backend takes flags)" in result.output
+    result = CliRunner().invoke(cli_main, ["run", "--mig-strategy", "mixed"])
+    assert result.exit_code == 2 and "name at least one backend" in result.output
