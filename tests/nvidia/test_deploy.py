@@ -301,3 +301,26 @@ def test_dockerfile_installs_core_and_backend_and_runs_nvidia():
     assert "COPY vendors/nvidia ./vendors/nvidia" in text
     assert 'ENTRYPOINT ["hetero-dp", "run", "nvidia"]' in text
     assert "NVIDIA_DRIVER_CAPABILITIES=utility" in text
+
+
+def test_more_of_nvidias_values_gds_discovery_existing_config_map_pull_secrets():
+    docs = render_chart(
+        chart_values(
+            gdsEnabled=True,
+            mofedEnabled=False,
+            deviceDiscoveryStrategy="nvml",
+            config={"name": "site-configs", "map": {}, "default": "a100"},
+            imagePullSecrets=[{"name": "registry"}],
+        )
+    )
+    validate(docs)
+    ds, c = container(docs)
+    e = env(c)
+    assert e["GDS_ENABLED"] == "true" and e["MOFED_ENABLED"] == "false"
+    assert e["DEVICE_DISCOVERY_STRATEGY"] == "nvml" and "GDRCOPY_ENABLED" not in e
+    assert "ConfigMap" not in {d["kind"] for d in docs}  # config.name: it exists already
+    pod = ds["spec"]["template"]["spec"]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["available-configs"]["configMap"]["name"] == "site-configs"
+    assert e["CONFIG_FILE"] == "/config/config.yaml"  # chosen per node by the label
+    assert pod["imagePullSecrets"] == [{"name": "registry"}]

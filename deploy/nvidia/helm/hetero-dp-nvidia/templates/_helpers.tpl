@@ -1,9 +1,15 @@
 {{/*
-Several configs in config.map: the config manager (an init container and a sidecar)
+Several configs in config.map, or an existing ConfigMap named by config.name: the
+config manager (an init container and a sidecar)
 writes the one the node label nvidia.com/device-plugin.config chooses to /config.
 */}}
 {{- define "hetero-dp-nvidia.configManager" -}}
-{{- if gt (len .Values.config.map) 1 -}}true{{- end -}}
+{{- if or .Values.config.name (gt (len .Values.config.map) 1) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The ConfigMap holding the configs: config.name (made elsewhere) or ours. */}}
+{{- define "hetero-dp-nvidia.configMapName" -}}
+{{- .Values.config.name | default (printf "%s-config" .Release.Name) -}}
 {{- end -}}
 
 {{/*
