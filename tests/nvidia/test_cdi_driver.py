@@ -228,3 +228,38 @@ async def test_a_reload_that_changes_the_hook_path_rewrites_the_spec(
     assert {h["path"] for h in read_spec(cdi_dir)["containerEdits"]["hooks"]} == {
         "/opt/toolkit/nvidia-ctk"
     }
+
+
+async def test_the_spec_nvidias_plugin_left_behind_is_set_aside(
+    fake_kubelet, plugin_runner, fake_node, tmp_path
+):
+    # Two specs of one kind in one dir defining the same device make the CDI cache drop
+    # it as conflicting (container-device-interface pkg/cdi/cache.go): NVIDIA's plugin
+    # saves its spec as <vendor>-<class>.json (GenerateNameForSpec) in /var/run/cdi.
+    node = fake_node("h100-8x.scn")
+    cdi_dir = tmp_path / "cdi"
+    cdi_dir.mkdir()
+    leftover = cdi_dir / "k8s.device-plugin.nvidia.com-gpu.json"
+    old = {
+        "cdiVersion": "0.5.0",
+        "kind": KIND,
+        "devices": [{"name": node.uuid(0), "containerEdits": {"env": ["A=1"]}}],
+    }
+    leftover.write_text(json.dumps(old))
+    unrelated = cdi_dir / "other-vendor.json"  # same kind, other devices: no conflict
+    unrelated.write_text(json.dumps({**old, "devices": [{"name": "x1", "containerEdits": {}}]}))
+    other_kind = cdi_dir / "nvidia.yaml"  # nvidia-ctk's kind nvidia.com/gpu: untouched
+    other_kind.write_text(
+        f"cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: '{node.uuid(0)}'\n"
+    )
+    await plugin_runner.start(
+        NvidiaBackend(environ={"DEVICE_LIST_STRATEGY": "cdi-cri"}),
+        config={"cdi": {"dir": str(cdi_dir)}},
+        options={"nvidia": node.options},
+    )
+    await fake_kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 8)
+    assert not leftover.exists()
+    kept = cdi_dir / "k8s.device-plugin.nvidia.com-gpu.json.hetero-dp-superseded"
+    assert json.loads(kept.read_text()) == old  # nothing lost
+    assert unrelated.exists() and other_kind.exists()
+    assert (cdi_dir / "hetero-dp_k8s.device-plugin.nvidia.com_gpu.json").exists()
