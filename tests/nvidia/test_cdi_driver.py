@@ -263,3 +263,22 @@ async def test_the_spec_nvidias_plugin_left_behind_is_set_aside(
     assert json.loads(kept.read_text()) == old  # nothing lost
     assert unrelated.exists() and other_kind.exists()
     assert (cdi_dir / "hetero-dp_k8s.device-plugin.nvidia.com_gpu.json").exists()
+
+
+async def test_envvar_beside_cdi_cri_spec_has_device_nodes_response_has_no_device_specs(
+    fake_kubelet, plugin_runner, fake_node, tmp_path
+):
+    node = fake_node("h100-8x.scn")
+    cdi_dir = tmp_path / "cdi"
+    await plugin_runner.start(
+        NvidiaBackend(environ={"DEVICE_LIST_STRATEGY": "envvar,cdi-cri"}),
+        config={"cdi": {"dir": str(cdi_dir)}},
+        options={"nvidia": node.options},
+    )
+    await fake_kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 8)
+    r = await fake_kubelet.allocate("nvidia.com/gpu", [node.uuid(4)])
+    assert r.envs["NVIDIA_VISIBLE_DEVICES"] == node.uuid(4)  # as NVIDIA's: both ways
+    assert [c.name for c in r.cdi_devices] == [f"{KIND}={node.uuid(4)}"]
+    assert list(r.devices) == []  # no passDeviceSpecs: no DeviceSpecs
+    per_device = {d["name"]: d["containerEdits"] for d in read_spec(cdi_dir)["devices"]}
+    assert [n["path"] for n in per_device[node.uuid(4)]["deviceNodes"]] == ["/dev/nvidia4"]

@@ -188,6 +188,7 @@ def test_hookimpls_match_the_contract():
     assert implemented == {
         "cdi_spec_edits",
         "parse_args",
+        "allocate",
         "configure",
         "discover",
         "check_health",

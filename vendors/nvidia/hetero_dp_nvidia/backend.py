@@ -14,7 +14,16 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hetero_dp import Check, ConfigError, Device, EventSink, Link, Sample, hookimpl
+from hetero_dp import (
+    Check,
+    ConfigError,
+    ContainerResponse,
+    Device,
+    EventSink,
+    Link,
+    Sample,
+    hookimpl,
+)
 
 from . import nvml
 from .discovery import NodeInfo, build_devices, check_layout, read_node
@@ -188,6 +197,13 @@ class NvidiaBackend:
         }
 
     @hookimpl
+    def allocate(self, devices: list[Device], response: ContainerResponse) -> None:
+        """DeviceSpecs only with passDeviceSpecs: the records carry nodes for the CDI spec
+        (envvar plus a CDI strategy), which NVIDIA's plugin does not send as DeviceSpecs."""
+        if not self.options.pass_device_specs:
+            response.devices = []
+
+    @hookimpl
     def cdi_spec_edits(self, kind: str, devices: list[Device]) -> dict[str, Any] | None:
         """The driver (libraries, utilities, firmware, hooks, env) for the CDI spec."""
         with self._lock:
@@ -324,6 +340,12 @@ def metrics(devices: list[Device]) -> Iterable[Sample]:
 def resource_defaults(resource: str) -> Mapping[str, Any] | None:
     """deviceListStrategy mapped onto the framework's delivery settings."""
     return BACKEND.resource_defaults(resource)
+
+
+@hookimpl
+def allocate(devices: list[Device], response: ContainerResponse) -> None:
+    """DeviceSpecs only with passDeviceSpecs."""
+    BACKEND.allocate(devices, response)
 
 
 @hookimpl

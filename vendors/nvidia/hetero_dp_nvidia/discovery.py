@@ -379,9 +379,10 @@ def _delivery(opts: Options, visible_id: str) -> tuple[dict[str, str], tuple[Mou
 
 
 def _wants_nodes(opts: Options) -> bool:
-    # With CDI only, the CDI spec needs the nodes although no DeviceSpecs are sent;
-    # with envvar/volume-mounts, nodes go into the response only if passDeviceSpecs.
-    return opts.pass_device_specs or not opts.uses_env
+    # A CDI spec always needs the nodes (even beside envvar); DeviceSpecs go into the
+    # Allocate response only with passDeviceSpecs (the backend's allocate hook drops
+    # them otherwise, as NVIDIA's plugin sends none).
+    return opts.pass_device_specs or opts.uses_cdi or not opts.uses_env
 
 
 def build_devices(node: NodeInfo, opts: Options) -> list[Device]:
