@@ -47,6 +47,14 @@ def main(args: Sequence[str] | None = None) -> None:
     if any(a in ("-h", "--help", "-help") for a in args):
         sys.stdout.write(help_text())
         raise SystemExit(0)
+    if any(a in ("-v", "--version") for a in args):  # NVIDIA's CLI library has both
+        from importlib.metadata import version
+
+        sys.stdout.write(
+            f"nvidia-device-plugin (hetero-dp-nvidia {version('hetero-dp-nvidia')}, "
+            f"hetero-dp {version('hetero-dp')})\n"
+        )
+        raise SystemExit(0)
     command = argv(args)
     sys.stdout.flush()
     os.execv(command[0], command)
