@@ -117,5 +117,6 @@ def build_ld_cache(root: Path) -> None:
             pytest.skip("building an ld cache under a root needs root or unshare -r")
         command = [unshare, "-r", *command]
     out = subprocess.run(command, capture_output=True, text=True)
-    if out.returncode != 0:
-        pytest.skip(f"ldconfig -r failed here ({out.stderr.strip()})")
+    if out.returncode != 0 and os.geteuid() != 0:  # no user namespaces here
+        pytest.skip(f"ldconfig -r failed without root ({out.stderr.strip()})")
+    assert out.returncode == 0, out.stderr
