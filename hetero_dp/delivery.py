@@ -235,6 +235,7 @@ class _Runtime(Protocol):
 
     published: dict[str, Device]
     resources: dict[str, set[str]]
+    discoveries: int
 
 
 class CDIPublisher:
@@ -268,6 +269,7 @@ class CDIPublisher:
         self._devices: dict[str, dict[str, list[Device]]] = {}
         self._backends: dict[str, _Backend] = {}  # physical resource -> its backend
         self._edits: dict[str, dict[str, Any]] = {}  # kind -> backends' edits last written
+        self._discoveries: dict[str, int] = {}  # backend -> its discovery count last seen
         self._lock = asyncio.Lock()
 
     def kinds(self, physical: str, advertised: set[str]) -> set[str]:
@@ -297,10 +299,13 @@ class CDIPublisher:
                 if per_resource.get(physical) != devices:
                     per_resource[physical] = devices
                     changed.add(kind)
-        # Kinds holding this backend's devices are looked at again even when the devices
-        # did not change: its spec-wide edits may have (options reloaded, driver files).
+        # After a discovery (not a health-only publish), kinds holding this backend's
+        # devices are looked at again even when the devices did not change: its
+        # spec-wide edits may have (options reloaded, driver files replaced).
         ours = set(rt.resources)
-        if rt.backend.implements("cdi_spec_edits"):
+        fresh = self._discoveries.get(rt.backend.name) != rt.discoveries
+        self._discoveries[rt.backend.name] = rt.discoveries
+        if fresh and rt.backend.implements("cdi_spec_edits"):
             touched = {k for k, per in self._devices.items() if ours & set(per)}
         else:
             touched = set()
