@@ -216,6 +216,11 @@ def apply_delivery(
     return out
 
 
+def _spec_view(devices: Sequence[Device]) -> list[tuple[Any, ...]]:
+    """What of the devices a CDI spec is built from (health and attributes are not)."""
+    return [(d.id, d.nodes, d.mounts, dict(d.env)) for d in devices]
+
+
 class _Backend(Protocol):
     """What :class:`CDIPublisher` calls on a backend (``plugins.Backend``)."""
 
@@ -296,9 +301,10 @@ class CDIPublisher:
                     changed.add(kind)
             for kind in kinds:
                 per_resource = self._devices.setdefault(kind, {})
-                if per_resource.get(physical) != devices:
-                    per_resource[physical] = devices
-                    changed.add(kind)
+                before = per_resource.get(physical)
+                per_resource[physical] = devices
+                if before is None or _spec_view(before) != _spec_view(devices):
+                    changed.add(kind)  # not for a health change: the spec has no health
         # After a discovery (not a health-only publish), kinds holding this backend's
         # devices are looked at again even when the devices did not change: its
         # spec-wide edits may have (options reloaded, driver files replaced).
