@@ -2,7 +2,8 @@
 
 - XID event -> EventSink health call latency (backend only), whole GPU;
 - XID event -> kubelet-visible Unhealthy (through the daemon and the fake kubelet's
-  ListAndWatch stream), for a whole GPU and for every MIG slice of a GPU;
+  ListAndWatch stream), for a whole GPU and for every MIG slice of a GPU, in-process
+  and with ``nvidia-device-plugin`` as its own process (against issue 21's goals);
 - GetPreferredAllocation round trip on 8 GPUs, and the cost of the cached links hook;
 - discovery time for 8 GPUs with MIG (one MIG GPU, and 56 MIG devices on 8 GPUs).
 
@@ -197,6 +198,62 @@ async def bench_kubelet_latency(lib: ctypes.CDLL, tmp: Path) -> dict[str, Any]:
     return {"whole GPU": _stats(whole), f"each of {len(migs)} MIG slices": _stats(per_slice)}
 
 
+async def bench_process_latency(lib: ctypes.CDLL, tmp: Path) -> dict[str, Any]:
+    """The plugin as deployed: ``nvidia-device-plugin`` in its own process on the fake
+    driver, the fake kubelet here; XIDs sent through the fake's control FIFO (its own
+    thread injects them, as the kernel would). Inject -> Unhealthy in the kubelet's
+    ListAndWatch view, whole GPU."""
+    import subprocess
+
+    from hetero_dp.testing import FakeKubelet, short_tempdir
+
+    node = _scenario(lib, tmp / "process", "h100-8x.scn")
+    root = short_tempdir()
+    fifo = root / "control"
+    os.mkfifo(fifo)
+    kubelet = FakeKubelet(root / "dp")
+    await kubelet.start()
+    env = {
+        **os.environ,
+        "LD_LIBRARY_PATH": str(Path(lib._name).parent),
+        "FAKE_NVML_SCENARIO": str(node.scenario),
+        "FAKE_NVML_CONTROL": str(fifo),
+        "PYTHONPATH": f"{ROOT}:{ROOT / 'vendors/nvidia'}",
+    }
+    command = [sys.executable, "-m", "hetero_dp_nvidia.command"]
+    command += ["--nvidia-driver-root", str(node.root / "driver")]
+    command += ["--kubelet-dir", str(kubelet.plugin_dir), "--health-interval", "0"]
+    command += ["--log-level", "error", "-o", "nvidia.recoveryQuietPeriod=0.1"]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
+    samples = []
+    try:
+        gpu = node.uuid(1)
+        await kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 8, 30)
+        with open(fifo, "w") as control:
+            for _ in range(KUBELET_ROUNDS):
+                t0 = time.perf_counter()
+                control.write("xid 1 79\n")
+                control.flush()
+                seen: list[float] = []
+
+                def unhealthy(seen: list[float] = seen) -> bool:
+                    if not kubelet.resources["nvidia.com/gpu"].devices[gpu].healthy:
+                        seen.append(time.perf_counter())
+                        return True
+                    return False
+
+                await kubelet.wait_for(unhealthy, 5)
+                samples.append(seen[0] - t0)
+                await kubelet.wait_for(
+                    lambda: kubelet.resources["nvidia.com/gpu"].devices[gpu].healthy, 5
+                )
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        await kubelet.stop()
+    return _stats(samples)
+
+
 async def bench_preferred(lib: ctypes.CDLL, tmp: Path) -> dict[str, Any]:
     """GetPreferredAllocation on 8 H100s (NVSwitch): the engine's time in the plugin
     (links cached, IDs validated, set chosen), and the gRPC round trip around it."""
@@ -230,16 +287,71 @@ async def bench_preferred(lib: ctypes.CDLL, tmp: Path) -> dict[str, Any]:
     }
 
 
+# Issue 21's comparison on the same fake driver and kubelet client: NVIDIA's plugin
+# v0.20 took 2.25 ms (median) from XID to Unhealthy at the kubelet; the goal is at
+# most that, and at most 6 ms with the plugin as its own process.
+GOAL_XID_MS = 2.25
+GOAL_XID_PROCESS_MS = 6.0
+
+
+def _row(name: str, stats: dict[str, float], goal_ms: float | None = None) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "name": f"{name}, median of {stats['n']} (p95 {stats['p95_ms']:g} ms)",
+        "value": stats["median_ms"],
+        "unit": "ms",
+    }
+    if goal_ms is not None:
+        row["goal"] = f"<= {goal_ms:g} ms"
+        row["ok"] = stats["median_ms"] <= goal_ms
+    return row
+
+
 def run() -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-nvidia-") as d:
         tmp = Path(d)
         lib = _load_fake(tmp)
-        results: dict[str, Any] = {"discovery": bench_discovery(lib, tmp)}
-        results["xid_to_eventsink"] = asyncio.run(bench_sink_latency(lib, tmp))
-        results["xid_to_kubelet_unhealthy"] = asyncio.run(bench_kubelet_latency(lib, tmp))
-        results["preferred_allocation"] = asyncio.run(bench_preferred(lib, tmp))
+        discovery = bench_discovery(lib, tmp)
+        sink = asyncio.run(bench_sink_latency(lib, tmp))
+        kubelet = asyncio.run(bench_kubelet_latency(lib, tmp))
+        process = asyncio.run(bench_process_latency(lib, tmp))
+        preferred = asyncio.run(bench_preferred(lib, tmp))
         lib.fake_nvml_reset()
-        return results
+    rows = [
+        _row("XID -> EventSink.set_health on the loop (backend alone)", sink),
+        _row("XID -> Unhealthy at the kubelet, whole GPU, in-process", kubelet["whole GPU"]),
+        _row(
+            "XID -> Unhealthy at the kubelet, each of 4 MIG slices, in-process",
+            kubelet["each of 4 MIG slices"],
+        ),
+        _row(
+            "XID -> Unhealthy at the kubelet, whole GPU, nvidia-device-plugin as its own "
+            "process (XID from the fake's control FIFO)",
+            process,
+            GOAL_XID_PROCESS_MS,
+        ),
+    ]
+    rows[1]["goal"], rows[1]["ok"] = f"<= {GOAL_XID_MS:g} ms", rows[1]["value"] <= GOAL_XID_MS
+    for label, figures in discovery.items():
+        rows.append(_row(f"discover, {label} ({figures['devices']} devices)", figures["discover"]))
+        rows.append(_row(f"links cached, {label}", figures["links_cached"]))
+    for label, figures in preferred.items():
+        goal = 0.5 if "in the plugin" in label else None
+        rows.append(
+            _row(f"GetPreferredAllocation {label}".replace(", goal < 0.5 ms", ""), figures, goal)
+        )
+    return {
+        "title": "NVIDIA backend (fake libnvidia-ml.so.1, real pynvml, real sockets)",
+        "rows": rows,
+        "notes": [
+            "XID goals from issue 21: NVIDIA's plugin v0.20 took 2.25 ms (median) from "
+            "XID to Unhealthy at the kubelet on the same fake driver and kubelet client; "
+            "ours must not be slower (in-process row), and stay within 6 ms with the "
+            "plugin as its own process (the deployed shape; the row includes the FIFO "
+            "write and a second interpreter's scheduling on a shared 2-core machine).",
+            "The fake wakes a blocked nvmlEventSetWait at once (as the driver does); the "
+            "kubelet side waits on a condition signalled by each ListAndWatch message.",
+        ],
+    }
 
 
 if __name__ == "__main__":
@@ -248,4 +360,4 @@ if __name__ == "__main__":
 
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("hetero_dp").setLevel(logging.CRITICAL)  # every round logs an XID
-    print(json.dumps(run(), indent=2))
+    print(json.dumps(run(), indent=2))  # or: python3 -m benchmarks bench_nvidia

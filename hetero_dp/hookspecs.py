@@ -155,5 +155,33 @@ def resource_defaults(resource: str) -> Mapping[str, Any] | None:
 
 
 @hookspec
+def cdi_spec_edits(kind: str, devices: list[Device]) -> Mapping[str, Any] | None:
+    """Spec-wide CDI ``containerEdits`` to add to the spec of ``kind``.
+
+    Called whenever the framework rewrites the spec of a CDI kind that holds
+    devices of this backend (``devices``: those devices). Return a mapping in
+    the CDI spec's own shape, with any of ``deviceNodes``, ``mounts``, ``env``
+    (``NAME=value`` strings) and ``hooks``: what every container of the kind
+    needs beyond the device records (driver libraries, utilities, runtime
+    hooks). Device nodes and mounts replace the records' shared ones at the
+    same container path; env replaces the same variable. Return ``None`` for
+    nothing. A raise keeps the previous spec and is logged.
+    """
+
+
+@hookspec(firstresult=True)
+def parse_args(args: list[str]) -> Mapping[str, Any] | None:
+    """Parse the backend's own command-line flags into options.
+
+    ``hetero-dp run BACKEND --some-flag value ...``: the arguments after the
+    backend names that the ``run`` command does not know itself are passed here
+    (only one loaded backend may implement this hook). Return options merged
+    over the backend's config section; raise ``hetero_dp.ConfigError`` naming an
+    unknown or bad flag. Lets a backend accept the flags of the plugin it
+    replaces (NVIDIA: ``--mig-strategy``, ``--pass-device-specs`` ...).
+    """
+
+
+@hookspec
 def shutdown() -> None:
     """Release what :func:`configure` or :func:`watch` acquired. Called once at exit."""

@@ -9,10 +9,14 @@ It runs discovery, registration and ListAndWatch through hetero-dp's FakeKubelet
 over real unix sockets, one Allocate, one XID-free health cycle (the watch thread
 registered for XID events plus one check_health poll of every device), and prints
 the device table, the Allocate response, the labels, the topology and the doctor
-checks. It exits non-zero on any failure and gives up after ``--timeout`` seconds
-(60 by default). Options ``-o key=value`` are the backend's (NVIDIA's names), values
-parsed as ``hetero-dp run -o nvidia.key=value`` parses them; the
-NVIDIA env vars (MIG_STRATEGY ...) apply as in the DaemonSet.
+checks. Then it serves again with ``DEVICE_LIST_STRATEGY=cdi-cri`` and checks the CDI
+spec written for the real driver (schema-valid, ``libcuda``/``libnvidia-ml`` of the
+running version and ``nvidia-smi`` mounted, ``NVIDIA_VISIBLE_DEVICES=void``), and runs
+the ``nvidia-device-plugin`` command with NVIDIA's flags against a fresh fake kubelet
+(``--skip-command`` skips that). It exits non-zero on any failure and gives up after
+``--timeout`` seconds (90 by default). Options ``-o key=value`` are the backend's
+(NVIDIA's names), values parsed as ``hetero-dp run -o nvidia.key=value`` parses them;
+the NVIDIA env vars (MIG_STRATEGY ...) apply as in the DaemonSet.
 """
 
 from __future__ import annotations
@@ -127,7 +131,6 @@ async def smoke(options: dict[str, Any]) -> int:
         step("doctor:")
         for c in backend.doctor(options):
             print(f"  [{c.status}] {c.name}: {c.message}" + (f" (fix: {c.fix})" if c.fix else ""))
-        step("PASS")
         return 0
     finally:
         await runner.stop_all()
@@ -135,10 +138,141 @@ async def smoke(options: dict[str, Any]) -> int:
         backend.shutdown()
 
 
+KIND = "k8s.device-plugin.nvidia.com/gpu"
+
+
+def _spec_problems(spec: dict[str, Any]) -> list[str]:
+    """Schema problems of the spec, when the repo's checker and jsonschema are here."""
+    try:
+        from tests.cdi.schema_check import cdi_spec_problems
+    except ImportError as e:  # a copy without tests/ or without jsonschema
+        print(f"  (CDI schema not checked: {e})")
+        return []
+    return list(cdi_spec_problems(spec))
+
+
+async def cdi_smoke(options: dict[str, Any], step: Any) -> int:
+    """DEVICE_LIST_STRATEGY=cdi-cri: the spec is written and carries the real driver."""
+    import json
+
+    from hetero_dp_nvidia.backend import NvidiaBackend
+
+    from hetero_dp.testing import FakeKubelet, PluginRunner, short_tempdir
+
+    env = {**os.environ, "DEVICE_LIST_STRATEGY": "cdi-cri"}
+    backend = NvidiaBackend(environ=env)
+    root = short_tempdir("hdp-smoke-cdi-")
+    kubelet = FakeKubelet(root / "dp")
+    await kubelet.start()
+    runner = PluginRunner(kubelet.plugin_dir)
+    try:
+        step("CDI: DEVICE_LIST_STRATEGY=cdi-cri, spec dir " + str(root / "cdi"))
+        daemon = await runner.start(
+            backend, config={"cdi": {"dir": str(root / "cdi")}}, options={"nvidia": options}
+        )
+        name = sorted(daemon.resources)[0]
+        await kubelet.wait_devices(name, lambda d: len(d) > 0, timeout=20)
+        first = next(iter(kubelet.resources[name].devices))
+        resp = await kubelet.allocate(name, [first])
+        print(f"  Allocate {name} [{first}]: cdi_devices {[c.name for c in resp.cdi_devices]}")
+        if [c.name for c in resp.cdi_devices] != [f"{KIND}={first}"]:
+            print("FAIL: CDI: the response does not name the device", file=sys.stderr)
+            return 1
+        files = list((root / "cdi").glob("*.json"))
+        if len(files) != 1:
+            print(f"FAIL: CDI: expected one spec file, found {files}", file=sys.stderr)
+            return 1
+        spec = json.loads(files[0].read_text())
+        edits = spec.get("containerEdits", {})
+        mounts = [m["containerPath"] for m in edits.get("mounts", [])]
+        version = backend.node.driver_version
+        print(f"  {files[0]}: cdiVersion {spec['cdiVersion']}, {len(spec['devices'])} devices")
+        print(f"  env: {edits.get('env')}")
+        print(f"  device nodes: {[n['path'] for n in edits.get('deviceNodes', [])]}")
+        print(f"  mounts ({len(mounts)}):")
+        for m in mounts:
+            print(f"    {m}")
+        for h in edits.get("hooks", []):
+            print(f"  hook {h['path']} {' '.join(h['args'][1:4])} ...")
+        missing = [
+            lib
+            for lib in (f"libcuda.so.{version}", f"libnvidia-ml.so.{version}", "nvidia-smi")
+            if not any(m.endswith("/" + lib) for m in mounts)
+        ]
+        problems = _spec_problems(spec)
+        if missing or problems or "NVIDIA_VISIBLE_DEVICES=void" not in edits.get("env", []):
+            print(f"FAIL: CDI spec: missing {missing}, schema {problems}", file=sys.stderr)
+            return 1
+        step("CDI spec carries the driver")
+        return 0
+    finally:
+        await runner.stop_all()
+        await kubelet.stop()
+        backend.shutdown()
+
+
+async def command_smoke(step: Any) -> int:
+    """``nvidia-device-plugin`` with NVIDIA's flags serves the GPUs to a fake kubelet."""
+    import signal
+
+    from hetero_dp.testing import FakeKubelet, short_tempdir
+
+    root = short_tempdir("hdp-smoke-cmd-")
+    kubelet = FakeKubelet(root / "dp")
+    await kubelet.start()
+    command = [sys.executable, "-m", "hetero_dp_nvidia.command"]
+    command += ["--fail-on-init-error=true", "--device-list-strategy", "envvar"]
+    command += ["--kubelet-dir", str(kubelet.plugin_dir), "--health-interval", "0"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    step("nvidia-device-plugin " + " ".join(command[3:]))
+    proc = await asyncio.create_subprocess_exec(
+        *command, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    try:
+        await kubelet.wait_registered("nvidia.com/gpu", timeout=30)
+        devices = await kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) > 0, timeout=20)
+        resp = await kubelet.allocate("nvidia.com/gpu", [next(iter(devices))])
+        step(f"nvidia-device-plugin: {len(devices)} GPU(s), Allocate envs {dict(resp.envs)}")
+        if "NVIDIA_VISIBLE_DEVICES" not in resp.envs:
+            print("FAIL: nvidia-device-plugin: no NVIDIA_VISIBLE_DEVICES", file=sys.stderr)
+            return 1
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        out, _ = await proc.communicate()
+        await kubelet.stop()
+    if proc.returncode != 0:
+        print(out.decode(errors="replace")[-3000:], file=sys.stderr)
+        print(f"FAIL: nvidia-device-plugin exited {proc.returncode}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def run_all(options: dict[str, Any], skip_command: bool) -> int:
+    t0 = time.monotonic()
+
+    def step(msg: str) -> None:
+        print(f"[{time.monotonic() - t0:6.2f}s] {msg}", flush=True)
+
+    rc = await smoke(options)
+    if rc == 0:
+        rc = await cdi_smoke(options, step)
+    if rc == 0 and not skip_command:
+        rc = await command_smoke(step)
+    if rc == 0:
+        step("PASS")
+    return rc
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--timeout", type=float, default=90.0)
+    parser.add_argument(
+        "--skip-command",
+        action="store_true",
+        help="do not run the nvidia-device-plugin command (it uses the driver's default paths)",
+    )
     args = parser.parse_args()
     from hetero_dp.engine.config import set_option
 
@@ -149,7 +283,7 @@ def main() -> int:
         set_option(overrides, f"nvidia.{item}")  # as `hetero-dp run -o nvidia.KEY=VALUE`
     options = overrides.get("backends", {}).get("nvidia", {})
     try:
-        return asyncio.run(asyncio.wait_for(smoke(options), args.timeout))
+        return asyncio.run(asyncio.wait_for(run_all(options, args.skip_command), args.timeout))
     except asyncio.TimeoutError:
         print(f"FAIL: not done within {args.timeout:g}s", file=sys.stderr)
         return 1

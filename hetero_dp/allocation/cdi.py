@@ -10,6 +10,7 @@ where) are in ``docs/cdi.md``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import tempfile
@@ -22,9 +23,12 @@ from hetero_dp.kits.atomic import write_atomic
 from hetero_dp.model.device import Device, DeviceNode, Mount
 from hetero_dp.model.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 DEFAULT_CDI_DIR = "/var/run/cdi"
 SPEC_FILE_PREFIX = "hetero-dp_"
 SPEC_MODE = 0o644
+SUPERSEDED_SUFFIX = ".hetero-dp-superseded"
 # Env a device gets when it has no edits of its own: CDI rejects a spec holding
 # a device with empty container edits.
 FILLER_ENV = "HETERO_DP_CDI_DEVICE"
@@ -274,6 +278,72 @@ def build_spec(kind: str, devices: Sequence[Device]) -> dict[str, Any]:
     return spec
 
 
+def _merge_entries(
+    base: list[dict[str, Any]], extra: Sequence[Mapping[str, Any]], key: str
+) -> list[dict[str, Any]]:
+    """``base`` with ``extra`` entries added; an extra entry replaces a base one with
+    the same ``key`` (a device node's ``path``, a mount's ``containerPath``)."""
+    by_key = {e.get(key): i for i, e in enumerate(base)}
+    out = list(base)
+    for e in extra:
+        i = by_key.get(e.get(key))
+        if i is None:
+            by_key[e.get(key)] = len(out)
+            out.append(dict(e))
+        else:
+            out[i] = dict(e)
+    return out
+
+
+def merge_edits(edits: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """CDI ``containerEdits`` ``edits`` with ``extra`` merged in (a new dict).
+
+    Device nodes and mounts of ``extra`` replace those at the same container path;
+    env entries replace the same variable; hooks are appended. Used for the
+    spec-wide edits a backend contributes through the ``cdi_spec_edits`` hook.
+    """
+    out = {k: list(v) if isinstance(v, list) else v for k, v in edits.items()}
+    for name, value in extra.items():
+        if name == "deviceNodes":
+            out[name] = _merge_entries(out.get(name, []), value, "path")
+        elif name == "mounts":
+            out[name] = _merge_entries(out.get(name, []), value, "containerPath")
+        elif name == "env":
+            added = {str(e).partition("=")[0] for e in value}
+            kept = [e for e in out.get(name, []) if str(e).partition("=")[0] not in added]
+            out[name] = kept + [str(e) for e in value]
+        elif name == "hooks":
+            out[name] = [*out.get(name, []), *(dict(h) for h in value)]
+        else:
+            raise ConfigError(
+                f"unsupported container edit {name!r} (supported: deviceNodes, env, hooks, mounts)",
+                field="cdi_spec_edits",
+            )
+    return out
+
+
+def with_edits(spec: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``spec`` with spec-wide ``extra`` edits merged in and ``cdiVersion`` recomputed."""
+    out = dict(spec)
+    common = merge_edits(dict(spec.get("containerEdits") or {}), extra)
+    if common:
+        out["containerEdits"] = common
+    out["cdiVersion"] = required_version(out)
+    return out
+
+
+def _load_spec_file(path: Path) -> Any:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        return json.loads(text)
+    import yaml  # only when a YAML spec sits in the dir
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(str(e)) from e
+
+
 def render_spec(spec: Mapping[str, Any]) -> str:
     """The spec as the JSON text written to disk (stable, so unchanged specs compare equal)."""
     return json.dumps(spec, indent=2) + "\n"
@@ -343,18 +413,77 @@ class CDIWriter:
         With no devices the spec is removed (CDI rejects a spec without devices).
         Returns the spec's path, or None when there is none.
         """
-        path = self.path_for(kind)
         if not devices:
             self.remove(kind)
             return None
-        text = render_spec(build_spec(kind, devices))
+        return self.write_spec(kind, build_spec(kind, devices))
+
+    def write_spec(self, kind: str, spec: Mapping[str, Any]) -> Path:
+        """Write an already built spec of ``kind`` atomically; skip if unchanged."""
+        path = self.path_for(kind)
+        text = render_spec(spec)
         try:
-            if path.read_text(encoding="utf-8") == text:
-                return path
+            same = path.read_text(encoding="utf-8") == text
         except (FileNotFoundError, UnicodeDecodeError):
-            pass
-        write_atomic(path, text, SPEC_MODE)
+            same = False
+        if not same:
+            write_atomic(path, text, SPEC_MODE)
+        self.set_aside_conflicts(kind, spec)  # a replaced plugin's spec may be back
         return path
+
+    def set_aside_conflicts(self, kind: str, spec: Mapping[str, Any]) -> list[Path]:
+        """Rename other specs in the dir that define devices of ``spec`` again.
+
+        Two specs of one dir that define the same ``kind=name`` make the CDI cache
+        drop that device as conflicting, so every container asking for it fails: the
+        usual case is the spec a replaced plugin left behind (NVIDIA's plugin writes
+        ``k8s.device-plugin.nvidia.com-gpu.json``). Such a file is renamed to
+        ``<name>.hetero-dp-superseded`` (runtimes load only ``*.json``/``*.yaml``, and
+        nothing is lost), with a warning naming it. Returns the new paths.
+        """
+        ours = {str(d.get("name")) for d in spec.get("devices", ())}
+        moved = []
+        for other in sorted(self.dir.iterdir()):
+            if other.name.startswith((SPEC_FILE_PREFIX, ".")) or other.suffix not in (
+                ".json",
+                ".yaml",
+            ):
+                continue
+            try:
+                data = _load_spec_file(other)
+            except (OSError, ValueError):
+                continue  # not readable as a spec: the runtime skips it as well
+            if not isinstance(data, Mapping) or data.get("kind") != kind:
+                continue
+            names = {str(d.get("name")) for d in data.get("devices") or () if isinstance(d, dict)}
+            clash = sorted(ours & names)
+            if not clash:
+                continue
+            target = other.with_name(other.name + SUPERSEDED_SUFFIX)
+            try:
+                other.rename(target)
+            except OSError as e:
+                log.error(
+                    "CDI spec %s defines %d devices of %s again (e.g. %s), so the runtime "
+                    "refuses them, and it cannot be renamed: %s; remove it",
+                    other,
+                    len(clash),
+                    kind,
+                    clash[0],
+                    e.strerror or e,
+                )
+                continue
+            log.warning(
+                "CDI spec %s defined %d devices of %s again (e.g. %s), which makes the runtime "
+                "refuse them; renamed to %s",
+                other,
+                len(clash),
+                kind,
+                clash[0],
+                target.name,
+            )
+            moved.append(target)
+        return moved
 
     def remove(self, kind: str) -> bool:
         """Delete the spec of ``kind``; True if there was one."""

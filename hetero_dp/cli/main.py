@@ -22,19 +22,44 @@ def _fail_config(e: ConfigError) -> None:
     sys.exit(EXIT_CONFIG)
 
 
-def _config(config: str | None, options: Sequence[str], **flags: Any) -> Config:
+def _config(
+    config: str | None,
+    options: Sequence[str],
+    backend_options: dict[str, dict[str, Any]] | None = None,
+    **flags: Any,
+) -> Config:
     overrides: dict[str, Any] = {k: v for k, v in flags.items() if v is not None}
     for assignment in options:
         set_option(overrides, assignment)
+    for name, opts in (backend_options or {}).items():
+        overrides.setdefault("backends", {}).setdefault(name, {}).update(opts)
     return load_config(config, overrides=overrides)
+
+
+def split_backend_args(words: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
+    """``run``'s arguments: backend names, then (from the first ``-``) backend flags."""
+    first = next((i for i, w in enumerate(words) if w.startswith("-")), len(words))
+    return tuple(words[:first]), list(words[first:])
+
+
+def backend_flag_options(backends: Sequence[Any], args: list[str]) -> dict[str, dict[str, Any]]:
+    """Options from the flags a backend takes itself (its ``parse_args`` hook)."""
+    if not args:
+        return {}
+    takers = [b for b in backends if b.implements("parse_args")]
+    if len(takers) != 1:
+        why = "no backend takes flags" if not takers else "more than one backend takes flags"
+        raise ConfigError(f"unknown arguments {' '.join(args)} ({why})", source="command line")
+    return {takers[0].name: takers[0].parse_args(args)}
 
 
 config_option = click.option(
     "--config",
     "-c",
+    "--config-file",
     type=click.Path(dir_okay=False),
     envvar=["HETERO_DP_CONFIG", "CONFIG_FILE"],
-    help="YAML config file (env HETERO_DP_CONFIG or NVIDIA's CONFIG_FILE).",
+    help="YAML config file (env HETERO_DP_CONFIG, or NVIDIA's --config-file / CONFIG_FILE).",
 )
 set_option_flag = click.option(
     "--option",
@@ -52,8 +77,8 @@ def main() -> None:
     """Kubernetes device plugins in Python."""
 
 
-@main.command()
-@click.argument("backends", nargs=-1, required=True)
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("backends", nargs=-1, required=True, type=click.UNPROCESSED)
 @config_option
 @set_option_flag
 @click.option("--kubelet-dir", help="Device-plugin dir (env HETERO_DP_KUBELET_DIR).")
@@ -117,6 +142,8 @@ def run(
 ) -> None:
     """Serve BACKENDS (installed names or .py files) to the kubelet until SIGTERM.
 
+    Flags after the backend names that this command does not know go to the
+    backend (NVIDIA: its plugin's own flags, e.g. --mig-strategy mixed).
     With --config, SIGHUP or a change of the file reloads it in place."""
     from hetero_dp.engine.daemon import Daemon
     from hetero_dp.engine.plugins import load_backends
@@ -136,9 +163,15 @@ def run(
     if labels_dir:
         flags["labels"] = {"enabled": True, "dir": labels_dir}
     try:
-        cfg = _config(config, options, **flags)
+        names, backend_args = split_backend_args(backends)
+        if not names:
+            raise ConfigError("name at least one backend before its flags", source="command line")
+        loaded = load_backends(names)
+        from_flags = backend_flag_options(loaded, backend_args)
+        cfg = _config(config, options, from_flags, **flags)
         setup_logging(cfg.log_level, cfg.log_format)
-        loaded = load_backends(backends, timeout=cfg.hook_timeout)
+        for b in loaded:
+            b.timeout = cfg.hook_timeout
         if mode == "dra":
             from hetero_dp.dra.cli import make_dra_daemon
 
@@ -150,7 +183,9 @@ def run(
         from hetero_dp.ops import operations
 
         if config:  # hot reload (hetero_dp/ops/reload.py): the same sources, read again
-            operations.attach(daemon, Path(config), lambda: _config(config, options, **flags))
+            operations.attach(
+                daemon, Path(config), lambda: _config(config, options, from_flags, **flags)
+            )
         else:
             operations.attach(daemon)
         asyncio.run(daemon.run())

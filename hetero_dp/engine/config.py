@@ -42,7 +42,11 @@ SCALARS: dict[str, tuple[type, Any]] = {
     "logLevel": (str, "info"),
     "logFormat": (str, "text"),
 }
-SECTIONS = ("backends", "flags", "sharing", "resources", "cdi", "labels", "metrics")
+SECTIONS = ("backends", "flags", "sharing", "resources", "cdi", "labels", "metrics", "imex")
+# Parts of NVIDIA's config file (schema v1) that belong to the backend named
+# NVIDIA_FLAGS_BACKEND: ``resources.gpus`` / ``resources.mig`` (renaming by pattern;
+# a resource name always holds a '/', so these keys cannot clash) and ``imex``.
+NVIDIA_RESOURCE_KEYS = ("gpus", "mig")
 RESOURCE_KEYS = {
     "deliver",
     "cdiKind",
@@ -56,7 +60,10 @@ CHOICES = {
     "logFormat": ("text", "json"),
 }
 SECTION_KEYS: dict[str, dict[str, tuple[type, Any]]] = {
-    "cdi": {"enabled": (bool, False), "dir": (str, "/var/run/cdi")},
+    # enabled unset (None): specs are written for the resources that deliver through
+    # CDI, the dir checked when the first one is needed; false: never; true: the
+    # dir is checked at start-up.
+    "cdi": {"enabled": (bool, None), "dir": (str, "/var/run/cdi")},
     "labels": {
         "enabled": (bool, False),
         "dir": (str, "/etc/kubernetes/node-feature-discovery/features.d"),
@@ -274,9 +281,15 @@ def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
 
 def _backends(raw: Mapping[str, Any], flags: Mapping[str, Any], source: str) -> dict[str, Any]:
     backends: dict[str, dict[str, Any]] = {}
-    nvidia_flags = _mapping(raw.get("flags"), "flags", source)
+    nvidia_flags = dict(_mapping(raw.get("flags"), "flags", source))
+    resources = _mapping(raw.get("resources"), "resources", source)
+    renames = {k: resources[k] for k in NVIDIA_RESOURCE_KEYS if k in resources}
+    if renames:
+        nvidia_flags["resources"] = renames
+    if raw.get("imex") is not None:
+        nvidia_flags["imex"] = raw["imex"]
     if nvidia_flags:
-        backends[NVIDIA_FLAGS_BACKEND] = dict(nvidia_flags)
+        backends[NVIDIA_FLAGS_BACKEND] = nvidia_flags
     for name, options in _mapping(raw.get("backends"), "backends", source).items():
         opts = _mapping(options, f"backends.{name}", source)
         backends[name] = _merge(backends.get(name, {}), opts)
@@ -288,6 +301,8 @@ def _backends(raw: Mapping[str, Any], flags: Mapping[str, Any], source: str) -> 
 def _resources(value: Any, source: str) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name, settings in _mapping(value, "resources", source).items():
+        if name in NVIDIA_RESOURCE_KEYS:
+            continue  # NVIDIA's renaming, handed to that backend (see _backends)
         validate_resource_name(name, field=f"resources.{name}", source=source)
         s = _mapping(settings, f"resources.{name}", source)
         unknown = sorted(set(s) - RESOURCE_KEYS)

@@ -80,13 +80,18 @@ class Daemon:
             b.timeout = self.config.hook_timeout
             b.options = self.config.backend_options(b.name)
             await b.configure(b.options)
-        if self.config.cdi.get("enabled"):
+        enabled = self.config.cdi.get("enabled")
+        if enabled is not False:
             writer = CDIWriter(self.config.cdi["dir"])
-            try:
-                writer.check(field="cdi.dir")
-            except ConfigError as e:
-                raise ConfigError(e.reason, field=e.field, source=self.config.source) from None
-            self.publishers.append(CDIPublisher(writer, self.settings_for))
+            if enabled:
+                try:
+                    writer.check(field="cdi.dir")
+                except ConfigError as e:
+                    raise ConfigError(e.reason, field=e.field, source=self.config.source) from None
+            # unset: write specs for CDI resources only, checking the dir when needed
+            self.publishers.append(
+                CDIPublisher(writer, self.settings_for, check_first=enabled is None)
+            )
         for rt in self.runtimes.values():
             await self._discover(rt)
         self._check_startup_names()

@@ -250,6 +250,40 @@ class Backend:
         result = await self.call("resource_defaults", resource=resource)
         return dict(result or {})
 
+    def parse_args(self, args: list[str]) -> dict[str, Any]:
+        """Run the ``parse_args`` hook (synchronously: before any loop starts).
+
+        A refusal (ConfigError, ValueError) or a failure is a ConfigError naming this
+        backend (unless it names its own source).
+        """
+        try:
+            result = self._call_sync("parse_args", {"args": list(args)})
+        except ConfigError as e:
+            source = e.source or f"backend {self.name}"
+            raise ConfigError(e.reason, field=e.field, source=source) from None
+        except Exception as e:
+            raise ConfigError(
+                f"backend {self.name!r} hook parse_args raised {e!r}", source="command line"
+            ) from None
+        if result is None:
+            return {}
+        if not isinstance(result, Mapping):
+            raise ConfigError(
+                f"backend {self.name!r} parse_args returned {type(result).__name__}",
+                source="command line",
+            )
+        return dict(result)
+
+    async def cdi_spec_edits(self, kind: str, devices: list[Device]) -> dict[str, Any]:
+        result = await self.call("cdi_spec_edits", kind=kind, devices=devices)
+        if result is None:
+            return {}
+        if not isinstance(result, Mapping):
+            raise BackendError(
+                f"backend {self.name!r} cdi_spec_edits returned {type(result).__name__}"
+            )
+        return dict(result)
+
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._request_executor.shutdown(wait=False, cancel_futures=True)

@@ -86,9 +86,12 @@ async def _configure_changed(daemon: Daemon, old: Config, new: Config) -> list[B
 
 
 def _check_cdi(old: Config, new: Config) -> CDIWriter | None:
-    """A writer for the new ``cdi`` section, checked before anything changes."""
-    if old.cdi == new.cdi or not new.cdi.get("enabled"):
+    """A writer for the new ``cdi`` section, checked before anything changes
+    (``enabled`` unset: checked when the first spec is needed)."""
+    if old.cdi == new.cdi or new.cdi.get("enabled") is False:
         return None
+    if new.cdi.get("enabled") is None:
+        return CDIWriter(new.cdi["dir"])
     writer = CDIWriter(new.cdi["dir"])
     try:
         writer.check(field="cdi.dir")
@@ -102,7 +105,8 @@ def _swap_cdi_publisher(daemon: Daemon, writer: CDIWriter | None) -> None:
         daemon.publishers.remove(old)
         old.remove_specs()  # specs nobody keeps up to date any more
     if writer is not None:
-        daemon.publishers.append(CDIPublisher(writer, daemon.settings_for))
+        lazy = daemon.config.cdi.get("enabled") is None
+        daemon.publishers.append(CDIPublisher(writer, daemon.settings_for, check_first=lazy))
 
 
 async def apply_config(daemon: Daemon, new: Config) -> dict[str, list[str]]:

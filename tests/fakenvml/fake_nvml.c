@@ -15,6 +15,12 @@
  *   fake_nvml_set_value(gpu, name, value)           -> change temp/util/power/memused
  *   fake_nvml_reset()                               -> forget everything (next init reloads)
  *   fake_nvml_call_count(gpu)                       -> device calls so far on a GPU
+ *   fake_nvml_set_present(n)                        -> only the first n GPUs are there
+ *                                                      (hot-plug; scenario line "present n")
+ *
+ * Control from another process (the plugin run as its own process, as deployed):
+ * with FAKE_NVML_CONTROL=<fifo>, the first nvmlInit starts a thread that reads
+ * lines "xid <gpu> <xid>" or "lost <gpu> <0|1>" from that FIFO and applies them.
  *
  * Build: gcc -shared -fPIC -O2 -pthread -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 fake_nvml.c
  */
@@ -75,6 +81,28 @@ typedef struct {
 } nvmlDeviceAttributes_t;
 
 typedef struct fdev *nvmlDevice_t;
+typedef struct fdev *nvmlGpuInstance_t; /* the MIG device that is the GPU instance */
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned int id, profileId;
+    unsigned int start, size; /* nvmlGpuInstancePlacement_t */
+} nvmlGpuInstanceInfo_t;
+
+typedef struct {
+    unsigned int id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount;
+    unsigned int copyEngineCount, decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+} nvmlGpuInstanceProfileInfo_t;
+
+/* GPU instance profiles of an A100-SXM4-40GB: NVML's profile enum (nvml.h
+ * NVML_GPU_INSTANCE_PROFILE_*: 0 = 1 slice, 1 = 2, 2 = 3, 3 = 4, 4 = 7, 7 = 1 slice
+ * REV1 (media extensions), 9 = 1 slice REV2) -> the profile ID the driver reports
+ * (NVIDIA's MIG user guide, A100 profiles: 1g.5gb 19, 1g.5gb+me 20, 1g.10gb 15,
+ * 2g.10gb 14, 3g.20gb 9, 4g.20gb 5, 7g.40gb 0). Other enums: NOT_SUPPORTED. */
+static const int a100_profile_ids[18] = {19, 14, 9, 5, 0, -1, -1, 20, -1, 15,
+                                         -1, -1, -1, -1, -1, -1, -1, -1};
+static const unsigned a100_profile_slices[18] = {1, 2, 3, 4, 7, 0, 0, 1, 0, 1};
 typedef struct fset *nvmlEventSet_t;
 
 typedef struct {
@@ -93,6 +121,9 @@ unsigned int fake_nvml_sizeof(const char *name) {
     if (!strcmp(name, "nvmlUtilization_t")) return sizeof(nvmlUtilization_t);
     if (!strcmp(name, "nvmlDeviceAttributes_t")) return sizeof(nvmlDeviceAttributes_t);
     if (!strcmp(name, "nvmlEventData_t")) return sizeof(nvmlEventData_t);
+    if (!strcmp(name, "nvmlGpuInstanceInfo_t")) return sizeof(nvmlGpuInstanceInfo_t);
+    if (!strcmp(name, "nvmlGpuInstanceProfileInfo_t"))
+        return sizeof(nvmlGpuInstanceProfileInfo_t);
     return 0;
 }
 
@@ -119,6 +150,7 @@ struct fdev {
     int nmig;
     struct fdev *migs[MAXMIG];
     unsigned gi, ci, gi_slices, ci_slices, sms;
+    unsigned gi_profile; /* MIG: the GPU instance's profile ID (scenario "profile=") */
     unsigned util, memutil, temp, power_mw;
     int lost;
     long calls, lost_after;
@@ -160,6 +192,10 @@ static char nvml_version[80] = "12.550.54.15";
 static int cuda_version = 12040;
 static struct fdev gpus[MAXGPU];
 static int ngpu;
+/* GPUs beyond this index are not there yet (hot-plug); -1: all are. Guessed, not
+ * checked against a real driver: that nvmlDeviceGetCount counts a GPU bound after
+ * nvmlInit without a new init. The backend re-reads the count at every discovery. */
+static int present = -1;
 static struct fdev migpool[MAXGPU * MAXMIG];
 static int nmigpool;
 static struct fault faults[MAXFAULT];
@@ -228,6 +264,7 @@ static void reset_state(void) {
     memset(sets, 0, sizeof sets);
     memset(topo_override, 0xff, sizeof topo_override);
     ngpu = nmigpool = nfault = 0;
+    present = -1;
     init_error = 0;
     loaded = 0;
     snprintf(driver_version, sizeof driver_version, "550.54.15");
@@ -255,6 +292,8 @@ static int load_scenario(const char *path) {
             snprintf(nvml_version, sizeof nvml_version, "%s", toks[1]);
         } else if (!strcmp(k, "cuda") && ntok > 1) {
             cuda_version = (int)strtol(toks[1], NULL, 0);
+        } else if (!strcmp(k, "present") && ntok > 1) {
+            present = (int)strtol(toks[1], NULL, 0);
         } else if (!strcmp(k, "init_error") && ntok > 1) {
             init_error = (int)strtol(toks[1], NULL, 0);
         } else if (!strcmp(k, "gpu") && ngpu < MAXGPU) {
@@ -299,6 +338,11 @@ static int load_scenario(const char *path) {
             m->ci = kvl(ntok, toks, "ci", 0);
             m->gi_slices = kvl(ntok, toks, "slices", 1);
             m->ci_slices = kvl(ntok, toks, "cislices", m->gi_slices);
+            /* default: the A100 profile ID of a plain profile with that many slices */
+            long dflt = 0;
+            for (int e = 0; e < 5; e++)
+                if (a100_profile_slices[e] == m->gi_slices) dflt = a100_profile_ids[e];
+            m->gi_profile = kvl(ntok, toks, "profile", dflt);
             m->sms = kvl(ntok, toks, "sms", 14 * m->ci_slices);
             if (!m->name[0]) snprintf(m->name, sizeof m->name, "%s MIG", p->name);
         } else if (!strcmp(k, "nvlink")) {
@@ -401,9 +445,45 @@ static void fill_pci(struct fdev *g, nvmlPciInfo_t *pci) {
 
 /* ---- init / system ---- */
 
+int fake_nvml_inject_xid(unsigned gpu, unsigned long long xid);
+int fake_nvml_set_lost(unsigned gpu, int lost);
+
+static void *control_thread(void *arg) {
+    const char *path = arg;
+    char line[128];
+    /* read+write open: never sees EOF when a writer closes, so one open serves all */
+    FILE *f = fopen(path, "r+");
+    if (!f) {
+        fprintf(stderr, "fake-nvml: cannot open control FIFO %s\n", path);
+        return NULL;
+    }
+    while (fgets(line, sizeof line, f)) {
+        unsigned gpu = 0;
+        unsigned long long value = 0;
+        if (sscanf(line, "xid %u %llu", &gpu, &value) == 2)
+            fake_nvml_inject_xid(gpu, value);
+        else if (sscanf(line, "lost %u %llu", &gpu, &value) == 2)
+            fake_nvml_set_lost(gpu, (int)value);
+        else
+            fprintf(stderr, "fake-nvml: control: cannot parse %s", line);
+    }
+    fclose(f);
+    return NULL;
+}
+
+static pthread_once_t control_once = PTHREAD_ONCE_INIT;
+
+static void control_start(void) {
+    const char *path = getenv("FAKE_NVML_CONTROL");
+    pthread_t t;
+    if (path && *path && pthread_create(&t, NULL, control_thread, (void *)path) == 0)
+        pthread_detach(t);
+}
+
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
     pthread_once(&cv_once, cv_init);
+    pthread_once(&control_once, control_start);
     pthread_mutex_lock(&mu);
     if (initialised == 0) {
         const char *path = getenv("FAKE_NVML_SCENARIO");
@@ -472,13 +552,14 @@ nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) {
 
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n) {
     ENTER(NULL);
-    *n = ngpu;
+    *n = present >= 0 && present < ngpu ? present : ngpu;
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *d) {
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
-    if (i >= (unsigned)ngpu) return NVML_ERROR_INVALID_ARGUMENT;
+    if (i >= (unsigned)ngpu || (present >= 0 && i >= (unsigned)present))
+        return NVML_ERROR_INVALID_ARGUMENT;
     ENTER(&gpus[i]);
     *d = &gpus[i];
     return NVML_SUCCESS;
@@ -626,6 +707,41 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t m, unsigned int *id) {
     return NVML_SUCCESS;
 }
 
+nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t d, unsigned int profile,
+                                                  nvmlGpuInstanceProfileInfo_t *info) {
+    ENTER(d);
+    if (d->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+    if (profile >= 18) return NVML_ERROR_INVALID_ARGUMENT;
+    if (a100_profile_ids[profile] < 0) return NVML_ERROR_NOT_SUPPORTED;
+    memset(info, 0, sizeof *info);
+    info->id = (unsigned)a100_profile_ids[profile];
+    info->sliceCount = a100_profile_slices[profile];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t d, unsigned int id, nvmlGpuInstance_t *gi) {
+    ENTER(d);
+    if (d->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    for (int j = 0; j < d->nmig; j++) {
+        if (d->migs[j]->gi == id) {
+            *gi = d->migs[j];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gi, nvmlGpuInstanceInfo_t *info) {
+    ENTER(gi);
+    memset(info, 0, sizeof *info);
+    info->device = gi->parent;
+    info->id = gi->gi;
+    info->profileId = gi->gi_profile;
+    info->size = gi->gi_slices;
+    return NVML_SUCCESS;
+}
+
 nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t m, unsigned int *id) {
     ENTER(m);
     if (!m->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
@@ -768,6 +884,13 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t s, nvmlEventData_t *data, unsign
 }
 
 /* ---- test controls ---- */
+
+/* hot-plug: the first n GPUs of the scenario are there (-1: all) */
+void fake_nvml_set_present(int n) {
+    pthread_mutex_lock(&mu);
+    present = n;
+    pthread_mutex_unlock(&mu);
+}
 
 int fake_nvml_inject_event(unsigned gpu, unsigned long long type, unsigned long long data,
                            unsigned gi, unsigned ci) {

@@ -1,4 +1,6 @@
-"""A tiny renderer for the subset of Helm templates our chart uses (no helm binary here).
+"""A tiny renderer for the subset of Helm templates our chart once used; the chart is
+now rendered by a real helm (tests/nvidia/test_deploy.py), and only
+:func:`referenced_values` (which ``.Values`` paths the templates name) is used.
 
 Supported: ``{{ .Values.a.b }}``, ``.Release.Name``/``.Release.Namespace``, pipes
 ``quote``, ``nindent N``, ``trimSuffix "s"``, the function ``toYaml X``, and

@@ -185,6 +185,7 @@ def test_resource_defaults_map_list_strategies(fake_node):
             "deliver": deliver,
             "cdiKind": "k8s.device-plugin.nvidia.com/gpu",
             "cdiAnnotationPrefix": "nvidia.cdi.k8s.io/",
+            "replicaPolicy": "distributed",  # NVIDIA's sharedDevicesAllocationPolicy default
         }, strategy
         assert b.resource_defaults("nvidia.com/mig-1g.5gb") == got
         assert b.resource_defaults("amd.com/gpu") is None

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
 
-from .minihelm import referenced_values, render
+from .minihelm import referenced_values
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy/nvidia"
 CHART = DEPLOY / "helm/hetero-dp-nvidia"
 PLAIN = DEPLOY / "nvidia-device-plugin.yml"
 RELEASE = {"Name": "hetero-dp-nvidia", "Namespace": "kube-system"}
 K8S = "1.32"
+NAMESPACE = ("--namespace", RELEASE["Namespace"])
 NFD_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
 
 
@@ -26,11 +30,29 @@ def chart_values(**overrides):
     return values
 
 
+def helm() -> str:
+    """A real helm (env HELM, or on PATH); REFERENCE.md section 5 says how to get one offline."""
+    path = os.environ.get("HELM") or shutil.which("helm")
+    if not path:
+        pytest.skip("a real helm is needed to render the chart (set HELM or put it on PATH)")
+    return path
+
+
+def helm_template(values, *, check=True) -> subprocess.CompletedProcess[str]:
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        yaml.safe_dump(values, f)
+        f.flush()
+        return subprocess.run(
+            [helm(), "template", RELEASE["Name"], str(CHART), "-f", f.name, *NAMESPACE],
+            capture_output=True,
+            text=True,
+            check=check,
+        )
+
+
 def render_chart(values):
-    docs = []
-    for template in sorted((CHART / "templates").glob("*.yaml")):
-        docs += [d for d in yaml.safe_load_all(render(template.read_text(), values, RELEASE)) if d]
-    return docs
+    """The chart rendered by a real helm with exactly ``values``."""
+    return [d for d in yaml.safe_load_all(helm_template(values).stdout) if d]
 
 
 def validate(docs):
@@ -58,13 +80,90 @@ def test_plain_manifest_validates_with_the_cli():
 
 
 def test_chart_with_default_values_renders_the_plain_manifest():
-    assert render_chart(chart_values()) == [d for d in yaml.safe_load_all(PLAIN.read_text()) if d]
+    """Alike but for what NVIDIA's own two differ in: the chart selects GPU nodes by
+    node affinity and so fails on init errors (NVIDIA's default); the static
+    manifest runs on every node, so a node without a GPU must not crash-loop."""
+    [chart] = render_chart(chart_values())
+    [plain] = [d for d in yaml.safe_load_all(PLAIN.read_text()) if d]
+    pod = chart["spec"]["template"]["spec"]
+    terms = pod.pop("affinity")["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    keys = [t["matchExpressions"][0]["key"] for t in terms["nodeSelectorTerms"]]
+    assert keys == [
+        "feature.node.kubernetes.io/pci-10de.present",
+        "feature.node.kubernetes.io/cpu-model.vendor_id",
+        "nvidia.com/gpu.present",
+    ]
+    assert env(container([plain])[1])["FAIL_ON_INIT_ERROR"] == "false"
+    assert env(pod["containers"][0])["FAIL_ON_INIT_ERROR"] == "true"
+    for c in (pod["containers"][0], container([plain])[1]):
+        c["env"] = [e for e in c["env"] if e["name"] != "FAIL_ON_INIT_ERROR"]
+    assert chart == plain
+
+
+@pytest.mark.parametrize("strategy", ["envvar", "volume-mounts", "cdi-cri", "cdi-annotations"])
+def test_values_file_per_strategy_renders_valid_and_mounts_cdi(strategy):
+    values = chart_values(**yaml.safe_load((CHART / f"values-{strategy}.yaml").read_text()))
+    docs = render_chart(values)
+    validate(docs)
+    ds, c = container(docs)
+    assert env(c)["DEVICE_LIST_STRATEGY"] == strategy
+    mounts = {m["mountPath"]: m.get("readOnly", False) for m in c["volumeMounts"]}
+    vols = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    if strategy.startswith("cdi-"):
+        assert mounts["/var/run/cdi"] is False and mounts["/driver-root"] is True
+        assert vols["cdi-root"]["hostPath"]["path"] == "/var/run/cdi"
+        assert vols["driver-root"]["hostPath"]["path"] == "/"
+    else:
+        assert "/var/run/cdi" not in mounts and "cdi-root" not in vols
+
+
+def test_config_map_without_default_uses_its_only_entry_or_refuses_a_wrong_default():
+    docs = render_chart(chart_values(config={"map": {"a100": "version: v1\n"}, "default": ""}))
+    assert env(container(docs)[1])["CONFIG_FILE"] == "/config/a100"
+    assert {d["kind"] for d in docs} == {"DaemonSet", "ConfigMap"}  # no API access needed
+    wrong = {"map": {"a": "version: v1\n"}, "default": "z"}
+    out = helm_template(chart_values(config=wrong), check=False)
+    assert out.returncode != 0 and 'config.default "z" is not a key of config.map' in out.stderr
+
+
+def test_several_configs_are_chosen_per_node_by_the_config_manager():
+    two = {"map": {"a100": "version: v1\n", "h100": "version: v1\n"}, "default": "a100"}
+    docs = render_chart(chart_values(config=two))
+    validate(docs)
+    ds, c = container(docs)  # the plugin stays the first container
+    pod = ds["spec"]["template"]["spec"]
+    assert env(c)["CONFIG_FILE"] == "/config/config.yaml"
+    init = pod["initContainers"][0]
+    sidecar = next(x for x in pod["containers"] if x["name"] == "config-manager")
+    assert init["command"] == ["hetero-dp-nvidia-config-manager", "--oneshot"]
+    assert sidecar["command"] == ["hetero-dp-nvidia-config-manager"]
+    for x in (init, sidecar):
+        e = {v["name"]: v.get("value") for v in x["env"]}
+        assert e["NODE_LABEL"] == "nvidia.com/device-plugin.config"
+        assert e["DEFAULT_CONFIG"] == "a100" and e["CONFIG_FILE_DST"] == "/config/config.yaml"
+        assert x["securityContext"]["readOnlyRootFilesystem"] is True
+    # only the config manager gets an API token; the plugin does not
+    assert pod["automountServiceAccountToken"] is False
+    token = "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert token in {m["mountPath"] for m in sidecar["volumeMounts"]}
+    assert token not in {m["mountPath"] for m in c["volumeMounts"]}
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    ]
+    binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding")
+    assert binding["subjects"][0]["name"] == pod["serviceAccountName"]
+
+
+def test_cdi_hook_path_value_reaches_nvidias_env_var():
+    docs = render_chart(chart_values(cdi={"nvidiaHookPath": "/usr/local/bin/nvidia-cdi-hook"}))
+    assert env(container(docs)[1])["NVIDIA_CDI_HOOK_PATH"] == "/usr/local/bin/nvidia-cdi-hook"
 
 
 def test_values_and_templates_stay_in_step():
     values = chart_values()
     used = set()
-    for template in (CHART / "templates").glob("*.yaml"):
+    for template in [*(CHART / "templates").glob("*.yaml"), CHART / "templates/_helpers.tpl"]:
         used |= referenced_values(template.read_text())
     top_used = {u.split(".")[0] for u in used}
     assert top_used == set(values), "values.yaml keys unused by templates, or missing"
@@ -202,3 +301,26 @@ def test_dockerfile_installs_core_and_backend_and_runs_nvidia():
     assert "COPY vendors/nvidia ./vendors/nvidia" in text
     assert 'ENTRYPOINT ["hetero-dp", "run", "nvidia"]' in text
     assert "NVIDIA_DRIVER_CAPABILITIES=utility" in text
+
+
+def test_more_of_nvidias_values_gds_discovery_existing_config_map_pull_secrets():
+    docs = render_chart(
+        chart_values(
+            gdsEnabled=True,
+            mofedEnabled=False,
+            deviceDiscoveryStrategy="nvml",
+            config={"name": "site-configs", "map": {}, "default": "a100"},
+            imagePullSecrets=[{"name": "registry"}],
+        )
+    )
+    validate(docs)
+    ds, c = container(docs)
+    e = env(c)
+    assert e["GDS_ENABLED"] == "true" and e["MOFED_ENABLED"] == "false"
+    assert e["DEVICE_DISCOVERY_STRATEGY"] == "nvml" and "GDRCOPY_ENABLED" not in e
+    assert "ConfigMap" not in {d["kind"] for d in docs}  # config.name: it exists already
+    pod = ds["spec"]["template"]["spec"]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["available-configs"]["configMap"]["name"] == "site-configs"
+    assert e["CONFIG_FILE"] == "/config/config.yaml"  # chosen per node by the label
+    assert pod["imagePullSecrets"] == [{"name": "registry"}]

@@ -163,3 +163,37 @@ def test_a_refused_reconfigure_leaves_the_old_options_in_force(fake_node):
     assert b.options.mig_strategy == "mixed"
     assert "nvidia.com/mig-1g.5gb" in by_resource(b.discover())
     b.shutdown()
+
+
+MEDIA_MIG = (
+    # A 1g.5gb+me GPU instance (profile ID 20 on an A100-40GB, fake_nvml.c's table)
+    "mig gpu=0 uuid=MIG-5e1d1a00-0000-4000-8000-00000000e001 gi=9 ci=0 slices=1 mem=4864 "
+    "profile=20 gicap=109 cicap=336"
+)
+
+
+def test_mig_profile_attributes_are_derived_like_nvidias(fake_node):
+    node = fake_node("a100-8x-nvlink.scn", MEDIA_MIG)
+    b = backend(node, migStrategy="mixed")
+    devices = b.discover()
+    media = next(d for d in devices if d.id.startswith("MIG-5e1d1a00"))
+    assert media.resource == "nvidia.com/mig-1g.5gb.me"  # '+' becomes '.', as NVIDIA's
+    assert media.attributes["migProfile"] == "1g.5gb+me"
+    plain = by_resource(devices)["nvidia.com/mig-1g.5gb"]
+    assert plain == node.mig_uuids(0)[:2]  # profile 19: no attribute
+    b.shutdown()
+
+
+def test_nvidia_resources_section_renames_gpus_and_mig_profiles(fake_node):
+    node = fake_node("a100-8x-nvlink.scn", MEDIA_MIG)
+    renames = {
+        "gpus": [{"pattern": "*V100*", "name": "v100"}, {"pattern": "*A100*", "name": "a100"}],
+        "mig": [{"pattern": "1g.5gb+me", "name": "nvidia.com/mig-media"}],
+    }
+    b = backend(node, migStrategy="mixed", resources=renames)
+    got = by_resource(b.discover())
+    assert got["nvidia.com/a100"] == [g["uuid"] for g in node.gpus[1:]]
+    assert got["nvidia.com/mig-media"] == ["MIG-5e1d1a00-0000-4000-8000-00000000e001"]
+    assert got["nvidia.com/mig-1g.5gb"] == node.mig_uuids(0)[:2]  # no match: default name
+    assert "nvidia.com/gpu" not in got
+    b.shutdown()

@@ -189,3 +189,25 @@ async def test_entry_point_module_with_nvidia_env_vars(
     finally:
         await plugin_runner.stop_all()
         module.BACKEND.shutdown()
+
+
+async def test_driver_root_ctr_path_with_pass_device_specs_passes_every_control_node(
+    fake_kubelet, plugin_runner, fake_node
+):
+    # NVIDIA's manifest shape: the host's driver root is "/", mounted into the plugin's
+    # container elsewhere (DRIVER_ROOT_CTR_PATH); nodes are found there, passed as "/".
+    node = fake_node("h100-8x.scn")
+    env = {
+        "PASS_DEVICE_SPECS": "true",
+        "NVIDIA_DRIVER_ROOT": "/",
+        "DRIVER_ROOT_CTR_PATH": str(node.root / "driver"),
+    }
+    await serve(plugin_runner, node, env)
+    await fake_kubelet.wait_devices(GPU, lambda d: len(d) == 8)
+    resp = await fake_kubelet.allocate(GPU, [node.uuid(3)])
+    assert {(s.container_path, s.host_path) for s in resp.devices} == {
+        ("/dev/nvidiactl", "/dev/nvidiactl"),
+        ("/dev/nvidia-uvm", "/dev/nvidia-uvm"),
+        ("/dev/nvidia-uvm-tools", "/dev/nvidia-uvm-tools"),
+        ("/dev/nvidia3", "/dev/nvidia3"),
+    }

@@ -17,6 +17,8 @@ import pytest
         ("nvmlUtilization_t", pynvml.c_nvmlUtilization_t, 8),
         ("nvmlDeviceAttributes_t", pynvml.c_nvmlDeviceAttributes, 40),
         ("nvmlEventData_t", pynvml.c_nvmlEventData_t, 32),
+        ("nvmlGpuInstanceInfo_t", pynvml.c_nvmlGpuInstanceInfo_t, 24),
+        ("nvmlGpuInstanceProfileInfo_t", pynvml.c_nvmlGpuInstanceProfileInfo_t, 48),
     ],
 )
 def test_struct_sizes_match_pynvml(fake_nvml_lib, c_name, py_struct, expected):

@@ -232,3 +232,22 @@ async def test_reconfigure_while_watching_keeps_held_gpus_and_applies_new_settin
     b.shutdown()
     assert (uuid, healthy) == (node.uuid(0), True)
     assert reason.startswith("recovered: no critical event for 0.2s")
+
+
+async def test_hot_added_gpu_gets_xid_registration(fake_node, watching):
+    # The scenario's last GPU is not there at start (fake's "present 7"), then appears.
+    node = fake_node("h100-8x.scn", "present 7")
+    b, devices = started(node)
+    assert len(devices) == 7
+    async with watching(b) as w:
+        await wait_blocked(node.lib)
+        assert node.lib.fake_nvml_inject_xid(7, 79) == 0  # nobody listens for it yet
+        node.lib.fake_nvml_set_present(8)
+        assert len(b.discover()) == 8  # the daemon's rediscovery
+        assert await asyncio.to_thread(b.monitor.refreshed.wait, 5)
+        assert node.uuid(7) in b.monitor.registered
+        await wait_blocked(node.lib)
+        assert node.lib.fake_nvml_inject_xid(7, 79) == 1
+        uuid, healthy, reason = await w.next_health()
+    b.shutdown()
+    assert (uuid, healthy) == (node.uuid(7), False) and "XID 79" in reason

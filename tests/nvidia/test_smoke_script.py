@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .driver_root import VERSION, make_driver_root
 from .support import make_node
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,16 +26,20 @@ def run_smoke(fake_nvml_lib, node, *args):
         env=env,
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=150,
     )
 
 
 def test_smoke_script_passes_on_a_mig_node(fake_nvml_lib, tmp_path):
     node = make_node(fake_nvml_lib, tmp_path, "a100-8x-nvlink.scn")
+    make_driver_root(node.root / "driver")  # the driver's files, for the CDI step
     out = run_smoke(fake_nvml_lib, node, "-omigStrategy=mixed")
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
     assert "PASS" in text
+    assert "CDI spec carries the driver" in text
+    assert f"/usr/lib/x86_64-linux-gnu/libcuda.so.{VERSION}" in text
+    assert "nvidia-device-plugin: 8 GPU(s)" in text  # MIG strategy none by default there
     assert "8 GPU(s)" in text
     assert "nvidia.com/mig-1g.5gb" in text and node.uuid(3) in text
     assert "NVIDIA_VISIBLE_DEVICES" in text

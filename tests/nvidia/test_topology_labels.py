@@ -186,6 +186,9 @@ def test_hookimpls_match_the_contract():
     pm.check_pending()
     implemented = {h.name for h in pm.get_hookcallers(backend_module)}
     assert implemented == {
+        "cdi_spec_edits",
+        "parse_args",
+        "allocate",
         "configure",
         "discover",
         "check_health",
@@ -221,7 +224,7 @@ def test_entry_point_names_the_hookimpl_module():
     import importlib
     from pathlib import Path
 
-    import tomllib
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+; the rest runs on 3.10 too
 
     pyproject = Path(__file__).resolve().parents[2] / "vendors/nvidia/pyproject.toml"
     meta = tomllib.loads(pyproject.read_text())["project"]

@@ -14,15 +14,25 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hetero_dp import Check, ConfigError, Device, EventSink, Link, Sample, hookimpl
+from hetero_dp import (
+    Check,
+    ConfigError,
+    ContainerResponse,
+    Device,
+    EventSink,
+    Link,
+    Sample,
+    hookimpl,
+)
 
 from . import nvml
-from .discovery import GPU_RESOURCE, NodeInfo, build_devices, check_layout, read_node
+from .discovery import NodeInfo, build_devices, check_layout, read_node
+from .driver_files import spec_edits
 from .health import HealthMonitor, probe_gpu
 from .labels import node_labels
 from .metrics import node_samples
 from .nvml import NvmlUnavailable, log, log_once
-from .options import parse_options
+from .options import COMMAND_LINE, parse_command_line, parse_options
 from .topology import compute_links
 
 CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
@@ -100,7 +110,10 @@ class NvidiaBackend:
         node = read_node(self.options)
         devices = build_devices(node, self.options)
         with self._lock:
+            before = {g.uuid for g in self.node.gpus if g.uuid}
             self.node = node
+        if {g.uuid for g in node.gpus if g.uuid} != before:
+            self.monitor.gpus_changed.set()  # hot-plug: the watch loop registers new GPUs
         return devices
 
     @hookimpl
@@ -168,7 +181,7 @@ class NvidiaBackend:
 
     @hookimpl
     def resource_defaults(self, resource: str) -> dict[str, Any] | None:
-        if resource != GPU_RESOURCE and not resource.startswith("nvidia.com/mig-"):
+        if not resource.startswith("nvidia.com/"):  # ours, renamed ones included
             return None
         strategies = self.options.device_list_strategy
         deliver = []
@@ -180,7 +193,29 @@ class NvidiaBackend:
             "deliver": deliver,
             "cdiKind": CDI_KIND,
             "cdiAnnotationPrefix": self.options.cdi_annotation_prefix,
+            "replicaPolicy": self.options.allocation_policy,
         }
+
+    @hookimpl
+    def allocate(self, devices: list[Device], response: ContainerResponse) -> None:
+        """DeviceSpecs only with passDeviceSpecs: the records carry nodes for the CDI spec
+        (envvar plus a CDI strategy), which NVIDIA's plugin does not send as DeviceSpecs."""
+        if not self.options.pass_device_specs:
+            response.devices = []
+
+    @hookimpl
+    def cdi_spec_edits(self, kind: str, devices: list[Device]) -> dict[str, Any] | None:
+        """The driver (libraries, utilities, firmware, hooks, env) for the CDI spec."""
+        with self._lock:
+            version = self.node.driver_version
+        if not version:
+            return None  # no driver: the spec holds the device records only
+        return spec_edits(self.options, version)
+
+    @hookimpl
+    def parse_args(self, args: list[str]) -> dict[str, Any]:
+        """NVIDIA's command-line flags (``--mig-strategy mixed`` ...) as options."""
+        return {COMMAND_LINE: parse_command_line(args)}
 
     # -- doctor ----------------------------------------------------------------
 
@@ -305,6 +340,24 @@ def metrics(devices: list[Device]) -> Iterable[Sample]:
 def resource_defaults(resource: str) -> Mapping[str, Any] | None:
     """deviceListStrategy mapped onto the framework's delivery settings."""
     return BACKEND.resource_defaults(resource)
+
+
+@hookimpl
+def allocate(devices: list[Device], response: ContainerResponse) -> None:
+    """DeviceSpecs only with passDeviceSpecs."""
+    BACKEND.allocate(devices, response)
+
+
+@hookimpl
+def cdi_spec_edits(kind: str, devices: list[Device]) -> Mapping[str, Any] | None:
+    """The driver's files, hooks and env for the CDI spec."""
+    return BACKEND.cdi_spec_edits(kind, devices)
+
+
+@hookimpl
+def parse_args(args: list[str]) -> Mapping[str, Any]:
+    """NVIDIA's command-line flags."""
+    return BACKEND.parse_args(args)
 
 
 @hookimpl

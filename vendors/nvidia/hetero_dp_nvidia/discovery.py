@@ -97,6 +97,70 @@ def mig_profile(gi_slices: int, ci_slices: int, memory_mib: int) -> str:
     return name
 
 
+# NVML's GPU instance profile enum (nvml.h NVML_GPU_INSTANCE_PROFILE_*) -> the profile
+# name's attribute suffix, as NVIDIA's go-nvlib names profiles (mig_profile.go):
+# REV1 = media extensions "+me", ALL_ME "+me.all", GFX "+gfx", NO_ME "-me".
+PROFILE_SUFFIX = {
+    7: "+me",  # 1 slice REV1
+    8: "+me",  # 2 slice REV1
+    10: "+gfx",
+    11: "+gfx",
+    12: "+gfx",
+    13: "-me",
+    14: "-me",
+    15: "+me.all",
+    16: "+me.all",
+}
+GPU_INSTANCE_PROFILE_COUNT = 18
+# parent GPU UUID -> {profile ID the driver reports: profile enum}; fixed per GPU model
+_profile_enums: dict[str, dict[int, int]] = {}
+
+
+def _gi_profile_info(handle: Any, enum: int) -> Any:
+    try:
+        return pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum, version=1)
+    except TypeError:  # an older nvidia-ml-py without the version argument
+        return pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum)
+
+
+def _enums(gpu: GpuInfo) -> dict[int, int]:
+    table = _profile_enums.get(gpu.uuid)
+    if table is None:
+        table = {}
+        for enum in range(GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                table[int(_gi_profile_info(gpu.handle, enum).id)] = enum
+            except NVMLError as err:
+                if err.value in (nvml.NOT_SUPPORTED, nvml.INVALID_ARGUMENT):
+                    continue  # a profile this GPU does not have
+                raise
+        _profile_enums[gpu.uuid] = table
+    return table
+
+
+def profile_suffix(gpu: GpuInfo, gi: int) -> str:
+    """``+me`` and the like for the GPU instance ``gi`` of ``gpu`` ("" for a plain one).
+
+    As NVIDIA's plugin finds it: the instance's profile ID, matched against the
+    GPU's profile table to get NVML's profile enum, whose revision names the
+    attribute. Any NVML error leaves the plain name (logged once).
+    """
+    try:
+        info = pynvml.nvmlGpuInstanceGetInfo(pynvml.nvmlDeviceGetGpuInstanceById(gpu.handle, gi))
+        enum = _enums(gpu).get(int(info.profileId))
+    except NVMLError as err:
+        log_once(
+            f"gi-profile:{gpu.uuid}:{err.value}",
+            explain(err, "reading the MIG GPU instance profile", gpu.uuid)
+            + "; MIG profiles are named without attributes such as +me",
+            logging.INFO
+            if err.value in (nvml.NOT_SUPPORTED, nvml.FUNCTION_NOT_FOUND)
+            else logging.WARNING,
+        )
+        return ""
+    return PROFILE_SUFFIX.get(enum, "") if enum is not None else ""
+
+
 def mig_resource(profile: str) -> str:
     return "nvidia.com/mig-" + profile.replace("+", ".")
 
@@ -212,7 +276,8 @@ def _read_migs(gpu: GpuInfo) -> list[MigInfo]:
                     attrs.gpuInstanceSliceCount,
                     attrs.computeInstanceSliceCount,
                     int(attrs.memorySizeMB),
-                ),
+                )
+                + profile_suffix(gpu, gi),
                 handle=mh,
             )
         )
@@ -304,18 +369,20 @@ def control_nodes(opts: Options) -> tuple[DeviceNode, ...]:
 
 def _delivery(opts: Options, visible_id: str) -> tuple[dict[str, str], tuple[Mount, ...]]:
     strategies = opts.device_list_strategy
+    extra = opts.extra_env  # NVIDIA_GDRCOPY/GDS/MOFED=enabled, under every strategy
     if "volume-mounts" in strategies:
         mount = Mount("/dev/null", f"{VOLUME_MOUNT_ROOT}/{visible_id}", read_only=False)
-        return {VISIBLE_DEVICES: VOLUME_MOUNT_ROOT}, (mount,)
+        return {VISIBLE_DEVICES: VOLUME_MOUNT_ROOT, **extra}, (mount,)
     if "envvar" in strategies:
-        return {VISIBLE_DEVICES: visible_id}, ()
-    return {}, ()  # CDI only: no env, no mounts
+        return {VISIBLE_DEVICES: visible_id, **extra}, ()
+    return extra, ()  # CDI only: no NVIDIA_VISIBLE_DEVICES, no mounts (as NVIDIA's)
 
 
 def _wants_nodes(opts: Options) -> bool:
-    # With CDI only, the CDI spec needs the nodes although no DeviceSpecs are sent;
-    # with envvar/volume-mounts, nodes go into the response only if passDeviceSpecs.
-    return opts.pass_device_specs or not opts.uses_env
+    # A CDI spec always needs the nodes (even beside envvar); DeviceSpecs go into the
+    # Allocate response only with passDeviceSpecs (the backend's allocate hook drops
+    # them otherwise, as NVIDIA's plugin sends none).
+    return opts.pass_device_specs or opts.uses_cdi or not opts.uses_env
 
 
 def build_devices(node: NodeInfo, opts: Options) -> list[Device]:
@@ -364,7 +431,7 @@ def _gpu_device(
     attrs["migEnabled"] = gpu.mig_enabled
     return Device(
         id=gpu.uuid,
-        resource=GPU_RESOURCE,
+        resource=opts.renames.gpu(gpu.name, GPU_RESOURCE),
         healthy=not gpu.error,
         reason=gpu.error,
         numa_nodes=gpu.numa,  # type: ignore[arg-type]  # an int < 0 means none
@@ -408,7 +475,9 @@ def _mig_devices(
         out.append(
             Device(
                 id=mig.uuid,
-                resource=GPU_RESOURCE if mig_mode == "single" else mig_resource(mig.profile),
+                resource=opts.renames.mig_device(
+                    mig.profile, GPU_RESOURCE if mig_mode == "single" else mig_resource(mig.profile)
+                ),
                 numa_nodes=gpu.numa,  # type: ignore[arg-type]
                 nodes=nodes,
                 mounts=mounts,

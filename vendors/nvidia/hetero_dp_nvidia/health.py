@@ -88,6 +88,11 @@ class HealthMonitor:
         self._bad: dict[str, _Bad] = {}
         self._lock = threading.Lock()
         self.ready = threading.Event()  # set once events are registered
+        # Set by discovery when the GPU set changed (a GPU hot-added or gone): the loop
+        # registers the new GPUs for events after its current wait (<= wait_ms).
+        self.gpus_changed = threading.Event()
+        self.registered: set[str] = set()  # UUIDs whose events this loop receives
+        self.refreshed = threading.Event()  # set after each re-registration (for tests)
 
     def reason(self, uuid: str) -> str | None:
         """Why a GPU is held Unhealthy by an event, or None."""
@@ -118,9 +123,10 @@ class HealthMonitor:
             events.wait()
             return
         try:
+            self.gpus_changed.clear()
             by_address = self._register(events, eventset, gpus())
             self.ready.set()
-            self._loop(events, eventset, by_address)
+            self._loop(events, eventset, by_address, gpus)
         finally:
             try:
                 pynvml.nvmlEventSetFree(eventset)
@@ -149,11 +155,43 @@ class HealthMonitor:
                     log_once(f"register:{uuid}", explain(err, "registering health events", uuid))
                 continue
             by_address[ctypes.cast(handle, ctypes.c_void_p).value or 0] = uuid
+        with self._lock:
+            self.registered |= set(by_address.values())
         return by_address
 
-    def _loop(self, events: EventSink, eventset: Any, by_address: dict[int, str]) -> None:
+    def _refresh(
+        self,
+        events: EventSink,
+        eventset: Any,
+        by_address: dict[int, str],
+        gpus: Callable[[], list[tuple[str, object]]],
+    ) -> None:
+        """Register GPUs that appeared since the last registration; forget gone ones."""
+        self.gpus_changed.clear()
+        now = gpus()
+        present = {uuid for uuid, _ in now}
+        for address in [a for a, u in by_address.items() if u not in present]:
+            del by_address[address]
+        known = set(by_address.values())
+        new = [(uuid, handle) for uuid, handle in now if uuid not in known]
+        with self._lock:
+            self.registered &= present
+        if new:
+            by_address.update(self._register(events, eventset, new))
+            log.info("GPU events registered for hot-added GPUs %s", [u for u, _ in new])
+        self.refreshed.set()
+
+    def _loop(
+        self,
+        events: EventSink,
+        eventset: Any,
+        by_address: dict[int, str],
+        gpus: Callable[[], list[tuple[str, object]]] | None = None,
+    ) -> None:
         failures = 0
         while not events.stopping.is_set():
+            if gpus is not None and self.gpus_changed.is_set():
+                self._refresh(events, eventset, by_address, gpus)
             try:
                 data = pynvml.nvmlEventSetWait(eventset, self._timeout_ms())
             except NVMLError as err:

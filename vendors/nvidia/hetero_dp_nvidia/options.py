@@ -9,7 +9,10 @@ support is rejected by name, never silently ignored.
 
 from __future__ import annotations
 
+import fnmatch
+import logging
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +24,15 @@ LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
 ID_STRATEGIES = ("uuid", "index")
 # NVIDIA's default list of application XIDs: user-program faults, not GPU faults.
 DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+DEFAULT_CDI_HOOK_PATH = "/usr/bin/nvidia-ctk"  # NVIDIA's DefaultNvidiaCTKPath
+DEFAULT_CONTAINER_DRIVER_ROOT = "/driver-root"  # NVIDIA's DefaultContainerDriverRoot
+CDI_HOOK_NAMES = (
+    "create-symlinks",
+    "enable-cuda-compat",
+    "update-ldcache",
+    "disable-device-node-modification",
+)
+log = logging.getLogger("hetero_dp_nvidia")
 
 
 @dataclass(frozen=True)
@@ -42,11 +54,18 @@ class Options:
     fail_on_init_error: bool = True
     driver_root: str = "/"
     dev_root: str = ""  # defaults to driver_root, as in NVIDIA's plugin
-    container_driver_root: str = ""  # where driver_root is visible to us; default driver_root
+    container_driver_root: str = ""  # where driver_root is visible to us; see visible_driver_root
     pass_device_specs: bool = False
     device_list_strategy: tuple[str, ...] = ("envvar",)
     device_id_strategy: str = "uuid"
     cdi_annotation_prefix: str = "cdi.k8s.io/"
+    cdi_hook_path: str = DEFAULT_CDI_HOOK_PATH
+    cdi_disabled_hooks: frozenset[str] = frozenset()
+    gdrcopy: bool = False
+    gds: bool = False
+    mofed: bool = False
+    allocation_policy: str = "distributed"
+    renames: Renames = field(default_factory=lambda: Renames())
     sysfs_root: str = "/sys"
     proc_root: str = "/proc"
     health: HealthSettings = field(default_factory=HealthSettings)
@@ -56,11 +75,24 @@ class Options:
         return self.dev_root or self.driver_root
 
     @property
+    def visible_driver_root(self) -> str:
+        """Where the host's driver root is visible to us (NVIDIA's DRIVER_ROOT_CTR_PATH).
+
+        NVIDIA's default ``/driver-root`` counts only when that dir exists here;
+        otherwise the driver root is read in place (a plugin running on the host,
+        or a container that mounts the root at the same path).
+        """
+        ctr = self.container_driver_root
+        if ctr and (ctr != DEFAULT_CONTAINER_DRIVER_ROOT or os.path.isdir(ctr)):
+            return ctr
+        return self.driver_root
+
+    @property
     def visible_dev_root(self) -> str:
         """Where we look for device nodes (the host dev root as mounted into our container)."""
-        if self.container_driver_root and not self.dev_root:
-            return self.container_driver_root
-        return self.host_dev_root
+        if not self.dev_root or self.dev_root == self.driver_root:
+            return self.visible_driver_root
+        return self.dev_root
 
     @property
     def uses_env(self) -> bool:
@@ -70,42 +102,236 @@ class Options:
     def uses_cdi(self) -> bool:
         return any(s.startswith("cdi-") for s in self.device_list_strategy)
 
+    @property
+    def extra_env(self) -> dict[str, str]:
+        """What NVIDIA's --gdrcopy/gds/mofed-enabled add to every container's env."""
+        env = {}
+        for on, var in ((self.gdrcopy, "NVIDIA_GDRCOPY"), (self.gds, "NVIDIA_GDS")):
+            if on:
+                env[var] = "enabled"
+        if self.mofed:
+            env["NVIDIA_MOFED"] = "enabled"
+        return env
 
-# option name -> (env var, kind); kind: str, bool, list, float or a tuple of allowed values
-_SUPPORTED: dict[str, tuple[str, object]] = {
-    "migStrategy": ("MIG_STRATEGY", MIG_STRATEGIES),
-    "failOnInitError": ("FAIL_ON_INIT_ERROR", bool),
-    "nvidiaDriverRoot": ("NVIDIA_DRIVER_ROOT", str),
-    "nvidiaDevRoot": ("NVIDIA_DEV_ROOT", str),
-    "plugin.passDeviceSpecs": ("PASS_DEVICE_SPECS", bool),
-    "plugin.deviceListStrategy": ("DEVICE_LIST_STRATEGY", list),
-    "plugin.deviceIDStrategy": ("DEVICE_ID_STRATEGY", ID_STRATEGIES),
-    "plugin.cdiAnnotationPrefix": ("CDI_ANNOTATION_PREFIX", str),
-    "plugin.containerDriverRoot": ("CONTAINER_DRIVER_ROOT", str),
-    # ours, not NVIDIA's:
+
+@dataclass(frozen=True)
+class Flag:
+    """One option of NVIDIA's plugin: config key, command-line flags, env vars.
+
+    ``status``: ``"ours"`` (implemented), ``"warn"`` (NVIDIA has it, we do not
+    implement it: accepted with a warning naming it), ``"default-only"`` (accepted
+    at ``allowed`` values, refused otherwise, naming it), ``"core"`` (taken by the
+    ``hetero-dp run`` command itself).
+    """
+
+    key: str
+    flags: tuple[str, ...]
+    env: tuple[str, ...]
+    kind: object
+    status: str = "ours"
+    allowed: tuple[str, ...] = ()
+    note: str = ""
+
+
+# NVIDIA's k8s-device-plugin v0.20 (cmd/nvidia-device-plugin/main.go and
+# api/config/v1/flags.go): every flag, its aliases and env vars, in its order.
+FLAGS: tuple[Flag, ...] = (
+    Flag("migStrategy", ("mig-strategy",), ("MIG_STRATEGY",), MIG_STRATEGIES),
+    Flag("failOnInitError", ("fail-on-init-error",), ("FAIL_ON_INIT_ERROR",), bool),
+    Flag("nvidiaDriverRoot", ("driver-root", "nvidia-driver-root"), ("NVIDIA_DRIVER_ROOT",), str),
+    Flag("nvidiaDevRoot", ("dev-root", "nvidia-dev-root"), ("NVIDIA_DEV_ROOT",), str),
+    Flag("plugin.passDeviceSpecs", ("pass-device-specs",), ("PASS_DEVICE_SPECS",), bool),
+    Flag("plugin.deviceListStrategy", ("device-list-strategy",), ("DEVICE_LIST_STRATEGY",), list),
+    Flag(
+        "plugin.deviceIDStrategy", ("device-id-strategy",), ("DEVICE_ID_STRATEGY",), ID_STRATEGIES
+    ),
+    Flag("gdrcopyEnabled", ("gdrcopy-enabled",), ("GDRCOPY_ENABLED",), bool),
+    Flag("gdsEnabled", ("gds-enabled",), ("GDS_ENABLED",), bool),
+    Flag("mofedEnabled", ("mofed-enabled",), ("MOFED_ENABLED",), bool),
+    Flag("plugin.cdiAnnotationPrefix", ("cdi-annotation-prefix",), ("CDI_ANNOTATION_PREFIX",), str),
+    Flag(
+        "plugin.nvidiaCTKPath",
+        ("nvidia-cdi-hook-path", "nvidia-ctk-path"),
+        ("NVIDIA_CDI_HOOK_PATH", "NVIDIA_CTK_PATH"),
+        str,
+    ),
+    Flag(
+        "plugin.containerDriverRoot",
+        ("driver-root-ctr-path", "container-driver-root"),
+        ("DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT"),
+        str,
+    ),
+    Flag(
+        "mpsRoot",
+        ("mps-root",),
+        ("MPS_ROOT",),
+        str,
+        "warn",
+        note="MPS sharing is not implemented (sharing.mps is refused); the path is unused",
+    ),
+    Flag(
+        "plugin.sharedDevicesAllocationPolicy",
+        ("shared-devices-allocation-policy",),
+        ("SHARED_DEVICES_ALLOCATION_POLICY",),
+        ("distributed", "packed"),
+    ),
+    Flag(
+        "deviceDiscoveryStrategy",
+        ("device-discovery-strategy",),
+        ("DEVICE_DISCOVERY_STRATEGY",),
+        ("auto", "nvml", "tegra"),
+        "default-only",
+        allowed=("auto", "nvml"),
+        note="only NVML discovery is implemented (no Tegra)",
+    ),
+    Flag(
+        "imex.channelIDs",
+        ("imex-channel-ids",),
+        ("IMEX_CHANNEL_IDS",),
+        str,
+        "warn",
+        note="IMEX channels are not implemented; no channel is injected",
+    ),
+    Flag(
+        "imex.required",
+        ("imex-required",),
+        ("IMEX_REQUIRED",),
+        bool,
+        "warn",
+        note="IMEX channels are not implemented",
+    ),
+    Flag(
+        "kubeletSocket",
+        ("kubelet-socket",),
+        ("KUBELET_SOCKET",),
+        str,
+        "warn",
+        note="use --kubelet-dir (HETERO_DP_KUBELET_DIR) for the device-plugin dir",
+    ),
+    Flag("configFile", ("config-file",), ("CONFIG_FILE",), str, "core"),
+    Flag(
+        "cdiFeatureFlags",
+        ("cdi-feature-flags",),
+        ("CDI_FEATURE_FLAGS",),
+        str,
+        "warn",
+        note="no CDI feature flags are implemented; the spec is generated as by default",
+    ),
+    Flag("cdiDisableHooks", ("cdi-disable-hooks",), ("CDI_DISABLE_HOOKS",), str),
+    # config-file only (no flag, no env) in NVIDIA's plugin:
+    Flag("useNodeFeatureAPI", (), ("USE_NODE_FEATURE_API",), bool, "ignored"),
+)
+FLAG_BY_KEY = {f.key: f for f in FLAGS}
+FLAG_BY_NAME = {name: f for f in FLAGS for name in f.flags}
+# ours, not NVIDIA's (config keys, env)
+_OURS: dict[str, tuple[str, object]] = {
     "sysfsRoot": ("", str),
     "procRoot": ("", str),
     "recoveryQuietPeriod": ("DP_RECOVERY_QUIET_PERIOD", float),
 }
+# Config-file keys that come from other sections of NVIDIA's file (see config.py).
+COMMAND_LINE = "commandLine"  # NVIDIA flags given on the command line: env var -> value
 
-# NVIDIA options accepted only at the value that means "feature off" (or any value,
-# for options that have nothing to do in our design); anything else is rejected.
-_ONLY_DEFAULT: dict[str, tuple[str, object]] = {
-    "gdsEnabled": ("GDS_ENABLED", False),
-    "mofedEnabled": ("MOFED_ENABLED", False),
-    "useNodeFeatureAPI": ("USE_NODE_FEATURE_API", False),
-    "mpsRoot": ("MPS_ROOT", ""),
-    "deviceDiscoveryStrategy": ("DEVICE_DISCOVERY_STRATEGY", ("auto", "nvml")),
-}
-# Accepted and unused: we write CDI specs ourselves, so nvidia-ctk is never run.
-_NOT_NEEDED = {"plugin.nvidiaCTKPath": "NVIDIA_CTK_PATH"}
+
+def parse_xid_list(text: str, var: str) -> tuple[str, set[int]]:
+    """Parse a DP_*_HEALTHCHECKS value: ("all" | "xids" | "", explicit XIDs)."""
+    word = ""
+    xids: set[int] = set()
+    for item in (t.strip().lower() for t in text.split(",")):
+        if not item:
+            continue
+        if item in ("all", "xids"):
+            word = "all" if "all" in (word, item) else item
+            continue
+        try:
+            xids.add(int(item))
+        except ValueError:
+            raise ConfigError(
+                f"expected 'all', 'xids' or a comma-separated list of XID numbers, got {item!r}",
+                field=var,
+                source="environment",
+            ) from None
+    return word, xids
+
+
+@dataclass(frozen=True)
+class Rename:
+    """One entry of NVIDIA's ``resources.gpus`` / ``resources.mig``."""
+
+    pattern: str  # a wildcard (``*``) over the GPU product name or the MIG profile
+    name: str  # the full resource name (``nvidia.com/`` added when missing)
+
+    def matches(self, text: str) -> bool:
+        # NVIDIA's ResourcePattern: '*' is the only wildcard, the rest is literal.
+        return fnmatch.fnmatchcase(text, self.pattern.replace("[", "[[]").replace("?", "[?]"))
+
+
+@dataclass(frozen=True)
+class Renames:
+    gpus: tuple[Rename, ...] = ()
+    mig: tuple[Rename, ...] = ()
+
+    def gpu(self, product: str, default: str) -> str:
+        return next((r.name for r in self.gpus if r.matches(product)), default)
+
+    def mig_device(self, profile: str, default: str) -> str:
+        return next((r.name for r in self.mig if r.matches(profile)), default)
+
+
+_RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+def _renames(value: Any, source: str) -> Renames:
+    """NVIDIA's ``resources: {gpus: [{pattern, name}], mig: [...]}``."""
+    if value in (None, {}):
+        return Renames()
+    if not isinstance(value, Mapping):
+        raise ConfigError("expected a mapping with gpus and mig", field="resources", source=source)
+    unknown = sorted(set(value) - {"gpus", "mig"})
+    if unknown:
+        raise ConfigError(
+            "NVIDIA's resources section has only 'gpus' and 'mig'",
+            field=f"resources.{unknown[0]}",
+            source=source,
+        )
+    out: dict[str, tuple[Rename, ...]] = {}
+    for part in ("gpus", "mig"):
+        items = value.get(part) or []
+        if not isinstance(items, list):
+            raise ConfigError("expected a list", field=f"resources.{part}", source=source)
+        renames = []
+        for i, item in enumerate(items):
+            where = f"resources.{part}[{i}]"
+            if not isinstance(item, Mapping) or "pattern" not in item or "name" not in item:
+                raise ConfigError(
+                    "each entry needs 'pattern' and 'name'", field=where, source=source
+                )
+            extra = sorted(set(item) - {"pattern", "name"})
+            if extra:
+                raise ConfigError(
+                    "unknown key (known: name, pattern)", field=f"{where}.{extra[0]}", source=source
+                )
+            name = str(item["name"])
+            full = name if name.startswith("nvidia.com/") else f"nvidia.com/{name}"
+            short = full.partition("/")[2]
+            # NVIDIA's NewResourceName: at most 63 characters in all, a DNS subdomain after /.
+            if len(full) > 63 or not _RESOURCE_NAME.match(short):
+                raise ConfigError(
+                    f"resource name {full!r} must be at most 63 characters, a lowercase DNS "
+                    "name after 'nvidia.com/'",
+                    field=f"{where}.name",
+                    source=source,
+                )
+            renames.append(Rename(str(item["pattern"]), full))
+        out[part] = tuple(renames)
+    return Renames(gpus=out["gpus"], mig=out["mig"])
 
 
 def _flatten(options: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in options.items():
         name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and name in ("plugin", "gfd"):
+        if isinstance(value, Mapping) and name in ("plugin", "imex"):
             flat.update(_flatten(value, name + "."))
         else:
             flat[name] = value
@@ -160,93 +386,161 @@ def _convert(name: str, kind: object, value: Any, source: str) -> Any:
                 source=source,
             )
         return text
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
     return str(value)
 
 
-def parse_xid_list(text: str, var: str) -> tuple[str, set[int]]:
-    """Parse a DP_*_HEALTHCHECKS value: ("all" | "xids" | "", explicit XIDs)."""
-    word = ""
-    xids: set[int] = set()
-    for item in (t.strip().lower() for t in text.split(",")):
-        if not item:
-            continue
-        if item in ("all", "xids"):
-            word = "all" if "all" in (word, item) else item
-            continue
-        try:
-            xids.add(int(item))
-        except ValueError:
-            raise ConfigError(
-                f"expected 'all', 'xids' or a comma-separated list of XID numbers, got {item!r}",
-                field=var,
-                source="environment",
-            ) from None
-    return word, xids
+def _is_set(value: Any) -> bool:
+    return value not in (None, "", [], False)
+
+
+def _env_value(env: Mapping[str, str], flag: Flag) -> tuple[str, str] | None:
+    """The first of the flag's env vars that is set (NVIDIA's order), with its value."""
+    for var in flag.env:
+        if env.get(var, "") != "":
+            return var, env[var]
+    return None
 
 
 def parse_options(
     options: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
 ) -> Options:
-    """Build :class:`Options` from config options and env vars (env wins)."""
-    env = os.environ if environ is None else environ
-    flat = _flatten(options or {})
+    """Build :class:`Options` from config options, env vars and command-line flags.
+
+    Precedence as in NVIDIA's plugin: flags > env > config file > defaults.
+    Command-line flags arrive as ``options["commandLine"]`` (env var -> value,
+    from :func:`parse_command_line`). NVIDIA options we do not implement are
+    accepted with a warning naming each; values we cannot honour are refused.
+    """
+    opts = dict(options or {})
+    command_line = opts.pop(COMMAND_LINE, None) or {}
+    env = {**(os.environ if environ is None else environ), **command_line}
+    renames = _renames(opts.pop("resources", None), "config")
+    gfd = opts.pop("gfd", None)
+    if gfd:
+        log.debug("flags.gfd is for GPU feature discovery; the device plugin ignores it")
     values: dict[str, Any] = {}
-    for name, value in flat.items():
-        if name in _SUPPORTED:
-            values[name] = _convert(name, _SUPPORTED[name][1], value, "config")
-        elif name in _ONLY_DEFAULT:
-            _check_default(name, value, "config")
-        elif name in _NOT_NEEDED:
-            continue
+    for name, value in _flatten(opts).items():
+        flag = FLAG_BY_KEY.get(name)
+        if flag is not None:
+            values[name] = _take(flag, name, value, "config")
+        elif name in _OURS:
+            values[name] = _convert(name, _OURS[name][1], value, "config")
         else:
+            known = sorted([*FLAG_BY_KEY, *_OURS, "gfd", "resources"])
             raise ConfigError(
-                "not supported by the hetero-dp NVIDIA backend "
-                "(supported: " + ", ".join(sorted(_SUPPORTED)) + ")",
+                "not an option of NVIDIA's plugin v0.20 or of the hetero-dp NVIDIA backend "
+                f"(known: {', '.join(known)})",
                 field=name,
                 source="config",
             )
-    for name, (var, kind) in _SUPPORTED.items():
+    for flag in FLAGS:
+        found = _env_value(env, flag)
+        if found:
+            source = "command line" if found[0] in command_line else "environment"
+            values[flag.key] = _take(flag, found[0], found[1], source)
+    for name, (var, kind) in _OURS.items():
         if var and env.get(var, "") != "":
             values[name] = _convert(var, kind, env[var], "environment")
-    for var, _ in _ONLY_DEFAULT.values():
-        if env.get(var, "") != "":
-            _check_default(var, env[var], "environment")
 
+    hooks = {h.strip() for h in str(values.get("cdiDisableHooks") or "").split(",") if h.strip()}
+    bad = sorted(hooks - {"all", *CDI_HOOK_NAMES})
+    if bad:
+        raise ConfigError(
+            f"unknown hook {bad[0]!r}; choose from all, {', '.join(CDI_HOOK_NAMES)}",
+            field="CDI_DISABLE_HOOKS",
+            source="environment",
+        )
     health = _health(env, values.get("recoveryQuietPeriod", 60.0))
     return Options(
         mig_strategy=values.get("migStrategy", "none"),
         fail_on_init_error=values.get("failOnInitError", True),
         driver_root=values.get("nvidiaDriverRoot", "/") or "/",
         dev_root=values.get("nvidiaDevRoot", ""),
-        container_driver_root=values.get("plugin.containerDriverRoot", ""),
+        container_driver_root=values.get(
+            "plugin.containerDriverRoot", DEFAULT_CONTAINER_DRIVER_ROOT
+        ),
         pass_device_specs=values.get("plugin.passDeviceSpecs", False),
         device_list_strategy=values.get("plugin.deviceListStrategy", ("envvar",)),
         device_id_strategy=values.get("plugin.deviceIDStrategy", "uuid"),
         cdi_annotation_prefix=values.get("plugin.cdiAnnotationPrefix", "cdi.k8s.io/"),
+        cdi_hook_path=values.get("plugin.nvidiaCTKPath") or DEFAULT_CDI_HOOK_PATH,
+        cdi_disabled_hooks=frozenset(hooks),
+        gdrcopy=values.get("gdrcopyEnabled", False),
+        gds=values.get("gdsEnabled", False),
+        mofed=values.get("mofedEnabled", False),
+        allocation_policy=values.get("plugin.sharedDevicesAllocationPolicy", "distributed"),
+        renames=renames,
         sysfs_root=values.get("sysfsRoot", "/sys"),
         proc_root=values.get("procRoot", "/proc"),
         health=health,
     )
 
 
-def _check_default(name: str, value: Any, source: str) -> None:
-    key = (
-        name if name in _ONLY_DEFAULT else next(k for k, v in _ONLY_DEFAULT.items() if v[0] == name)
-    )
-    allowed = _ONLY_DEFAULT[key][1]
-    if isinstance(allowed, bool):
-        ok = _as_bool(name, value, source) is allowed
-    elif isinstance(allowed, tuple):
-        ok = str(value) in allowed
-    else:
-        ok = str(value or "") == allowed
-    if not ok:
+_warned: set[tuple[str, str]] = set()
+
+
+def _take(flag: Flag, name: str, value: Any, source: str) -> Any:
+    """Convert one NVIDIA option; warn for the unimplemented, refuse what cannot be."""
+    converted = _convert(name, flag.kind, value, source)
+    if flag.status == "default-only" and converted not in flag.allowed:
         raise ConfigError(
-            f"value {value!r} is not supported by the hetero-dp NVIDIA backend "
-            f"(only {allowed!r}: the feature is not implemented)",
+            f"value {value!r} is not supported by the hetero-dp NVIDIA backend: {flag.note}",
             field=name,
             source=source,
         )
+    if flag.status == "warn" and _is_set(converted) and (name, str(value)) not in _warned:
+        _warned.add((name, str(value)))
+        log.warning(
+            "NVIDIA option %s=%r (%s) is accepted but not implemented: %s",
+            name,
+            value,
+            source,
+            flag.note,
+        )
+    if flag.status == "ignored" and _is_set(converted):
+        log.debug("%s is for GPU feature discovery; the device plugin ignores it", name)
+    return converted
+
+
+def parse_command_line(args: list[str]) -> dict[str, str]:
+    """NVIDIA's command-line flags -> ``{env var: value}`` (its first env var).
+
+    Accepts ``--flag value``, ``--flag=value``, ``-flag`` spellings, and bare
+    boolean flags (``--pass-device-specs``). ``--config-file`` is not here: the
+    ``run`` command takes it. Raises ConfigError naming an unknown flag.
+    """
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("-") or arg in ("-", "--"):
+            raise ConfigError(f"unexpected argument {arg!r}", field=arg, source="command line")
+        name, eq, value = arg.lstrip("-").partition("=")
+        flag = FLAG_BY_NAME.get(name)
+        if flag is None or flag.status == "core":
+            known = ", ".join(f"--{n}" for f in FLAGS for n in f.flags if f.status != "core")
+            raise ConfigError(
+                f"unknown flag --{name} (NVIDIA's flags: {known})",
+                field=f"--{name}",
+                source="command line",
+            )
+        if not eq:
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            if flag.kind is bool and (nxt is None or nxt.lower() not in ("true", "false")):
+                value = "true"
+            elif nxt is None:
+                raise ConfigError("needs a value", field=f"--{name}", source="command line")
+            else:
+                value = nxt
+                i += 1
+        var = flag.env[0]
+        if flag.kind is list and var in out:  # a repeated string-slice flag adds up
+            value = f"{out[var]},{value}"
+        out[var] = value
+        i += 1
+    return out
 
 
 def _health(env: Mapping[str, str], quiet: float) -> HealthSettings:
