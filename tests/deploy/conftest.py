@@ -27,8 +27,9 @@ def missing(tool: str, how: str) -> None:
     pytest.skip(message)
 
 
-@pytest.fixture(scope="session")
-def helm() -> str:
+def find_helm() -> str:
+    """A real helm: $HELM, the one `make tools` fetched, or one on PATH; skips (fails
+    under CI=true) when there is none."""
     candidates = [
         os.environ.get("HELM", ""),
         *sorted(map(str, ROOT.glob(".cache/tools/helm-*/helm"))),
@@ -38,6 +39,11 @@ def helm() -> str:
             return path
     missing("helm", "run `make tools` (python scripts/fetch_helm.py), or set HELM")
     raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    return find_helm()
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -12,6 +10,8 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+
+from tests.deploy.conftest import find_helm
 
 from .minihelm import referenced_values
 
@@ -31,11 +31,8 @@ def chart_values(**overrides):
 
 
 def helm() -> str:
-    """A real helm (env HELM, or on PATH); REFERENCE.md section 5 says how to get one offline."""
-    path = os.environ.get("HELM") or shutil.which("helm")
-    if not path:
-        pytest.skip("a real helm is needed to render the chart (set HELM or put it on PATH)")
-    return path
+    """A real helm, found as the deployment checks find it (tests/deploy/conftest.py)."""
+    return find_helm()
 
 
 def helm_template(values, *, check=True) -> subprocess.CompletedProcess[str]:
