@@ -19,7 +19,7 @@ def _clip(device_id: str) -> str:
     return f"{device_id[:MAX_ID_SHOWN]}... ({len(device_id)} characters)"
 
 
-def _show(ids: Sequence[str]) -> str:
+def show_ids(ids: Sequence[str]) -> str:
     shown = ", ".join(repr(_clip(i)) for i in ids[:MAX_IDS_SHOWN])
     more = len(ids) - MAX_IDS_SHOWN
     return shown + (f" and {more} more" if more > 0 else "")
@@ -38,11 +38,11 @@ def validate_ids(
     seen: set[str] = set()
     dupes = [i for i in ids if i in seen or seen.add(i)]  # type: ignore[func-returns-value]
     if dupes:
-        raise AllocationError(f"{state.name}: duplicate {what} in request: {_show(dupes)}")
+        raise AllocationError(f"{state.name}: duplicate {what} in request: {show_ids(dupes)}")
     found = [state.get(i) for i in ids]
     unknown = [i for i, d in zip(ids, found) if d is None]
     if unknown:
-        raise AllocationError(f"{state.name}: unknown {what}: {_show(unknown)}")
+        raise AllocationError(f"{state.name}: unknown {what}: {show_ids(unknown)}")
     devices = [d for d in found if d is not None]
     if require_healthy:
         sick = [d for d in devices if not d.healthy]

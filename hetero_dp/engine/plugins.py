@@ -16,8 +16,9 @@ import importlib.util
 import inspect
 import logging
 import sys
+import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
@@ -26,15 +27,33 @@ from typing import Any
 import pluggy
 
 from hetero_dp import hookspecs
+from hetero_dp.engine.workers import PoolExhausted, WorkerPool
 from hetero_dp.kits.aiotools import with_timeout
 from hetero_dp.model.device import Check, Device, Link, Sample
-from hetero_dp.model.errors import BackendError, ConfigError
+from hetero_dp.model.errors import AllocationError, BackendError, ConfigError
 
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "hetero_dp"
 # Hooks the kubelet is waiting on: they run in their own threads (see Backend).
 REQUEST_HOOKS = frozenset({"allocate", "pre_start_container", "preferred_allocation"})
+WORKERS = 4  # threads for a backend's other blocking hooks (health, discovery...)
+REQUEST_WORKERS = 2
+# Calls given up on (past hookTimeout) whose threads may stay stuck, per pool; past
+# this the backend counts as broken (all its devices Unhealthy) until some return.
+MAX_STUCK_CALLS = 8
+HEALTH_CHUNK = 256  # devices per worker call in a health poll
+
+
+class _HealthBatch:
+    """Devices one worker call checks in turn; ``current`` is (index, start time) of
+    the device at hand, set by the worker (one assignment, read by the loop)."""
+
+    def __init__(self, devices: list[Device]) -> None:
+        self.devices = devices
+        self.current: tuple[int, float] | None = None
+        self.results: dict[str, tuple[bool, str] | BackendError] = {}
+        self.abandoned = False
 
 
 def available_backends() -> dict[str, str]:
@@ -105,14 +124,21 @@ class Backend:
         self.pm = pm
         self.timeout = timeout
         self.options: Mapping[str, Any] = {}
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=4, thread_name_prefix=f"hdp-{name}"
+        # Called (from any thread) when the number of stuck calls changes, and with
+        # (hook, key) when a call that was given up on finally returns; the engine
+        # sets them to re-judge the backend and the device.
+        self.on_stuck_change: Callable[[], None] | None = None
+        self.on_returned: Callable[[str, str], None] | None = None
+        self._pool = WorkerPool(
+            f"hdp-{name}", WORKERS, MAX_STUCK_CALLS, lambda: self._stuck_changed()
         )
         # The kubelet waits on these: a pool of their own, so health checks or a
         # discovery hanging in the backend cannot queue an Allocate behind them.
-        self._request_executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=2, thread_name_prefix=f"hdp-{name}-req"
+        self._request_pool = WorkerPool(
+            f"hdp-{name}-req", REQUEST_WORKERS, MAX_STUCK_CALLS, lambda: self._stuck_changed()
         )
+        # (hook, key) -> (the call still running after its caller gave up, since when)
+        self._stuck: dict[tuple[str, str], tuple[concurrent.futures.Future[Any], float]] = {}
         self._impls: dict[str, pluggy.HookImpl] = {}
         for hook_name in dir(pm.hook):
             if hook_name.startswith("_"):
@@ -141,8 +167,70 @@ class Backend:
             result = list(result)
         return result
 
-    async def call(self, hook: str, *, timeout: float | None = None, **kwargs: Any) -> Any:
-        """Call one hook of this backend; BackendError on raise, timeout or coroutine misuse."""
+    def _stuck_changed(self) -> None:
+        if self.on_stuck_change is not None:
+            self.on_stuck_change()
+
+    @property
+    def stuck_reason(self) -> str:
+        """Why the whole backend counts as broken ('' when it does not): too many of
+        its calls never returned."""
+        pools = [p for p in (self._pool, self._request_pool) if p.exhausted]
+        if not pools:
+            return ""
+        stuck = sum(p.stranded for p in (self._pool, self._request_pool))
+        return (
+            f"backend {self.name!r}: {stuck} hook calls are stuck in the backend and never "
+            f"returned (at most {MAX_STUCK_CALLS} per pool); new calls are refused until "
+            "they return"
+        )
+
+    def stuck_since(self, hook: str, key: str) -> float | None:
+        """When the call of ``hook`` for ``key`` that is still stuck started, if one is."""
+        entry = self._stuck.get((hook, key))
+        return None if entry is None else entry[1]
+
+    async def _in_thread(self, hook: str, key: str | None, limit: float, kwargs: Any) -> Any:
+        pool = self._request_pool if hook in REQUEST_HOOKS else self._pool
+        if key is not None and (hook, key) in self._stuck:
+            since = self._stuck[(hook, key)][1]
+            raise BackendError(
+                f"backend {self.name!r} hook {hook} for {key} has not returned for "
+                f"{time.monotonic() - since:.0f}s (stuck; hookTimeout is {limit:g}s); "
+                "not called again until it returns"
+            )
+        try:
+            cf = pool.submit(self._call_sync, hook, kwargs)
+        except PoolExhausted as e:
+            raise BackendError(f"backend {self.name!r} hook {hook} not called: {e}") from None
+        started = time.monotonic()
+        try:
+            return await with_timeout(asyncio.wrap_future(cf), limit)
+        except asyncio.TimeoutError:
+            pool.strand(cf)
+            if key is not None:
+                self._stuck[(hook, key)] = (cf, started)
+                cf.add_done_callback(lambda _f: self._returned(hook, key, cf))
+            raise
+
+    def _returned(self, hook: str, key: str, cf: concurrent.futures.Future[Any]) -> None:
+        """A stuck call finally returned (in its worker thread)."""
+        entry = self._stuck.get((hook, key))
+        if entry is not None and entry[0] is cf:
+            del self._stuck[(hook, key)]
+            if self.on_returned is not None:
+                self.on_returned(hook, key)
+
+    async def call(
+        self, hook: str, *, timeout: float | None = None, key: str | None = None, **kwargs: Any
+    ) -> Any:
+        """Call one hook of this backend; BackendError on raise, timeout or coroutine misuse.
+
+        A blocking hook runs in a worker thread; when it passes its timeout the call
+        is given up on and its thread replaced (see :mod:`.workers`). With ``key``
+        (a device ID), a call still stuck for that key is not started again: the
+        BackendError says since when it is stuck.
+        """
         impl = self._impls.get(hook)
         if impl is None:
             return None
@@ -160,16 +248,17 @@ class Backend:
 
                     return await with_timeout(collect(), limit)
                 return await with_timeout(function(**args), limit)
-            loop = asyncio.get_running_loop()
-            pool = self._request_executor if hook in REQUEST_HOOKS else self._executor
-            fut = loop.run_in_executor(pool, self._call_sync, hook, kwargs)
-            return await with_timeout(fut, limit)
+            return await self._in_thread(hook, key, limit, kwargs)
         except asyncio.TimeoutError as e:
             raise BackendError(
                 f"backend {self.name!r} hook {hook} timed out after {limit:g}s"
             ) from e
         except (asyncio.CancelledError, BackendError):
             raise
+        except AllocationError as e:
+            if hook in REQUEST_HOOKS:  # a documented refusal: its own code and message
+                raise
+            raise BackendError(f"backend {self.name!r} hook {hook} raised {e!r}") from e
         except Exception as e:
             if hook in ("allocate", "configure") and isinstance(e, ConfigError | ValueError):
                 raise
@@ -205,8 +294,8 @@ class Backend:
             raise BackendError(f"backend {self.name!r} discover returned duplicate IDs: {dupes}")
         return devices
 
-    async def check_health(self, device: Device) -> tuple[bool, str]:
-        result = await self.call("check_health", device=device)
+    def health_verdict(self, result: Any) -> tuple[bool, str]:
+        """A check_health result as (healthy, reason); BackendError for garbage."""
         if result is None or result is True:
             return True, ""
         if result is False:
@@ -219,6 +308,132 @@ class Backend:
             f"backend {self.name!r} check_health returned {result!r}; "
             "expected True/None, False or a reason string"
         )
+
+    async def check_health(self, device: Device) -> tuple[bool, str]:
+        result = await self.call("check_health", key=device.id, device=device)
+        return self.health_verdict(result)
+
+    async def check_health_many(
+        self, devices: list[Device], on_error: Callable[[BackendError], None] | None = None
+    ) -> dict[str, tuple[bool, str]]:
+        """check_health over ``devices``: a verdict per device ID (a failure, a timeout
+        or a call still stuck is an Unhealthy verdict naming the hook and the limit).
+
+        A blocking hook runs over chunks of devices, one worker call per chunk (the
+        event loop handles a few dozen futures for 10,000 devices, not 10,000);
+        each device is still under the timeout: when one hangs, it alone is judged
+        stuck, its thread is given up on, and the rest of its chunk goes on in
+        another thread.
+        """
+        impl = self._impls.get("check_health")
+        if impl is None or not devices:
+            return {}
+        out: dict[str, tuple[bool, str]] = {}
+
+        def failed(device_id: str, e: BackendError) -> None:
+            if on_error is not None:
+                on_error(e)
+            out[device_id] = (False, str(e))
+
+        if inspect.iscoroutinefunction(impl.function):
+
+            async def one(d: Device) -> None:
+                try:
+                    out[d.id] = await self.check_health(d)
+                except BackendError as e:
+                    failed(d.id, e)
+
+            await asyncio.gather(*(one(d) for d in devices))
+            return out
+        limit = self.timeout
+        todo = []
+        for d in devices:
+            if ("check_health", d.id) in self._stuck:
+                since = self._stuck[("check_health", d.id)][1]
+                failed(
+                    d.id,
+                    BackendError(
+                        f"backend {self.name!r} hook check_health for {d.id} has not returned "
+                        f"for {time.monotonic() - since:.0f}s (stuck; hookTimeout is "
+                        f"{limit:g}s); not called again until it returns"
+                    ),
+                )
+            else:
+                todo.append(d)
+        size = max(1, min(HEALTH_CHUNK, -(-len(todo) // WORKERS)))
+        chunks = [todo[i : i + size] for i in range(0, len(todo), size)]
+        await asyncio.gather(*(self._check_chunk(c, limit, out, failed) for c in chunks))
+        return out
+
+    async def _check_chunk(
+        self,
+        devices: list[Device],
+        limit: float,
+        out: dict[str, tuple[bool, str]],
+        failed: Callable[[str, BackendError], None],
+    ) -> None:
+        while devices:
+            batch = _HealthBatch(devices)
+            try:
+                cf = self._pool.submit(self._run_health_batch, batch)
+            except PoolExhausted as e:
+                for d in devices:
+                    failed(d.id, BackendError(f"backend {self.name!r} hook check_health: {e}"))
+                return
+            fut = asyncio.wrap_future(cf)
+            devices = []
+            while True:
+                current = batch.current
+                wait = limit if current is None else limit - (time.monotonic() - current[1])
+                done, _ = await asyncio.wait({fut}, timeout=max(wait, 0.001))
+                if done:
+                    break
+                current = batch.current
+                if current is None or time.monotonic() - current[1] < limit:
+                    continue  # still queued, or the device at hand is within its time
+                index, started = current
+                stuck = batch.devices[index]
+                batch.abandoned = True
+                self._pool.strand(cf)
+                key = stuck.id
+                self._stuck[("check_health", key)] = (cf, started)
+                cf.add_done_callback(self._on_batch_returned(key, cf))
+                failed(
+                    key,
+                    BackendError(
+                        f"backend {self.name!r} hook check_health for {key} timed out "
+                        f"after {limit:g}s"
+                    ),
+                )
+                devices = batch.devices[index + 1 :]  # the rest go on in another thread
+                break
+            for device_id, verdict in list(batch.results.items()):
+                if isinstance(verdict, BackendError):
+                    failed(device_id, verdict)
+                else:
+                    out[device_id] = verdict
+
+    def _on_batch_returned(
+        self, key: str, cf: concurrent.futures.Future[Any]
+    ) -> Callable[[concurrent.futures.Future[Any]], None]:
+        return lambda _f: self._returned("check_health", key, cf)
+
+    def _run_health_batch(self, batch: _HealthBatch) -> None:
+        """In a worker thread: check each device in turn, saying which one is at hand."""
+        function: Any = self._impls["check_health"].function
+        for i, d in enumerate(batch.devices):
+            if batch.abandoned:
+                return
+            batch.current = (i, time.monotonic())
+            try:
+                verdict: tuple[bool, str] | BackendError = self.health_verdict(function(device=d))
+            except BackendError as e:
+                verdict = e
+            except Exception as e:
+                verdict = BackendError(f"backend {self.name!r} hook check_health raised {e!r}")
+            if batch.abandoned:  # this call came back after it was given up on
+                return
+            batch.results[d.id] = verdict
 
     async def links(self, devices: list[Device]) -> list[Link]:
         result = await self.call("links", devices=devices)
@@ -285,8 +500,8 @@ class Backend:
         return dict(result)
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        self._request_executor.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
+        self._request_pool.shutdown()
 
 
 def load_backends(

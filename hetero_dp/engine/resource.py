@@ -8,7 +8,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hetero_dp.allocation.allocate import build_response, validate_ids
+from hetero_dp.allocation.allocate import build_response, show_ids, validate_ids
 from hetero_dp.allocation.delivery import Delivery, apply_delivery, parse_delivery
 from hetero_dp.allocation.preferred import choose_preferred
 from hetero_dp.allocation.sharing import SharingConfig, to_physical
@@ -86,10 +86,10 @@ class Resource:
         try:
             await self.backend.call("allocate", devices=physical, response=response)
         except BackendError as e:
-            log.error("%s", e, extra={"resource": self.name, "devices": list(ids)})
+            log.error("%s", e, extra={"resource": self.name, "devices": show_ids(ids)})
             raise AllocationError(
                 f"{self.name}: backend {self.backend.name!r} failed to allocate "
-                f"{', '.join(ids)}: {e.__cause__!r}",
+                f"{show_ids(ids)}: {e}",
                 code="INTERNAL",
             ) from e
         return response
@@ -100,7 +100,7 @@ class Resource:
         try:
             await self.backend.call("pre_start_container", devices=physical, timeout=30)
         except BackendError as e:
-            raise AllocationError(f"{self.name}: pre-start of {', '.join(ids)}: {e}") from e
+            raise AllocationError(f"{self.name}: pre-start of {show_ids(ids)}: {e}") from e
 
     async def preferred(
         self, available: Sequence[str], must_include: Sequence[str], size: int
@@ -117,7 +117,7 @@ class Resource:
         outside = [d.id for d in must if d.id not in offered]
         if outside:
             raise AllocationError(
-                f"{self.name}: must-include devices not in available: {', '.join(outside)}"
+                f"{self.name}: must-include devices not in available: {show_ids(outside)}"
             )
         if self.backend.implements("preferred_allocation"):
             try:

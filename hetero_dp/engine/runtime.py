@@ -13,16 +13,29 @@ from hetero_dp.engine.plugins import Backend
 from hetero_dp.model.device import Device
 from hetero_dp.model.events import EventSink
 
+# (healthy, reason, stamp): a verdict and when it was taken, on the runtime's clock
+Verdict = tuple[bool, str, int]
+
 
 class BackendRuntime:
-    """What the daemon knows about one backend's devices."""
+    """What the daemon knows about one backend's devices.
+
+    Health comes from three sources: the discovered record itself, events pushed
+    by the watch hook, and check_health polls. Each verdict is stamped on one
+    clock (:meth:`tick`): an event when it arrives, a poll and a discovery when
+    they start (what they report was read then). For each device the newest
+    verdict wins, whatever its source, and a device is healthy only when its own
+    newest verdict and its physical parent's newest verdict both say so: a
+    recovery reaches the kubelet at once, never a poll interval late, and a poll
+    that started before an event cannot undo it.
+    """
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.discovered: dict[str, Device] = {}
-        self.event_health: dict[str, tuple[bool, str]] = {}
-        self.poll_health: dict[str, tuple[bool, str]] = {}
-        self.faults: dict[str, str] = {}  # "discover" / "watch" -> reason
+        self.event_health: dict[str, Verdict] = {}
+        self.poll_health: dict[str, Verdict] = {}
+        self.faults: dict[str, str] = {}  # "discover" / "watch" / "stuck" -> reason
         self.published: dict[str, Device] = {}
         self.resources: dict[str, set[str]] = {}  # physical resource -> advertised names
         self.rediscover_wanted = asyncio.Event()
@@ -30,49 +43,44 @@ class BackendRuntime:
         self.watch_thread: threading.Thread | None = None
         self.watch_task: asyncio.Task[None] | None = None
         self.poll_busy = False
-        # Events are numbered; a discovery remembers the number current when it
-        # started, so a "healthy" event that arrives while a slow discovery still
-        # reads the old, unhealthy state wins over that stale verdict.
-        self.event_seq = 0
-        self.event_stamp: dict[str, int] = {}
-        self.discovered_at = 0
+        self.clock = 0
+        self.discovered_at = 0  # the clock when the applied discovery started
         # Discoveries may overlap (the rediscovery loop, a reload): each is numbered,
         # and one that ends after a newer one has been applied is stale and dropped.
         self.discoveries = 0
         self.discovery_applied = 0
 
-    def _newer_recovery(self, d: Device) -> str | None:
-        for key in (d.parent, d.id):
-            if key is None or key not in self.event_health:
-                continue
-            ok, why = self.event_health[key]
-            if ok and self.event_stamp.get(key, 0) > self.discovered_at:
-                return why
-        return None
+    def tick(self) -> int:
+        """The next stamp on this runtime's clock."""
+        self.clock += 1
+        return self.clock
+
+    def newest(self, key: str) -> Verdict | None:
+        """The newest event or poll verdict on ``key`` (a device or a parent)."""
+        e = self.event_health.get(key)
+        p = self.poll_health.get(key)
+        if e is None:
+            return p
+        if p is None:
+            return e
+        return e if e[2] >= p[2] else p
 
     def effective(self) -> list[Device]:
         fault = "; ".join(self.faults.values())
-        overlays = (self.event_health, self.poll_health)
         out = []
         for d in self.discovered.values():
-            healthy, reason = d.healthy, d.reason
-            if not healthy and (recovered := self._newer_recovery(d)) is not None:
-                healthy, reason = True, recovered
-            # verdicts on the device and on its physical parent, events before polls
-            verdicts = [
-                o[k] for o in overlays for k in (d.parent, d.id) if k is not None and k in o
-            ]
-            if healthy:
-                why = next((why for ok, why in verdicts if not ok), None)
-                if why is not None:
-                    healthy, reason = False, why
-            if fault and healthy:
+            own: Verdict = (d.healthy, d.reason, self.discovered_at)
+            reported = self.newest(d.id)
+            if reported is not None and reported[2] > own[2]:
+                own = reported
+            parent = self.newest(d.parent) if d.parent is not None else None
+            healthy, reason = own[0], own[1]
+            if healthy and parent is not None and not parent[0]:
+                healthy, reason = False, parent[1]
+            if healthy and fault:
                 healthy, reason = False, fault
-            if healthy and not reason:
-                # a recovery reason stays visible until the next change
-                for ok, why in verdicts:
-                    if ok:
-                        reason = why or reason
+            if healthy and not reason and parent is not None:
+                reason = parent[1]  # a parent's recovery reason stays visible
             out.append(
                 d if (healthy, reason) == (d.healthy, d.reason) else d.with_health(healthy, reason)
             )

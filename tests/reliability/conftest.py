@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from hetero_dp import ContainerResponse, Device, DeviceNode, EventSink, hookimpl
+from hetero_dp import AllocationError, ContainerResponse, Device, DeviceNode, EventSink, hookimpl
 
 SIM = "hetero-dp.io/sim"
 
@@ -68,6 +68,8 @@ class Faulty:
         self.watch_calls = 0
         self.watch_running = threading.Event()
         self._release = threading.Event()
+        self.hang_ids: set[str] = set()  # check_health hangs for these devices only
+        self.health_calls: dict[str, int] = {}
 
     def release(self) -> None:
         self._release.set()
@@ -91,6 +93,10 @@ class Faulty:
 
     @hookimpl
     def check_health(self, device: Device) -> Any:
+        self.health_calls[device.id] = self.health_calls.get(device.id, 0) + 1
+        if device.id in self.hang_ids:
+            self._release.wait(30)  # a driver call that does not return (until released)
+            return True
         if self.mode.get("check_health"):
             return self._misbehave("check_health", {"not": "a verdict"})
         return True
@@ -101,6 +107,10 @@ class Faulty:
             response.envs = {"BAD": object()}  # type: ignore[dict-item]
             response.devices.append("not a DeviceNode")  # type: ignore[arg-type]
             return
+        if self.mode.get("allocate") == "refuse":
+            raise AllocationError("npu0 has no free queue", code="FAILED_PRECONDITION")
+        if self.mode.get("allocate") == "refuse-default":
+            raise AllocationError("npu0 has no free queue")
         if self.mode.get("allocate"):
             self._misbehave("allocate", None)
 

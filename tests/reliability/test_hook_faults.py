@@ -107,7 +107,8 @@ async def test_allocate_fault(fake_kubelet, plugin_runner, faulty, mode):
     assert err.value.code() == grpc.StatusCode.INTERNAL
     assert "Traceback" not in details and FAULTY in details
     if mode != "garbage":  # garbage is caught turning the response into protobuf
-        assert "dev0, dev1" in details and "faulty" in details
+        assert "'dev0', 'dev1'" in details and "faulty" in details
+        assert "hook allocate" in details  # names the hook (and, on a hang, the limit)
     await _still_serving(fake_kubelet)
     faulty.mode.clear()
     faulty.release()
