@@ -43,6 +43,7 @@ REQUEST_WORKERS = 2
 # this the backend counts as broken (all its devices Unhealthy) until some return.
 MAX_STUCK_CALLS = 8
 HEALTH_CHUNK = 256  # devices per worker call in a health poll
+HEALTH_YIELD_EVERY = 8
 
 
 class _HealthBatch:
@@ -424,6 +425,11 @@ class Backend:
         for i, d in enumerate(batch.devices):
             if batch.abandoned:
                 return
+            if i % HEALTH_YIELD_EVERY == HEALTH_YIELD_EVERY - 1:
+                # give the GIL to the event loop now and then: a long chunk of cheap
+                # Python checks would otherwise hold it for a whole switch interval
+                # (5 ms) at a time, and an Allocate waits behind it
+                time.sleep(0)
             batch.current = (i, time.monotonic())
             try:
                 verdict: tuple[bool, str] | BackendError = self.health_verdict(function(device=d))
