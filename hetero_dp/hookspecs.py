@@ -59,7 +59,9 @@ def check_health(device: Device) -> bool | str | None:
     """Probe one device; polled every ``healthInterval`` seconds.
 
     Return ``True`` or ``None`` for healthy, ``False`` or a string (the reason)
-    for unhealthy. A device that passes again turns Healthy again.
+    for unhealthy. A device that passes again turns Healthy again. A call that
+    passes ``hookTimeout`` marks only this device; while it is stuck the device is
+    not checked again, and when it returns the device is judged again.
     """
 
 
@@ -82,7 +84,10 @@ def allocate(devices: list[Device], response: ContainerResponse) -> None:
     ``devices`` are the physical devices of one container request (replicas
     already mapped back and de-duplicated). ``response`` is mutable: add or
     change envs, mounts, device specs, annotations or CDI names. Raise
-    ``hetero_dp.AllocationError`` to refuse the request with a clear message.
+    ``hetero_dp.AllocationError`` to refuse the request with a clear message: the
+    kubelet gets that message as written, with its ``code`` (default
+    ``INVALID_ARGUMENT``). Any other exception, or a call past ``hookTimeout``,
+    fails only this request, with ``INTERNAL`` and a message naming the hook.
     """
 
 
