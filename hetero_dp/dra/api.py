@@ -108,6 +108,25 @@ class ResourceAPI:
         items: list[dict[str, Any]] = body.get("items") or []
         return items
 
+    def watch_slices(
+        self, driver: str, node: str, resource_version: str, timeout_seconds: int
+    ) -> Any:
+        """An open watch on the node's slices of ``driver``: the raw urllib3 response,
+        one JSON event per line. The caller reads it and closes it."""
+        try:
+            return self._api().list_resource_slice(
+                field_selector=f"spec.driver={driver},spec.nodeName={node}",
+                watch=True,
+                resource_version=resource_version or None,
+                timeout_seconds=timeout_seconds,
+                _preload_content=False,
+                _request_timeout=(REQUEST_TIMEOUT, timeout_seconds + REQUEST_TIMEOUT),
+            )
+        except ApiException as e:
+            raise APIError.from_exception(e) from None
+        except (HTTPError, OSError) as e:
+            raise APIError(0, "Unreachable", f"cannot reach the API server: {e}") from None
+
     def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("create_resource_slice", body)
 

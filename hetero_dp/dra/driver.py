@@ -36,6 +36,7 @@ from .prepare import ClaimPreparer
 from .publisher import SlicePublisher
 from .servicer import DRARegistrationServicer, add_dra_services
 from .slices import VERSIONS
+from .watch import SliceWatch
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class DriverSettings:
     resync_interval: float = DEFAULT_RESYNC_INTERVAL
     api_versions: tuple[str, ...] = VERSIONS
     remove_slices_on_stop: bool = True
+    watch_slices: bool = True  # a watch repairs slices someone deleted at once
     resource: str = ""  # the resource name this driver serves (for events and logs)
 
     def validate(self) -> None:
@@ -94,7 +96,9 @@ class DRADriver:
             cdi_dir=settings.cdi_dir,
             devices=lambda: self.by_name,
         )
-        self.publisher = SlicePublisher(self.api, self.name, self.node)
+        self.publisher = SlicePublisher(
+            self.api, self.name, self.node, versions=settings.api_versions
+        )
         self.registered = asyncio.Event()
         self.registration_error = ""
         self.api_ready = False
@@ -103,6 +107,8 @@ class DRADriver:
         self._reg_server: grpc.aio.Server | None = None
         self._watcher: DirectoryWatcher | None = None
         self._resync_task: asyncio.Task[None] | None = None
+        self._slice_watch: SliceWatch | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._resync_now = asyncio.Event()
         self._running = False
         self._restarting_registration = False
@@ -133,6 +139,16 @@ class DRADriver:
         self._watcher.start()
         if self.api_ready:
             await self.publisher.publish(self._devices)
+        self._loop = asyncio.get_running_loop()
+        if self.settings.watch_slices:
+            self._slice_watch = SliceWatch(
+                self.api,
+                self.name,
+                self.node,
+                on_change=self._on_slices_changed,
+                is_own=self.publisher.is_own,
+            )
+            self._slice_watch.start()
         self._resync_task = asyncio.get_running_loop().create_task(
             self._resync_loop(), name=f"dra resync {self.name}"
         )
@@ -203,8 +219,20 @@ class DRADriver:
         finally:
             self._restarting_registration = False
 
+    def _on_slices_changed(self, why: str) -> None:
+        """From the watch thread: someone changed our slices; sync now."""
+        loop = self._loop
+        if loop is None or not self._running:
+            return
+        log.debug("DRA driver %s: %s; syncing", self.name, why)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(self._resync_now.set)
+
     async def stop(self) -> None:
         self._running = False
+        if self._slice_watch is not None:
+            self._slice_watch.stop()
+            self._slice_watch = None
         if self._watcher is not None:
             self._watcher.close()
             self._watcher = None

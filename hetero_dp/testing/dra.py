@@ -34,10 +34,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import json
-import re
 import stat
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +49,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import grpc
 
-from ..dra.names import is_attribute_name, is_dns_label, is_dns_subdomain
+from ..dra.names import is_dns_subdomain
+from ..dra.validation import INT64_MAX, INT64_MIN, canonical_quantity, prune_empty, unwrap
+from ..dra.validation import slice_problems as server_slice_problems
 from ..inotify import DirectoryWatcher
 from ..kubelet.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from ..kubelet.api import pluginregistration_v1_pb2 as reg_pb
@@ -59,96 +62,107 @@ from .waiting import ChangeWaiter
 GROUP = "resource.k8s.io"
 SCHEMA_VERSION = "1.34"
 DIAL_TIMEOUT = 10.0
-MAX_DEVICES = 128
-MAX_ATTRIBUTES = 32
-MAX_STRING = 64
 
-_NUM = r"(0|[1-9]\d*)"
-_SEMVER = re.compile(
-    rf"^{_NUM}\.{_NUM}\.{_NUM}(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?$"
-)
+FEATURES = ("DRADeviceTaints", "DRAPartitionableDevices", "DRAConsumableCapacity")
 
 
-# --- the API server stand-in ------------------------------------------------------------
+def slice_problems(obj: dict[str, Any], version: str, schema: str = SCHEMA_VERSION) -> list[str]:
+    """What the API server would refuse in a ResourceSlice (``field: reason`` lines).
 
-
-# The DNS rules the driver's names follow (one implementation of the Kubernetes rules,
-# as the fake kubelet shares hetero_dp.names), applied to what arrives over the wire.
-def _label_ok(name: object) -> bool:
-    return isinstance(name, str) and is_dns_label(name)
-
-
-def _subdomain_ok(name: object) -> bool:
-    return isinstance(name, str) and is_dns_subdomain(name)
-
-
-def slice_problems(obj: dict[str, Any], version: str) -> list[str]:
-    """What the API server would refuse in a ResourceSlice (``field: reason`` lines)."""
+    The JSON schema of Kubernetes ``schema`` (with ``kubernetes-validate``,
+    strict), then the server's own rules, from the one implementation the
+    publisher uses too (:func:`hetero_dp.dra.validation.slice_problems`).
+    """
     problems: list[str] = []
     try:
         import kubernetes_validate  # dev dependency; the semantic checks below need none
 
         try:
-            kubernetes_validate.validate(obj, SCHEMA_VERSION, strict=True)
+            kubernetes_validate.validate(obj, schema, strict=True)
         except kubernetes_validate.ValidationError as e:
             path = ".".join(str(p) for p in getattr(e, "path", [])) or "<root>"
             first = str(getattr(e, "message", e)).splitlines()[0]
             problems.append(f"{path}: {first}")
     except ImportError:
         pass
-    if obj.get("apiVersion") != f"{GROUP}/{version}":
-        problems.append(f"apiVersion: must be {GROUP}/{version} at this URL")
-    name = (obj.get("metadata") or {}).get("name")
-    if not _subdomain_ok(name):
-        problems.append(f"metadata.name: Invalid value: {name!r}: must be a DNS subdomain")
+    return problems + server_slice_problems(obj, version)
+
+
+def _int64_problem(value: Any, path: str = "") -> str | None:
+    """A JSON number the server's decoder cannot put in an int64 (it answers 400)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+        return f"{path or '<root>'}: cannot unmarshal number {value} into Go value of type int64"
+    if isinstance(value, dict):
+        for k, v in value.items():
+            p = _int64_problem(v, f"{path}.{k}" if path else str(k))
+            if p:
+                return p
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            p = _int64_problem(v, f"{path}[{i}]")
+            if p:
+                return p
+    return None
+
+
+def _to_v1(obj: dict[str, Any], version: str) -> dict[str, Any]:
+    """Storage form: ``v1`` shape (the real server stores one version and converts)."""
+    out = copy.deepcopy(obj)
+    out["apiVersion"] = f"{GROUP}/v1"
+    spec = out.get("spec") or {}
+    if version == "v1beta1" and spec.get("devices"):
+        spec["devices"] = [unwrap(d, "v1beta1") for d in spec["devices"]]
+    return out
+
+
+def _from_v1(obj: dict[str, Any], version: str) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    out["apiVersion"] = f"{GROUP}/{version}"
+    spec = out.get("spec") or {}
+    if version == "v1beta1" and spec.get("devices"):
+        spec["devices"] = [
+            {"name": d["name"], "basic": {k: v for k, v in d.items() if k != "name"}}
+            for d in spec["devices"]
+        ]
+    return out
+
+
+def _store_form(obj: dict[str, Any], features: Sequence[str]) -> dict[str, Any]:
+    """What the server keeps of a valid v1-shaped slice.
+
+    Fields of disabled feature gates are dropped silently (the real server's
+    ``dropDisabledFields``: DRADeviceTaints -> ``taints``, DRAPartitionableDevices
+    -> ``sharedCounters``/``consumesCounters``, DRAConsumableCapacity ->
+    ``allowMultipleAllocations``/``requestPolicy``), quantities are stored in
+    canonical form (``16384Mi`` -> ``16Gi``), empty fields are omitted
+    (``omitempty``), and a taint without ``timeAdded`` gets one.
+    """
     spec = obj.get("spec") or {}
-    if not _subdomain_ok(spec.get("driver")):
-        problems.append(f"spec.driver: Invalid value: {spec.get('driver')!r}")
-    pool = spec.get("pool") or {}
-    if not pool.get("name"):
-        problems.append("spec.pool.name: Required value")
-    if int(pool.get("resourceSliceCount") or 0) < 1:
-        problems.append("spec.pool.resourceSliceCount: must be greater than zero")
-    if int(pool.get("generation") or 0) < 0:
-        problems.append("spec.pool.generation: must be >= 0")
-    devices = spec.get("devices") or []
-    if len(devices) > MAX_DEVICES:
-        problems.append(f"spec.devices: Too many: {len(devices)}: must have at most {MAX_DEVICES}")
-    seen: set[str] = set()
-    for i, d in enumerate(devices):
-        where = f"spec.devices[{i}]"
-        if not _label_ok(d.get("name")):
-            problems.append(f"{where}.name: Invalid value: {d.get('name')!r}: not a DNS label")
-        elif d["name"] in seen:
-            problems.append(f"{where}.name: Duplicate value: {d['name']!r}")
-        seen.add(str(d.get("name")))
-        body = d.get("basic", {}) if version == "v1beta1" else d
-        attrs = body.get("attributes") or {}
-        caps = body.get("capacity") or {}
-        if len(attrs) + len(caps) > MAX_ATTRIBUTES:
-            problems.append(
-                f"{where}: Too many: {len(attrs) + len(caps)}: must have at most "
-                f"{MAX_ATTRIBUTES} attributes and capacities"
-            )
-        for key, value in attrs.items():
-            if not is_attribute_name(key):
-                problems.append(f"{where}.attributes[{key}]: Invalid value: not a qualified name")
-            if not isinstance(value, dict) or len(value) != 1:
-                problems.append(f"{where}.attributes[{key}]: exactly one value must be set")
-            elif "version" in value and not _SEMVER.match(str(value["version"])):
-                problems.append(
-                    f"{where}.attributes[{key}].version: Invalid value: {value['version']!r}: "
-                    "must be a semantic version"
-                )
-            elif len(str(value.get("string", value.get("version", "")))) > MAX_STRING:
-                problems.append(
-                    f"{where}.attributes[{key}].string: Too long: must have at most "
-                    f"{MAX_STRING} bytes"
-                )
-        for key in caps:
-            if not is_attribute_name(key):
-                problems.append(f"{where}.capacity[{key}]: Invalid value: not a qualified name")
-    return problems
+    if "DRAPartitionableDevices" not in features:
+        spec.pop("sharedCounters", None)
+    for d in spec.get("devices") or []:
+        if "DRADeviceTaints" not in features:
+            d.pop("taints", None)
+        if "DRAPartitionableDevices" not in features:
+            d.pop("consumesCounters", None)
+        if "DRAConsumableCapacity" not in features:
+            d.pop("allowMultipleAllocations", None)
+            for c in (d.get("capacity") or {}).values():
+                c.pop("requestPolicy", None)
+        for c in (d.get("capacity") or {}).values():
+            c["value"] = canonical_quantity(c["value"])
+        for cc in d.get("consumesCounters") or []:
+            for c in (cc.get("counters") or {}).values():
+                c["value"] = canonical_quantity(c["value"])
+        for t in d.get("taints") or []:
+            t.setdefault("timeAdded", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    for cs in spec.get("sharedCounters") or []:
+        for c in (cs.get("counters") or {}).values():
+            c["value"] = canonical_quantity(c["value"])
+    pruned: dict[str, Any] = prune_empty(obj)
+    return pruned
 
 
 @dataclass
@@ -162,18 +176,31 @@ class FakeAPIServer:
     """``with FakeAPIServer() as api: client = api.client()`` — see the module docstring.
 
     ``versions``: the resource.k8s.io versions served (``("v1beta1",)`` is a
-    1.32-1.33 cluster). ``refuse_slices``: when set, every slice write is
-    refused with 403 Forbidden and this message (an admission webhook saying
-    no). ``requests`` records every call.
+    1.32-1.33 cluster); :meth:`serve` changes them while running (an upgrade).
+    ``features``: the enabled feature gates whose fields are kept (others are
+    dropped on write, as the real server does). ``refuse_slices``: when set,
+    every slice write is refused with 403 Forbidden and this message (an
+    admission webhook saying no). ``requests`` records every call.
     """
 
-    def __init__(self, versions: Sequence[str] = ("v1", "v1beta1")) -> None:
+    def __init__(
+        self,
+        versions: Sequence[str] = ("v1", "v1beta1"),
+        *,
+        features: Sequence[str] = (),
+        schema: str = SCHEMA_VERSION,
+    ) -> None:
         self.versions = tuple(versions)
-        self.slices: dict[str, dict[str, Any]] = {}  # name -> object as stored
+        self.features = tuple(features)
+        self.schema = schema
+        self.slices: dict[str, dict[str, Any]] = {}  # name -> object, stored as v1
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.refuse_slices: str | None = None
         self.requests: list[Request] = []
+        self.events: list[tuple[int, str, dict[str, Any]]] = []  # (rv, type, v1 object)
+        self.watches = 0  # watch streams open now
         self._rv = 0
+        self._stopping = False
         self._cond = threading.Condition()
         self._httpd: ThreadingHTTPServer | None = None
         self._url = ""
@@ -183,6 +210,7 @@ class FakeAPIServer:
 
     def start(self) -> FakeAPIServer:
         server = self
+        self._stopping = False
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -196,6 +224,9 @@ class FakeAPIServer:
                 return json.loads(raw) if raw else None
 
             def _answer(self) -> None:
+                if server._is_watch(self.command, self.path):
+                    server._watch(self)
+                    return
                 try:
                     body = self._body()
                     status, payload = server._handle(self.command, self.path, body)
@@ -224,6 +255,9 @@ class FakeAPIServer:
         return self
 
     def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
@@ -251,6 +285,15 @@ class FakeAPIServer:
 
     # test-side state
 
+    def serve(self, versions: Sequence[str]) -> None:
+        """Serve other versions from now on (a control-plane upgrade or rollback).
+
+        Stored objects stay and are converted, as on a real server.
+        """
+        with self._cond:
+            self.versions = tuple(versions)
+            self._cond.notify_all()
+
     def add_claim(self, claim: dict[str, Any]) -> dict[str, Any]:
         meta = claim["metadata"]
         with self._cond:
@@ -261,26 +304,53 @@ class FakeAPIServer:
     def delete_slice(self, name: str) -> None:
         """Delete a slice behind the driver's back (as an admin or the GC would)."""
         with self._cond:
-            self.slices.pop(name, None)
+            obj = self.slices.pop(name, None)
+            if obj is not None:
+                self._event("DELETED", obj)
             self._cond.notify_all()
 
-    def slices_of(self, driver: str, node: str | None = None) -> list[dict[str, Any]]:
+    def wipe_node(self, node: str) -> list[str]:
+        """Delete every slice of ``node``, as a starting kubelet does; returns their names.
+
+        (The kubelet's DRA manager deletes the node's ResourceSlices of drivers
+        it has no registration for when it starts, by a DeleteCollection on
+        ``spec.nodeName``: the outage the issue measured at 5-28 s.)
+        """
+        with self._cond:
+            names = [n for n, s in self.slices.items() if s["spec"].get("nodeName") == node]
+            for n in names:
+                self._event("DELETED", self.slices.pop(n))
+            self._cond.notify_all()
+        return names
+
+    def slices_of(
+        self, driver: str, node: str | None = None, *, version: str = "v1"
+    ) -> list[dict[str, Any]]:
+        """The stored slices, as served under ``version``."""
         with self._cond:
             return [
-                copy.deepcopy(s)
+                _from_v1(s, version)
                 for s in self.slices.values()
                 if s["spec"].get("driver") == driver
                 and (node is None or s["spec"].get("nodeName") == node)
             ]
 
     def devices_of(self, driver: str, node: str | None = None) -> dict[str, dict[str, Any]]:
-        """Device name -> device (attributes/capacity unwrapped from ``basic``)."""
+        """Device name -> device, as stored (``v1`` shape)."""
         out: dict[str, dict[str, Any]] = {}
         for s in self.slices_of(driver, node):
             for d in s["spec"].get("devices") or []:
-                out[d["name"]] = {"name": d["name"], **d.get("basic", {}), **d}
-                out[d["name"]].pop("basic", None)
+                out[d["name"]] = d
         return out
+
+    def writes(self) -> list[Request]:
+        """The slice writes (POST, PUT, DELETE) received so far."""
+        with self._cond:
+            return [
+                r
+                for r in self.requests
+                if r.method in ("POST", "PUT", "DELETE") and "/resourceslices" in r.path
+            ]
 
     async def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         """Wait until ``predicate()`` holds, re-checked on every request and change."""
@@ -294,13 +364,113 @@ class FakeAPIServer:
 
     # request handling (runs in the HTTP server's threads)
 
-    def _handle(self, method: str, raw_path: str, body: Any) -> tuple[int, dict[str, Any]]:
+    def _event(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self._rv += 1
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["resourceVersion"] = str(self._rv)
+        self.events.append((self._rv, kind, copy.deepcopy(obj)))
+
+    def _route(self, raw_path: str) -> tuple[str, list[str], dict[str, str]] | None:
         url = urlsplit(raw_path)
         parts = [p for p in url.path.split("/") if p]
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         if len(parts) < 4 or parts[:2] != ["apis", GROUP] or parts[2] not in self.versions:
+            return None
+        return parts[2], parts[3:], query
+
+    def _is_watch(self, method: str, raw_path: str) -> bool:
+        route = self._route(raw_path)
+        return (
+            method == "GET"
+            and route is not None
+            and route[1] == ["resourceslices"]
+            and route[2].get("watch") in ("true", "1")
+        )
+
+    @staticmethod
+    def _selected(obj: dict[str, Any], query: dict[str, str]) -> bool:
+        wanted: dict[str, str] = {}
+        for term in filter(None, query.get("fieldSelector", "").split(",")):
+            key, _, value = term.partition("=")
+            wanted[key.strip()] = value.strip()
+        spec = obj["spec"]
+        fields = {
+            "spec.driver": spec.get("driver"),
+            "spec.nodeName": spec.get("nodeName"),
+            "spec.pool.name": (spec.get("pool") or {}).get("name"),
+        }
+        return all(fields.get(k) == v for k, v in wanted.items())
+
+    def _watch(self, handler: BaseHTTPRequestHandler) -> None:
+        """A watch stream: one JSON event per chunk (``{"type", "object"}``), as the
+        real server sends with ``watch=true``; from ``resourceVersion`` on, or an
+        ADDED event per object first when none is given; ends after ``timeoutSeconds``."""
+        route = self._route(handler.path)
+        assert route is not None
+        version, _, query = route
+        timeout = float(query.get("timeoutSeconds") or 1800)
+        deadline = time.monotonic() + timeout
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+
+        def send(kind: str, obj: dict[str, Any]) -> None:
+            data = json.dumps({"type": kind, "object": _from_v1(obj, version)}).encode() + b"\n"
+            handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            handler.wfile.flush()
+
+        with self._cond:
+            self.requests.append(Request("WATCH", handler.path, 200))
+            self.watches += 1
+            self._cond.notify_all()
+            since = query.get("resourceVersion")
+            pending: list[tuple[str, dict[str, Any]]] = []
+            if since in (None, "", "0"):
+                pending = [("ADDED", o) for o in self.slices.values() if self._selected(o, query)]
+                last = self._rv
+            else:
+                last = int(since)
+        try:
+            while True:
+                for kind, obj in pending:
+                    send(kind, obj)
+                with self._cond:
+                    self._cond.wait_for(
+                        functools.partial(self._watch_wakes, last, version, deadline),
+                        timeout=max(0.0, deadline - time.monotonic()),
+                    )
+                    if self._stopping or version not in self.versions:
+                        break
+                    fresh = [e for e in self.events if e[0] > last]
+                    if fresh:
+                        last = fresh[-1][0]
+                    pending = [(k, o) for _, k, o in fresh if self._selected(o, query)]
+                    if not fresh and time.monotonic() >= deadline:
+                        break
+            handler.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        finally:
+            with self._cond:
+                self.watches -= 1
+                self._cond.notify_all()
+        handler.close_connection = True
+
+    def _watch_wakes(self, last: int, version: str, deadline: float) -> bool:
+        return bool(
+            self._stopping
+            or (self.events and self.events[-1][0] > last)
+            or version not in self.versions
+            or time.monotonic() >= deadline
+        )
+
+    def _handle(self, method: str, raw_path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        route = self._route(raw_path)
+        if route is None:
             return 404, _status(404, "NotFound", "the server could not find the requested resource")
-        version, rest = parts[2], parts[3:]
+        version, rest, query = route
         with self._cond:
             try:
                 if rest[0] == "namespaces" and len(rest) == 4 and rest[2] == "resourceclaims":
@@ -315,16 +485,20 @@ class FakeAPIServer:
                 if rest[0] == "resourceslices" and len(rest) == 2:
                     name = rest[1]
                     if method == "GET":
-                        obj = self._slice(version, name)
-                        return (200, obj) if obj else _not_found("resourceslices", name)
+                        obj = self.slices.get(name)
+                        return (
+                            (200, _from_v1(obj, version))
+                            if obj
+                            else _not_found("resourceslices", name)
+                        )
                     if method == "PUT":
                         return self._write_slice(version, name, body)
                     if method == "DELETE":
-                        if self._slice(version, name) is None:
+                        if name not in self.slices:
                             return _not_found("resourceslices", name)
-                        del self.slices[name]
+                        self._event("DELETED", self.slices.pop(name))
                         return 200, _status(200, "", "deleted", success=True)
-                return 404, _status(404, "NotFound", f"no handler for {method} {url.path}")
+                return 404, _status(404, "NotFound", f"no handler for {method} {raw_path}")
             finally:
                 self._cond.notify_all()
 
@@ -337,29 +511,8 @@ class FakeAPIServer:
         out["kind"] = "ResourceClaim"
         return 200, out
 
-    def _slice(self, version: str, name: str) -> dict[str, Any] | None:
-        obj = self.slices.get(name)
-        if obj is None or obj["apiVersion"] != f"{GROUP}/{version}":
-            return None
-        return copy.deepcopy(obj)
-
     def _list_slices(self, version: str, query: dict[str, str]) -> dict[str, Any]:
-        wanted: dict[str, str] = {}
-        for term in filter(None, query.get("fieldSelector", "").split(",")):
-            key, _, value = term.partition("=")
-            wanted[key.strip()] = value.strip()
-        items = []
-        for obj in self.slices.values():
-            if obj["apiVersion"] != f"{GROUP}/{version}":
-                continue
-            spec = obj["spec"]
-            fields = {
-                "spec.driver": spec.get("driver"),
-                "spec.nodeName": spec.get("nodeName"),
-                "spec.pool.name": (spec.get("pool") or {}).get("name"),
-            }
-            if all(fields.get(k) == v for k, v in wanted.items()):
-                items.append(copy.deepcopy(obj))
+        items = [_from_v1(o, version) for o in self.slices.values() if self._selected(o, query)]
         return {
             "apiVersion": f"{GROUP}/{version}",
             "kind": "ResourceSliceList",
@@ -373,7 +526,12 @@ class FakeAPIServer:
         obj_name = str((body.get("metadata") or {}).get("name") or "")
         if self.refuse_slices is not None:
             return 403, _status(403, "Forbidden", self.refuse_slices)
-        problems = slice_problems(body, version)
+        too_big = _int64_problem(body)
+        if too_big:  # the real server's JSON decoder fails before validation: 400, not 422
+            return 400, _status(
+                400, "BadRequest", f"the body of the request was in an unknown format: {too_big}"
+            )
+        problems = slice_problems(body, version, self.schema)
         if name is not None and obj_name != name:
             problems.append(f"metadata.name: Invalid value: {obj_name!r}: does not match URL")
         if problems:
@@ -388,7 +546,7 @@ class FakeAPIServer:
                 409, "AlreadyExists", f'resourceslices.{GROUP} "{obj_name}" already exists'
             )
         if name is not None:
-            if existing is None or existing["apiVersion"] != f"{GROUP}/{version}":
+            if existing is None:
                 return _not_found("resourceslices", name)
             given = (body.get("metadata") or {}).get("resourceVersion")
             current = existing["metadata"]["resourceVersion"]
@@ -400,12 +558,13 @@ class FakeAPIServer:
                     "object has been modified; please apply your changes to the latest version",
                 )
         self._rv += 1
-        obj = copy.deepcopy(body)
+        obj = _store_form(_to_v1(body, version), self.features)
         meta = obj.setdefault("metadata", {})
         meta["resourceVersion"] = str(self._rv)
         meta["uid"] = existing["metadata"]["uid"] if existing else str(uuid.uuid4())
         self.slices[obj_name] = obj
-        return (200 if name else 201), copy.deepcopy(obj)
+        self._event("MODIFIED" if existing else "ADDED", obj)
+        return (200 if name else 201), _from_v1(obj, version)
 
 
 def _status(code: int, reason: str, message: str, *, success: bool = False) -> dict[str, Any]:
@@ -578,7 +737,7 @@ class FakeDRAKubelet(ChangeWaiter):
             offered = list(info.supported_versions)
             if not offered:
                 problem = "empty list of supported versions"
-            elif not _subdomain_ok(info.name):
+            elif not is_dns_subdomain(info.name):
                 problem = f"driver name {info.name!r} is not a DNS subdomain"
             else:
                 chosen = next((v for v in self.versions if f"{v}.DRAPlugin" in offered), None)

@@ -1,0 +1,121 @@
+"""The publisher follows the server: the version it serves now, what it stores
+(canonical quantities, so a no-change sync sends nothing), and what others did to the
+pool (a watch repairs a wipe; the generation never goes backwards)."""
+
+from __future__ import annotations
+
+import copy
+
+from hetero_dp.dra import device_name
+from hetero_dp.dra.api import ResourceAPI
+from hetero_dp.dra.publisher import normalize_spec
+from hetero_dp.testing.dra import FakeAPIServer
+
+from .backend import DRIVER, RES, Npus, npu
+
+
+def generations(api: FakeAPIServer) -> set[int]:
+    return {s["spec"]["pool"]["generation"] for s in api.slices_of(DRIVER, "node-a")}
+
+
+async def test_an_upgrade_from_v1beta1_to_v1_is_followed(dra):
+    with FakeAPIServer(versions=("v1beta1",)) as server:
+        dra.api = server
+        backend = Npus(2)
+        daemon = await dra.start(backend)
+        driver = daemon.drivers[RES]
+        assert driver.publisher.version == "v1beta1"
+        server.serve(["v1"])  # the control plane was upgraded: v1beta1 is gone
+        backend.devices.append(npu(2))
+        await daemon.rediscover()
+        assert driver.publisher.version == "v1"
+        assert len(server.devices_of(DRIVER)) == 3 and generations(server) == {2}
+        assert driver.publisher.errors == {}
+        await dra.stop(daemon)  # and the pool can still be removed at stop
+        assert server.slices_of(DRIVER) == []
+
+
+async def test_a_rollback_to_v1beta1_is_followed_by_the_periodic_check(dra):
+    with FakeAPIServer(versions=("v1",)) as server:
+        dra.api = server
+        daemon = await dra.start(Npus(1))
+        driver = daemon.drivers[RES]
+        server.serve(["v1beta1"])
+        server.wipe_node("node-a")
+        await driver.resync()
+        assert driver.publisher.version == "v1beta1"
+        assert len(server.devices_of(DRIVER)) == 1
+        await dra.stop_all()
+
+
+def test_canonical_and_given_quantities_compare_equal():
+    ours = {"devices": [{"name": "d", "capacity": {"memory": {"value": "16384Mi"}}}]}
+    stored = {"devices": [{"name": "d", "capacity": {"memory": {"value": "16Gi"}}}]}
+    assert normalize_spec(ours, "v1") == normalize_spec(stored, "v1")
+    beta = {"devices": [{"name": "d", "basic": {"capacity": {"memory": {"value": "16Gi"}}}}]}
+    assert normalize_spec(beta, "v1beta1") == normalize_spec(stored, "v1")
+    other = copy.deepcopy(stored)
+    other["devices"][0]["capacity"]["memory"]["value"] = "15Gi"
+    assert normalize_spec(ours, "v1") != normalize_spec(other, "v1")
+
+
+async def test_a_sync_that_changes_nothing_sends_nothing(dra, api_server):
+    backend = Npus(3)
+    daemon = await dra.start(backend)
+    driver = daemon.drivers[RES]
+    before = len(api_server.writes())
+    for _ in range(3):
+        await driver.resync()
+        await daemon.rediscover()
+        await daemon.poll_health()
+    assert len(api_server.writes()) == before
+    assert generations(api_server) == {1}
+
+
+async def test_a_wipe_is_repaired_by_the_watch_without_a_periodic_check(dra, api_server):
+    daemon = await dra.start(Npus(2), resync_interval=0)  # no periodic check at all
+    driver = daemon.drivers[RES]
+    await api_server.wait_for(lambda: api_server.watches >= 1)
+    gone = api_server.wipe_node("node-a")  # what a starting kubelet does
+    assert gone and api_server.slices_of(DRIVER) == []
+    await api_server.wait_for(lambda: len(api_server.devices_of(DRIVER)) == 2)
+    assert generations(api_server) == {1}
+    assert driver.settings.resync_interval == 0
+
+
+async def test_someone_elses_edit_is_undone_by_the_watch(dra, api_server):
+    await dra.start(Npus(1), resync_interval=0)
+    await api_server.wait_for(lambda: api_server.watches >= 1)
+    [s] = api_server.slices_of(DRIVER)
+    s["spec"]["devices"] = []  # an admin empties the slice
+    ResourceAPI(api_server.client(), "v1").replace_slice(s["metadata"]["name"], s)
+    name = device_name("NPU-0000")
+    await api_server.wait_for(lambda: name in api_server.devices_of(DRIVER))
+
+
+async def test_the_generation_never_goes_backwards(dra, api_server):
+    backend = Npus(2)
+    daemon = await dra.start(backend)
+    # another writer of the pool (an older instance during a rolling update) got ahead
+    [s] = api_server.slices_of(DRIVER)
+    s["spec"]["pool"]["generation"] = 30
+    s["spec"]["devices"] = s["spec"]["devices"][:1]
+    ResourceAPI(api_server.client(), "v1").replace_slice(s["metadata"]["name"], s)
+    await daemon.drivers[RES].resync()
+    assert generations(api_server) == {31} and len(api_server.devices_of(DRIVER)) == 2
+    backend.devices.append(npu(2))
+    await daemon.rediscover()
+    assert generations(api_server) == {32}
+
+
+async def test_the_same_content_at_a_higher_generation_is_taken_over_without_a_write(
+    dra, api_server
+):
+    daemon = await dra.start(Npus(2))
+    [s] = api_server.slices_of(DRIVER)
+    s["spec"]["pool"]["generation"] = 7
+    ResourceAPI(api_server.client(), "v1").replace_slice(s["metadata"]["name"], s)
+    before = len(api_server.writes())
+    await daemon.drivers[RES].resync()
+    assert len(api_server.writes()) == before
+    assert daemon.drivers[RES].publisher.generation == 7
