@@ -16,17 +16,26 @@ serves only the endpoints DRA mode uses, for the versions it is told to serve:
 
 - ``GET /apis/resource.k8s.io/{v}/namespaces/{ns}/resourceclaims/{name}``
 - ``GET|POST /apis/resource.k8s.io/{v}/resourceslices`` (``fieldSelector`` on
-  ``spec.driver``, ``spec.nodeName``, ``spec.pool.name``; ``limit`` ignored)
+  ``spec.driver``, ``spec.nodeName``, ``spec.pool.name``; ``limit`` ignored;
+  ``watch=true`` streams ADDED/MODIFIED/DELETED events, one JSON object per
+  chunk, from ``resourceVersion``, ending after ``timeoutSeconds``)
 - ``GET|PUT|DELETE /apis/resource.k8s.io/{v}/resourceslices/{name}``
 
-Slices are validated like the real server would for what matters here: the
-JSON schema of Kubernetes 1.34 (with ``kubernetes-validate``, strict, so
-``basic`` under ``v1`` is refused) and the rules the schema cannot express
-(DNS names, attribute names, 32 attributes and capacities per device, 128
-devices per slice, strings of at most 64 characters). A refusal is a 422
-``Status`` with a message naming the field, like the real one. It keeps no
-watch, no admission, no conversion between versions (an object is served under
-the version it was written with) and no authentication.
+Slices are validated as the real server validates them: the JSON schema of
+Kubernetes 1.34 (``kubernetes-validate``, strict, so ``basic`` under ``v1`` is
+refused) and the server's own rules from
+:mod:`hetero_dp.dra.validation` (the code the publisher checks with, written
+from Kubernetes' ``validation.go``): lengths in bytes, names, counts per
+device and slice, taints, counters. A refusal is a 422 ``Status`` naming the
+field; a number beyond int64 is a 400, as the real server's decoder fails
+before validation. Stored objects look as the real server keeps them:
+quantities in canonical form (``16384Mi`` comes back as ``16Gi``), empty
+fields omitted, fields of feature gates not in ``features`` dropped, one
+storage version converted to whichever version is asked (``v1``/``v1beta1``),
+and :meth:`FakeAPIServer.serve` changes the served versions at run time (an
+upgrade). It keeps no admission, no authentication, no ``410 Gone`` for old
+watch versions and no field managers. Guessed, not checked against a real
+server: the exact wording of messages beyond the field path and reason.
 """
 
 from __future__ import annotations
