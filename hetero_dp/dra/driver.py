@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from ..cdi import CDIWriter
 from ..device import Device
 from ..errors import ConfigError
 from ..inotify import DirectoryWatcher
+from ..kubelet.api import pluginregistration_v1_pb2 as reg_pb
 from ..kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from ..kubelet.endpoint import check_socket_path, remove_socket
 from .api import APIError, ResourceAPI
@@ -39,6 +41,9 @@ from .slices import VERSIONS
 from .watch import SliceWatch
 
 log = logging.getLogger(__name__)
+
+_INSTANCE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
+PROBE_TIMEOUT = 2.0
 
 DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_RESYNC_INTERVAL = 30.0
@@ -57,8 +62,16 @@ class DriverSettings:
     remove_slices_on_stop: bool = True
     watch_slices: bool = True  # a watch repairs slices someone deleted at once
     resource: str = ""  # the resource name this driver serves (for events and logs)
+    # The pod's UID (downward API) for rolling updates: sockets named per instance.
+    instance: str = ""
 
     def validate(self) -> None:
+        if self.instance and not _INSTANCE.match(self.instance):
+            raise ConfigError(
+                f"instance ID {self.instance!r} must be 1-64 letters, digits and '-' "
+                "(the pod UID from the downward API)",
+                field="instance",
+            )
         problem = driver_name_problem(self.driver)
         if problem:
             raise ConfigError(problem, field="driverName")
@@ -78,8 +91,12 @@ class DRADriver:
         self.name = settings.driver
         self.node = settings.node
         self.dir = Path(settings.plugins_dir) / self.name
-        self.socket_path = self.dir / "dra.sock"
-        self.registry_socket = Path(settings.registry_dir) / f"{self.name}-reg.sock"
+        # With an instance ID, as the kubelet's own helper names them for rolling
+        # updates (k8s.io/dynamic-resource-allocation/kubeletplugin, RollingUpdate):
+        # <driver>-<uid>-reg.sock and dra-<uid>.sock, so two pods never share a path.
+        part = f"-{settings.instance}" if settings.instance else ""
+        self.socket_path = self.dir / f"dra{part}.sock"
+        self.registry_socket = Path(settings.registry_dir) / f"{self.name}{part}-reg.sock"
         for p in (self.socket_path, self.registry_socket):
             try:
                 check_socket_path(p)
@@ -137,6 +154,7 @@ class DRADriver:
         await self._start_registration()
         self._watcher = DirectoryWatcher(self.registry_socket.parent, self._on_registry_event)
         self._watcher.start()
+        await self._update_role()
         if self.api_ready:
             await self.publisher.publish(self._devices)
         self._loop = asyncio.get_running_loop()
@@ -195,7 +213,73 @@ class DRADriver:
             log.error("the kubelet refused DRA driver %s: %s", self.name, error)
             observe.emit("registration_failed", resource=resource, reason=error)
 
+    # --- rolling updates: several instances of this driver on one node ------
+
+    def _is_instance_socket(self, name: str) -> bool:
+        return name != self.registry_socket.name and (
+            name == f"{self.name}-reg.sock"
+            or (name.startswith(f"{self.name}-") and name.endswith("-reg.sock"))
+        )
+
+    async def other_instances(self) -> list[tuple[int, str]]:
+        """Other live instances of this driver on this node: (socket mtime, endpoint).
+
+        A candidate registration socket counts when it answers ``GetInfo`` with
+        this driver's name (a stale socket of a killed pod does not answer; a
+        driver whose name merely starts like ours answers another name).
+        """
+        found: list[tuple[int, str]] = []
+        try:
+            entries = list(self.registry_socket.parent.iterdir())
+        except OSError:
+            return found
+        for path in entries:
+            if not self._is_instance_socket(path.name):
+                continue
+            try:
+                mtime = path.lstat().st_mtime_ns
+                async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
+                    info = await reg_grpc.RegistrationStub(channel).GetInfo(
+                        reg_pb.InfoRequest(), timeout=PROBE_TIMEOUT
+                    )
+            except (OSError, grpc.aio.AioRpcError):
+                continue
+            if info.name == self.name and info.endpoint != str(self.socket_path):
+                found.append((mtime, info.endpoint))
+        return found
+
+    async def _update_role(self) -> None:
+        """Publish only while this is the newest live instance (the one the kubelet
+        uses: its plugin manager takes the most recent registration of a driver)."""
+        try:
+            own = self.registry_socket.lstat().st_mtime_ns
+        except OSError:
+            own = 0
+        others = await self.other_instances()
+        # equal times (a coarse file-system clock): the endpoint name decides, so
+        # exactly one instance publishes
+        me = (own, str(self.socket_path))
+        newer = [endpoint for mtime, endpoint in others if (mtime, endpoint) > me]
+        active = not newer
+        if active != self.publisher.active:
+            if active:
+                log.info("DRA driver %s: this instance publishes the pool now", self.name)
+            else:
+                log.info(
+                    "DRA driver %s: a newer instance (%s) publishes the pool; standing by",
+                    self.name,
+                    newer[0],
+                )
+        self.publisher.active = active
+
+    async def _role_changed(self) -> None:
+        await self._update_role()
+        self._resync_now.set()
+
     def _on_registry_event(self, name: str, kind: str) -> None:
+        if self._running and self._is_instance_socket(name):
+            # another instance of this driver came or went (a rolling update)
+            asyncio.get_running_loop().create_task(self._role_changed())
         # Someone removed our registration socket: offer it again, or the kubelet
         # never finds this driver after its next start.
         if (
@@ -249,7 +333,16 @@ class DRADriver:
         remove_socket(self.socket_path)
         self.registered.clear()
         if self.settings.remove_slices_on_stop and self.api_ready:
-            await self.publisher.remove()
+            others = await self.other_instances()
+            if others:
+                log.info(
+                    "DRA driver %s: another instance (%s) still serves this node; "
+                    "leaving the pool to it",
+                    self.name,
+                    ", ".join(e for _, e in others),
+                )
+            else:
+                await self.publisher.remove()
 
     # --- devices ---------------------------------------------------------
 

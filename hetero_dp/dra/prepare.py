@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from .. import observe
 from ..device import Device
 from ..errors import ConfigError
 from .api import APIError, ResourceAPI
-from .checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from .checkpoint import Checkpoint, CheckpointError, PreparedClaim, PreparedDevice, lock_file
 from .claimspec import build_claim_spec, spec_path, write_claim_spec
 
 log = logging.getLogger(__name__)
@@ -69,8 +70,30 @@ class ClaimPreparer:
         self.cdi_dir = Path(cdi_dir)
         self.devices = devices  # DRA device name -> record, all this node has now
         self._lock = asyncio.Lock()
+        self._batch = asyncio.Lock()
+        self.lock_path = self.checkpoint.path.with_name("serialize.lock")
+
+    @contextlib.asynccontextmanager
+    async def _shared(self) -> AsyncIterator[None]:
+        """Hold the checkpoint across processes (a rolling update runs two) and read it
+        afresh: the other instance may have prepared or unprepared meanwhile."""
+        async with self._batch:
+            fd = await asyncio.to_thread(lock_file, self.lock_path)
+            try:
+                await asyncio.to_thread(self.checkpoint.load)
+                yield
+            finally:
+                os.close(fd)
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        try:
+            async with self._shared():
+                return await self._prepare(claims)
+        except CheckpointError as e:
+            log.error("DRA driver %s cannot prepare claims: %s", self.driver, e)
+            return {ref.uid: PrepareResult(error=str(e)) for ref in claims}
+
+    async def _prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         started = time.perf_counter()
         out: dict[str, PrepareResult] = {}
         for ref in claims:
@@ -205,6 +228,14 @@ class ClaimPreparer:
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Claim UID -> error ("" on success)."""
+        try:
+            async with self._shared():
+                return await self._unprepare(claims)
+        except CheckpointError as e:
+            log.error("DRA driver %s cannot unprepare claims: %s", self.driver, e)
+            return {ref.uid: str(e) for ref in claims}
+
+    async def _unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         started = time.perf_counter()
         out: dict[str, str] = {}
         for ref in claims:

@@ -123,6 +123,8 @@ class SlicePublisher:
         self.errors: dict[str, str] = {}  # slice name -> last refusal
         self.notes: list[str] = []  # what the last rendering left out, and why
         self.syncs = 0
+        # False while a newer instance of this driver publishes the pool (rolling update)
+        self.active = True
         self.writes = 0  # creates, replaces and deletes sent
         self.own_versions: set[str] = set()  # resourceVersions this publisher wrote
         self._rv_lock = threading.Lock()
@@ -177,7 +179,7 @@ class SlicePublisher:
 
     async def sync(self) -> None:
         """Make the server's slices of this pool match what was last published."""
-        if self.devices is None:
+        if self.devices is None or not self.active:
             return
         async with self._lock:
             refused = await asyncio.to_thread(self._sync_blocking)

@@ -41,6 +41,7 @@ class DRAOptions:
     cdi_dir: Path | None = None
     resync_interval: float = DEFAULT_RESYNC_INTERVAL
     api_versions: tuple[str, ...] = VERSIONS
+    instance: str = ""  # the pod UID, for rolling updates (env POD_UID)
 
     @classmethod
     def from_flags(
@@ -62,6 +63,7 @@ class DRAOptions:
                 raise ConfigError(problem, field="driverName", source="flag --driver-name")
             names[key] = name
         opts = cls(node_name=node, driver_names=names)
+        opts.instance = env.get("HETERO_DP_POD_UID") or env.get("POD_UID") or ""
         if plugins_dir:
             opts.plugins_dir = Path(plugins_dir)
         return opts
@@ -110,6 +112,7 @@ class DRADaemon(Daemon):
                 resync_interval=self.dra.resync_interval,
                 api_versions=self.dra.api_versions,
                 resource=resource,
+                instance=self.dra.instance,
             )
             taken = {d.name: r for r, d in self.drivers.items()}
             if settings.driver in taken:

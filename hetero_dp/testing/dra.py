@@ -242,14 +242,16 @@ class FakeAPIServer:
                 except ValueError as e:
                     status, payload = 400, _status(400, "BadRequest", f"bad JSON: {e}")
                 data = json.dumps(payload).encode()
+                # recorded before the answer leaves, so a caller that got its answer
+                # always finds its request in ``requests``
+                with server._cond:
+                    server.requests.append(Request(self.command, self.path, status))
+                    server._cond.notify_all()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
-                with server._cond:
-                    server.requests.append(Request(self.command, self.path, status))
-                    server._cond.notify_all()
 
             do_GET = do_POST = do_PUT = do_DELETE = _answer
 
@@ -670,7 +672,12 @@ class FakeDRAKubelet(ChangeWaiter):
     ) -> None:
         self.registry_dir = Path(registry_dir)
         self.versions = tuple(versions)  # newest first
-        self.plugins: dict[str, DRAPlugin] = {}
+        self.plugins: dict[str, DRAPlugin] = {}  # driver -> the instance in use
+        # driver -> its registered instances, oldest first. Since 1.33 the kubelet
+        # keeps several registrations of one driver (rolling updates: sockets named
+        # per pod, see k8s.io/dynamic-resource-allocation/kubeletplugin RollingUpdate),
+        # uses the most recent one and falls back to the others when it goes.
+        self.instances: dict[str, list[DRAPlugin]] = {}
         self.registrations: list[tuple[str, str]] = []  # (driver, version)
         self.rejections: list[str] = []
         self.calls: list[tuple[str, str, list[str]]] = []  # (method, driver, claim UIDs)
@@ -708,6 +715,7 @@ class FakeDRAKubelet(ChangeWaiter):
         """Forget the drivers and find them again (the kubelet restarted)."""
         await self.stop()
         self.plugins.clear()
+        self.instances.clear()
         await self.start()
 
     def _spawn(self, coro: Any) -> None:
@@ -720,10 +728,17 @@ class FakeDRAKubelet(ChangeWaiter):
         if kind == "created":
             self._spawn(self._register(path))
         elif kind == "deleted":
-            for p in list(self.plugins.values()):
-                if p.registry_socket == str(path):
-                    del self.plugins[p.name]
-                    self._spawn(self._notify())
+            for name, instances in list(self.instances.items()):
+                left = [p for p in instances if p.registry_socket != str(path)]
+                if len(left) == len(instances):
+                    continue
+                if left:
+                    self.instances[name] = left
+                    self.plugins[name] = left[-1]
+                else:
+                    del self.instances[name]
+                    self.plugins.pop(name, None)
+                self._spawn(self._notify())
 
     async def _register(self, path: Path) -> None:
         try:
@@ -758,9 +773,12 @@ class FakeDRAKubelet(ChangeWaiter):
                 problem = f"endpoint {info.endpoint} is not a socket"
             if problem is None:
                 assert chosen is not None
-                self.plugins[info.name] = DRAPlugin(
-                    info.name, info.endpoint, chosen, str(path), offered
-                )
+                plugin = DRAPlugin(info.name, info.endpoint, chosen, str(path), offered)
+                same = [
+                    p for p in self.instances.get(info.name, []) if p.registry_socket != str(path)
+                ]
+                self.instances[info.name] = [*same, plugin]
+                self.plugins[info.name] = plugin
                 self.registrations.append((info.name, chosen))
             else:
                 self.rejections.append(problem)
@@ -899,6 +917,7 @@ class DRARunner(PluginRunner):
         node: str | None = None,
         api_versions: Sequence[str] | None = None,
         resync_interval: float = 0,
+        instance: str = "",
     ) -> Any:
         from ..config import load_config
         from ..dra.runner import DRADaemon, DRAOptions
@@ -914,6 +933,7 @@ class DRARunner(PluginRunner):
             driver_names=dict(driver_names or {}),
             plugins_dir=self.plugins_dir,
             resync_interval=resync_interval,
+            instance=instance,
         )
         if api_versions:
             opts.api_versions = tuple(api_versions)
