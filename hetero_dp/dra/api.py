@@ -127,7 +127,11 @@ class ResourceAPI:
         except (HTTPError, OSError) as e:
             raise APIError(0, "Unreachable", f"cannot reach the API server: {e}") from None
 
-    def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+    def create_slice(self, body: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        """Create a slice; ``dry_run``: the server validates, defaults and drops the
+        fields of disabled features, answers what it would store, and stores nothing."""
+        if dry_run:
+            return self._call("create_resource_slice", body, dry_run="All")
         return self._call("create_resource_slice", body)
 
     def replace_slice(self, name: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -1,12 +1,15 @@
 """One DRA driver: a device set served to the kubelet and published to the API server.
 
 Start order: load the checkpoint (unprepare must work for claims a previous
-process prepared), serve ``DRAPlugin`` (v1 and v1beta1) on
-``<plugins dir>/<driver>/dra.sock``, then offer the registration socket
-``<plugins_registry>/<driver>-reg.sock`` (serve before register, as with
-device plugins), then publish the pool. Stop order is the reverse; slices are
-deleted on a clean stop, so the scheduler stops placing claims on a node whose
-driver has gone.
+process prepared), serve ``DRAPlugin`` (v1 and v1beta1) and the health service
+``DRAResourceHealth`` (:mod:`.health`) on ``<plugins dir>/<driver>/dra.sock``,
+then offer the registration socket ``<plugins_registry>/<driver>-reg.sock``
+(serve before register, as with device plugins), then publish the pool and
+watch it. With an instance ID (the pod UID, for rolling updates) the sockets are
+``dra-<uid>.sock`` and ``<driver>-<uid>-reg.sock``; only the newest live
+instance publishes. Stop order is the reverse; slices are deleted on a clean
+stop by the last instance, so the scheduler stops placing claims on a node
+whose driver has gone.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from ..kubelet.endpoint import check_socket_path, remove_socket
 from .api import APIError, ResourceAPI
 from .checkpoint import Checkpoint, CheckpointError
 from .claimspec import claim_kind
+from .health import HealthFeed, add_health_services
 from .names import device_name, driver_name_problem, is_dns_subdomain
 from .prepare import ClaimPreparer
 from .publisher import SlicePublisher
@@ -113,6 +117,7 @@ class DRADriver:
             cdi_dir=settings.cdi_dir,
             devices=lambda: self.by_name,
         )
+        self.health = HealthFeed(self.node)
         self.publisher = SlicePublisher(
             self.api, self.name, self.node, versions=settings.api_versions
         )
@@ -145,8 +150,10 @@ class DRADriver:
             raise ConfigError(str(e), field="checkpoint") from None
         await self._connect_api()
         remove_socket(self.socket_path)
+        self.health.closed = False
         server = grpc.aio.server()
         add_dra_services(server, self.preparer)
+        add_health_services(server, self.health)
         server.add_insecure_port(f"unix://{self.socket_path}")
         await server.start()
         self._server = server
@@ -325,6 +332,7 @@ class DRADriver:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._resync_task
             self._resync_task = None
+        await self.health.close()  # health streams end before the server stops
         for server in (self._reg_server, self._server):
             if server is not None:
                 await server.stop(STOP_GRACE)
@@ -350,6 +358,7 @@ class DRADriver:
         """Take the backend's current devices (healthy or not) and republish."""
         self._devices = list(devices)
         self.by_name = {device_name(d.id): d for d in self._devices}
+        await self.health.update(self._devices)
         if self._running and self.api_ready:
             await self.publisher.publish(self._devices)
 

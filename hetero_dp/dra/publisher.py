@@ -125,6 +125,11 @@ class SlicePublisher:
         self.syncs = 0
         # False while a newer instance of this driver publishes the pool (rolling update)
         self.active = True
+        # Device taints (KEP-5055): whether the server keeps them (feature gate
+        # DRADeviceTaints), from probe_features(); False: unhealthy devices are withdrawn.
+        self.taints = False
+        self.probed = False
+        self._records: list[Device] = []
         self.writes = 0  # creates, replaces and deletes sent
         self.own_versions: set[str] = set()  # resourceVersions this publisher wrote
         self._rv_lock = threading.Lock()
@@ -139,6 +144,7 @@ class SlicePublisher:
         """Continue the pool generation from slices a previous process left."""
         existing = await asyncio.to_thread(self.api.list_slices, self.driver, self.node)
         self.generation = max([self.generation, *(_generation(s) for s in existing)])
+        await asyncio.to_thread(self.probe_features)
         self._detected_at = time.monotonic()
 
     def desired(self) -> list[dict[str, Any]]:
@@ -160,8 +166,10 @@ class SlicePublisher:
 
     async def publish(self, devices: Iterable[Device]) -> bool:
         """Publish the healthy ``devices``; True when the pool changed (new generation)."""
+        self._records = list(devices)
         notes: list[str] = []
-        rendered = render_devices(devices, notes)
+        taint_key = f"{self.driver}/unhealthy" if self.taints else None
+        rendered = render_devices(self._records, notes, taint_key=taint_key)
         self._log_notes(notes)
         changed = rendered != self.devices
         if changed:
@@ -182,8 +190,12 @@ class SlicePublisher:
         if self.devices is None or not self.active:
             return
         async with self._lock:
+            taints = self.taints
             refused = await asyncio.to_thread(self._sync_blocking)
             self.syncs += 1
+        if taints != self.taints:  # a new API version (re-detected) serves other fields
+            await self.publish(self._records)
+            return
         for name, reason in refused:  # observers run on the loop, not in the worker thread
             observe.emit("dra_slice_refused", driver=self.driver, slice=name, reason=reason)
 
@@ -202,6 +214,7 @@ class SlicePublisher:
             return False
         self._detected_at = time.monotonic()
         if self.api.version != before:
+            self.probe_features()
             log.warning(
                 "DRA driver %s: the API server now serves resource.k8s.io/%s (was %s); "
                 "publishing with %s",
@@ -236,6 +249,55 @@ class SlicePublisher:
     def is_own(self, resource_version: str) -> bool:
         with self._rv_lock:
             return resource_version in self.own_versions
+
+    def probe_features(self) -> None:
+        """Ask the server (a dry-run create) which optional fields it keeps.
+
+        A server drops the fields of disabled feature gates without an error, so
+        the only way to know is to send them and look at what comes back; a
+        dry run stores nothing. Now: device taints (DRADeviceTaints).
+        """
+        probe = render_slices(
+            driver=self.driver,
+            node=self.node,
+            devices=[
+                {
+                    "name": "probe",
+                    "taints": [
+                        {
+                            "key": f"{self.driver}/unhealthy",
+                            "value": "probe",
+                            "effect": "NoSchedule",
+                        }
+                    ],
+                }
+            ],
+            generation=0,
+            version=self.version,
+        )[0]
+        probe["metadata"]["name"] = f"{probe['metadata']['name'][:200]}-probe"
+        try:
+            stored = self.api.create_slice(probe, dry_run=True)
+        except APIError as e:
+            log.warning(
+                "DRA driver %s: cannot probe the API server's optional fields (%s); "
+                "unhealthy devices are withdrawn from the pool",
+                self.driver,
+                e,
+            )
+            self.taints = False
+            return
+        devices = (stored.get("spec") or {}).get("devices") or [{}]
+        taints = bool(unwrap(devices[0], self.version).get("taints"))
+        if taints != self.taints or not self.probed:
+            log.info(
+                "DRA driver %s: the API server %s device taints: unhealthy devices are %s",
+                self.driver,
+                "keeps" if taints else "drops (feature gate DRADeviceTaints off)",
+                "published with a NoSchedule taint" if taints else "withdrawn from the pool",
+            )
+        self.taints = taints
+        self.probed = True
 
     def _differs(self, have: dict[str, Any] | None, want: dict[str, Any]) -> bool:
         if have is None:

@@ -230,10 +230,25 @@ def render_slices(
     return out
 
 
+def taint_for(device: Device, key: str) -> dict[str, str]:
+    """The device taint (KEP-5055) that marks an unhealthy device: ``NoSchedule``.
+
+    The value is the health reason cut to a label value (63 of ``[A-Za-z0-9._-]``);
+    the full reason goes to the kubelet's health stream and the log.
+    """
+    value = re.sub(r"[^A-Za-z0-9._-]+", "-", device.reason or "unhealthy")
+    value = value.strip("-._")[:63].rstrip("-._") or "unhealthy"
+    return {"key": key, "value": value, "effect": "NoSchedule"}
+
+
 def render_devices(
-    devices: Iterable[Device], notes: list[str] | None = None
+    devices: Iterable[Device], notes: list[str] | None = None, *, taint_key: str | None = None
 ) -> list[dict[str, Any]]:
-    """The healthy devices in ``v1`` shape, sorted by name (unhealthy ones are withdrawn).
+    """The devices in ``v1`` shape, sorted by name.
+
+    Unhealthy devices are withdrawn, or, with ``taint_key`` (the API server keeps
+    device taints), published with a ``NoSchedule`` taint under that key, so
+    the scheduler places no new claim on them and the claims that hold them see why.
 
     Every rendered device is checked as the API server checks it
     (:func:`~hetero_dp.dra.validation.device_problems`); one it would refuse is
@@ -245,9 +260,11 @@ def render_devices(
     out: dict[str, dict[str, Any]] = {}
     ids: dict[str, str] = {}
     for d in devices:
-        if not d.healthy:
+        if not d.healthy and not taint_key:
             continue
         rendered = render_device(d, notes)
+        if not d.healthy and taint_key:
+            rendered["taints"] = [taint_for(d, taint_key)]
         name = rendered["name"]
         problems = device_problems(rendered, f"device {d.id}")
         if problems:

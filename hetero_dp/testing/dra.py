@@ -492,7 +492,7 @@ class FakeAPIServer:
                     if method == "GET":
                         return 200, self._list_slices(version, query)
                     if method == "POST":
-                        return self._write_slice(version, None, body)
+                        return self._write_slice(version, None, body, query)
                 if rest[0] == "resourceslices" and len(rest) == 2:
                     name = rest[1]
                     if method == "GET":
@@ -503,7 +503,7 @@ class FakeAPIServer:
                             else _not_found("resourceslices", name)
                         )
                     if method == "PUT":
-                        return self._write_slice(version, name, body)
+                        return self._write_slice(version, name, body, query)
                     if method == "DELETE":
                         if name not in self.slices:
                             return _not_found("resourceslices", name)
@@ -531,7 +531,10 @@ class FakeAPIServer:
             "items": items,
         }
 
-    def _write_slice(self, version: str, name: str | None, body: Any) -> tuple[int, dict[str, Any]]:
+    def _write_slice(
+        self, version: str, name: str | None, body: Any, query: dict[str, str] | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        query = query or {}
         if not isinstance(body, dict):
             return 400, _status(400, "BadRequest", "body must be a JSON object")
         obj_name = str((body.get("metadata") or {}).get("name") or "")
@@ -552,6 +555,9 @@ class FakeAPIServer:
                 f'ResourceSlice.{GROUP} "{obj_name}" is invalid: ' + "; ".join(problems),
             )
         existing = self.slices.get(obj_name)
+        if query.get("dryRun") == "All":  # validated and shaped, answered, not stored
+            obj = _store_form(_to_v1(body, version), self.features)
+            return (200 if name else 201), _from_v1(obj, version)
         if name is None and existing is not None:
             return 409, _status(
                 409, "AlreadyExists", f'resourceslices.{GROUP} "{obj_name}" already exists'
@@ -653,6 +659,16 @@ class DRAPlugin:
 
 
 @dataclass(frozen=True)
+class DeviceHealthStatus:
+    """One device's health as the kubelet last heard it on the health stream."""
+
+    pool: str
+    health: str  # HEALTHY, UNHEALTHY, UNKNOWN
+    message: str
+    last_updated: int
+
+
+@dataclass(frozen=True)
 class ClaimRef:
     namespace: str
     name: str
@@ -684,6 +700,8 @@ class FakeDRAKubelet(ChangeWaiter):
         self.prepared: dict[str, Any] = {}  # claim UID -> NodePrepareResourceResponse
         self.claim_pods: dict[str, set[str]] = {}  # claim UID -> pods using it
         self._claim_refs: dict[str, tuple[str, ClaimRef]] = {}  # UID -> (driver, ref)
+        self.health: dict[str, dict[str, DeviceHealthStatus]] = {}  # driver -> device -> ...
+        self.health_errors: list[str] = []
         self._init_changes()
         self._watcher: DirectoryWatcher | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -820,6 +838,72 @@ class FakeDRAKubelet(ChangeWaiter):
             stub = pb_grpc.DRAPluginStub(channel)
             request_type = getattr(pb, f"{method}Request")
             return await getattr(stub, method)(request_type(claims=claims), timeout=DIAL_TIMEOUT)
+
+    # --- device health (KEP-4680) -----------------------------------------
+
+    async def watch_health(self, driver: str, version: str = "v1alpha1") -> None:
+        """Open the driver's health stream as the kubelet does and keep it open.
+
+        Kubelets 1.34-1.36 call ``/v1alpha1.DRAResourceHealth/NodeWatchResources``
+        on the DRA socket and retry every 5 s when it fails; later ones also speak
+        ``v1beta1`` and ``v1``. What arrives is in :attr:`health`.
+        """
+        plugin = self.plugins.get(driver)
+        if plugin is None:
+            raise LookupError(f"DRA driver {driver} is not registered")
+        from ..dra.health import HEALTH_VERSIONS
+
+        pb, pb_grpc = HEALTH_VERSIONS[version]
+        opened = asyncio.Event()
+
+        async def run() -> None:
+            async with grpc.aio.insecure_channel(f"unix://{plugin.endpoint}") as channel:
+                stream = pb_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+                    pb.NodeWatchResourcesRequest()
+                )
+                opened.set()
+                try:
+                    async for response in stream:
+                        # each message is the complete list for the driver
+                        self.health[driver] = {
+                            d.device.device_name: DeviceHealthStatus(
+                                pool=d.device.pool_name,
+                                health=pb.HealthStatus.Name(d.health),
+                                message=getattr(d, "message", ""),
+                                last_updated=d.last_updated_time,
+                            )
+                            for d in response.devices
+                        }
+                        await self._notify()
+                except grpc.aio.AioRpcError as e:
+                    self.health_errors.append(f"{driver}: {e.code().name}: {e.details()}")
+                    await self._notify()
+
+        self._spawn(run())
+        await opened.wait()
+
+    def pod_resource_status(self, pod: str) -> list[dict[str, Any]]:
+        """``status.containerStatuses[].allocatedResourcesStatus`` of a pod, as the
+        kubelet fills it from the health stream (KEP-4680): one entry per claim
+        request, ``claim:<claim>/<request>``, listing ``<driver>/<pool>/<device>``
+        with ``Healthy``, ``Unhealthy`` or ``Unknown``."""
+        words = {"HEALTHY": "Healthy", "UNHEALTHY": "Unhealthy"}
+        out: dict[str, list[dict[str, str]]] = {}
+        for uid, pods in sorted(self.claim_pods.items()):
+            if pod not in pods:
+                continue
+            driver, ref = self._claim_refs[uid]
+            for d in self.prepared[uid].devices:
+                known = self.health.get(driver, {}).get(d.device_name)
+                health = words.get(known.health, "Unknown") if known else "Unknown"
+                for request in d.request_names:
+                    out.setdefault(f"claim:{ref.name}/{request}", []).append(
+                        {
+                            "resourceID": f"{driver}/{d.pool_name}/{d.device_name}",
+                            "health": health,
+                        }
+                    )
+        return [{"name": k, "resources": v} for k, v in sorted(out.items())]
 
     async def node_prepare(self, driver: str, refs: Sequence[ClaimRef]) -> Any:
         """One raw NodePrepareResources call (no reference counting)."""
