@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -354,9 +354,16 @@ class DRADriver:
 
     # --- devices ---------------------------------------------------------
 
-    async def update(self, devices: Iterable[Device]) -> None:
-        """Take the backend's current devices (healthy or not) and republish."""
+    async def update(
+        self, devices: Iterable[Device], shares: Mapping[str, int] | None = None
+    ) -> None:
+        """Take the backend's current devices (healthy or not) and republish.
+
+        ``shares``: device ID -> the number of replicas the sharing config makes
+        of it (time-slicing), published as consumable capacity where served.
+        """
         self._devices = list(devices)
+        self.publisher.shares = {device_name(k): n for k, n in (shares or {}).items()}
         self.by_name = {device_name(d.id): d for d in self._devices}
         await self.health.update(self._devices)
         if self._running and self.api_ready:

@@ -38,12 +38,31 @@ from typing import Any
 from .. import observe
 from ..device import Device
 from .api import APIError, ResourceAPI
+from .partitions import partition, share
 from .slices import VERSIONS, render_devices, render_slices
 from .validation import canonical_quantity, prune_empty, unwrap
 
 log = logging.getLogger(__name__)
 
 DEFAULT_REDETECT_INTERVAL = 600.0
+# feature -> (the gate that serves it, what follows when served, when not)
+FEATURES = {
+    "taints": (
+        "device taints (DRADeviceTaints)",
+        "unhealthy devices are published with a NoSchedule taint",
+        "unhealthy devices are withdrawn from the pool",
+    ),
+    "counters": (
+        "shared counters (DRAPartitionableDevices)",
+        "a device and its partitions are published drawing on one counter set",
+        "partitions are published as independent devices",
+    ),
+    "multi": (
+        "consumable capacity (DRAConsumableCapacity)",
+        "shared (time-sliced) devices are published with allowMultipleAllocations",
+        "shared (time-sliced) devices go to one claim at a time",
+    ),
+}
 
 
 def _canonical(q: Any) -> Any:
@@ -125,10 +144,12 @@ class SlicePublisher:
         self.syncs = 0
         # False while a newer instance of this driver publishes the pool (rolling update)
         self.active = True
-        # Device taints (KEP-5055): whether the server keeps them (feature gate
-        # DRADeviceTaints), from probe_features(); False: unhealthy devices are withdrawn.
-        self.taints = False
+        # Optional fields the server keeps (probe_features): taints (KEP-5055),
+        # counters (KEP-4815 partitionable devices), multi (KEP-5075 consumable capacity)
+        self.features: dict[str, bool] = dict.fromkeys(FEATURES, False)
         self.probed = False
+        self.shares: dict[str, int] = {}  # DRA device name -> ways it is shared
+        self.counter_sets: list[dict[str, Any]] = []
         self._records: list[Device] = []
         self.writes = 0  # creates, replaces and deletes sent
         self.own_versions: set[str] = set()  # resourceVersions this publisher wrote
@@ -154,6 +175,7 @@ class SlicePublisher:
             devices=self.devices or [],
             generation=self.generation,
             version=self.version,
+            counter_sets=self.counter_sets,
         )
 
     def _log_notes(self, notes: list[str]) -> None:
@@ -168,11 +190,30 @@ class SlicePublisher:
         """Publish the healthy ``devices``; True when the pool changed (new generation)."""
         self._records = list(devices)
         notes: list[str] = []
-        taint_key = f"{self.driver}/unhealthy" if self.taints else None
+        taint_key = f"{self.driver}/unhealthy" if self.features["taints"] else None
         rendered = render_devices(self._records, notes, taint_key=taint_key)
+        counter_sets: list[dict[str, Any]] = []
+        if self.features["counters"]:
+            counter_sets = partition(self._records, rendered, notes)
+        elif any(d.parent for d in self._records if d.parent in {r.id for r in self._records}):
+            notes.append(
+                "devices and their partitions (a parent in the same pool) are published as "
+                "independent devices: the API server does not serve DRAPartitionableDevices, "
+                "so a device and one of its partitions may go to different claims"
+            )
+        shared = {k: n for k, n in self.shares.items() if n > 1}
+        if shared and self.features["multi"]:
+            share(rendered, shared, notes)
+        elif shared:
+            notes.append(
+                f"sharing (time-slicing replicas) of {len(shared)} devices is not published: "
+                "the API server does not serve DRAConsumableCapacity; each device goes to one "
+                "claim at a time (pods can still share one ResourceClaim)"
+            )
         self._log_notes(notes)
-        changed = rendered != self.devices
+        changed = rendered != self.devices or counter_sets != self.counter_sets
         if changed:
+            self.counter_sets = counter_sets
             self.devices = rendered
             self.generation += 1
             log.info(
@@ -190,10 +231,10 @@ class SlicePublisher:
         if self.devices is None or not self.active:
             return
         async with self._lock:
-            taints = self.taints
+            features = dict(self.features)
             refused = await asyncio.to_thread(self._sync_blocking)
             self.syncs += 1
-        if taints != self.taints:  # a new API version (re-detected) serves other fields
+        if features != self.features:  # a new API version (re-detected) serves other fields
             await self.publish(self._records)
             return
         for name, reason in refused:  # observers run on the loop, not in the worker thread
@@ -254,49 +295,52 @@ class SlicePublisher:
         """Ask the server (a dry-run create) which optional fields it keeps.
 
         A server drops the fields of disabled feature gates without an error, so
-        the only way to know is to send them and look at what comes back; a
-        dry run stores nothing. Now: device taints (DRADeviceTaints).
+        the only way to know is to send them and look at what comes back; a dry
+        run stores nothing. One line in the log per feature says what follows.
         """
+        probe_device = {
+            "name": "probe",
+            "taints": [
+                {"key": f"{self.driver}/unhealthy", "value": "probe", "effect": "NoSchedule"}
+            ],
+            "consumesCounters": [{"counterSet": "probe", "counters": {"memory": {"value": "1"}}}],
+            "allowMultipleAllocations": True,
+            "capacity": {"memory": {"value": "2", "requestPolicy": {"default": "1"}}},
+        }
         probe = render_slices(
             driver=self.driver,
             node=self.node,
-            devices=[
-                {
-                    "name": "probe",
-                    "taints": [
-                        {
-                            "key": f"{self.driver}/unhealthy",
-                            "value": "probe",
-                            "effect": "NoSchedule",
-                        }
-                    ],
-                }
-            ],
+            devices=[probe_device],
             generation=0,
             version=self.version,
         )[0]
         probe["metadata"]["name"] = f"{probe['metadata']['name'][:200]}-probe"
         try:
             stored = self.api.create_slice(probe, dry_run=True)
+            devices = (stored.get("spec") or {}).get("devices") or [{}]
+            kept = unwrap(devices[0], self.version)
+            found = {
+                "taints": bool(kept.get("taints")),
+                "counters": bool(kept.get("consumesCounters")),
+                "multi": bool(kept.get("allowMultipleAllocations")),
+            }
         except APIError as e:
             log.warning(
                 "DRA driver %s: cannot probe the API server's optional fields (%s); "
-                "unhealthy devices are withdrawn from the pool",
+                "publishing without device taints, shared counters and consumable capacity",
                 self.driver,
                 e,
             )
-            self.taints = False
-            return
-        devices = (stored.get("spec") or {}).get("devices") or [{}]
-        taints = bool(unwrap(devices[0], self.version).get("taints"))
-        if taints != self.taints or not self.probed:
-            log.info(
-                "DRA driver %s: the API server %s device taints: unhealthy devices are %s",
-                self.driver,
-                "keeps" if taints else "drops (feature gate DRADeviceTaints off)",
-                "published with a NoSchedule taint" if taints else "withdrawn from the pool",
-            )
-        self.taints = taints
+            found = dict.fromkeys(FEATURES, False)
+        for key, (gate, yes, no) in FEATURES.items():
+            if found[key] != self.features.get(key) or not self.probed:
+                log.info(
+                    "DRA driver %s: the API server %s: %s",
+                    self.driver,
+                    f"serves {gate}" if found[key] else f"does not serve {gate}",
+                    yes if found[key] else no,
+                )
+        self.features = found
         self.probed = True
 
     def _differs(self, have: dict[str, Any] | None, want: dict[str, Any]) -> bool:

@@ -17,9 +17,10 @@ from typing import Any
 
 from ..config import Config
 from ..daemon import BackendRuntime, Daemon
-from ..device import Device
+from ..device import Device, is_replica, replica_base
 from ..errors import ConfigError
 from ..plugins import Backend
+from ..sharing import advertise
 from .driver import DEFAULT_PLUGINS_DIR, DEFAULT_RESYNC_INTERVAL, DRADriver, DriverSettings
 from .names import driver_name_for, driver_name_problem
 from .slices import VERSIONS
@@ -141,9 +142,19 @@ class DRADaemon(Daemon):
                 self._errors.append(e)
                 log.error("DRA mode cannot serve resource %s: %s", resource, e)
                 continue
-            await driver.update(devices)
+            await driver.update(devices, self._shares(devices))
             if self._dra_started and not driver.running:
                 await driver.start()
+
+    def _shares(self, devices: list[Device]) -> dict[str, int]:
+        """Device ID -> replicas the sharing config makes of it (time-slicing); DRA
+        publishes each device once and maps the replicas onto consumable capacity."""
+        counts: dict[str, int] = {}
+        for d in advertise(devices, self.config.sharing):
+            if is_replica(d.id):
+                base = replica_base(d.id)
+                counts[base] = counts.get(base, 0) + 1
+        return counts
 
     def dra_readiness(self) -> tuple[bool, list[str]]:
         """(ready, one line per driver), the DRA counterpart of ``probes.readiness``.

@@ -26,7 +26,9 @@ from .validation import (
     INT64_MAX,
     INT64_MIN,
     MAX_ATTRIBUTES_AND_CAPACITIES,
+    MAX_COUNTER_SETS,
     MAX_DEVICES,
+    MAX_DEVICES_ADVANCED,
     MAX_VALUE_BYTES,
     canonical_quantity,
     device_problems,
@@ -85,7 +87,7 @@ def _attribute(value: AttributeValue) -> tuple[dict[str, Any] | None, str]:
     return {"string": text}, ""
 
 
-def _memory_mib(device: Device) -> int | None:
+def memory_mib(device: Device) -> int | None:
     for key in MEMORY_KEYS:
         value = device.attributes.get(key)
         if isinstance(value, bool):
@@ -124,7 +126,7 @@ def render_device(device: Device, notes: list[str] | None = None) -> dict[str, A
     if device.parent:
         standard.setdefault("parent", device.parent)
     capacity: dict[str, dict[str, str]] = {}
-    memory = _memory_mib(device)
+    memory = memory_mib(device)
     if memory is not None and memory * 2**20 <= INT64_MAX:
         capacity["memory"] = {"value": canonical_quantity(f"{memory}Mi")}
     # Standard names first, so they survive the 32-entry limit.
@@ -195,8 +197,12 @@ def render_slices(
     generation: int,
     version: str = "v1",
     pool: str | None = None,
+    counter_sets: Sequence[Mapping[str, Any]] = (),
 ) -> list[dict[str, Any]]:
-    """The ResourceSlices of one pool: ``devices`` (``v1`` shape) in chunks of 128.
+    """The ResourceSlices of one pool: ``devices`` (``v1`` shape) in chunks of 128
+    (64 when a device has taints or consumes counters), after the ``counter_sets``
+    (KEP-4815 shared counters) in slices of their own, 8 sets each: the server
+    refuses a slice with both.
 
     An empty pool still gets one slice with no devices, so the scheduler knows
     the node has none rather than that nothing was published.
@@ -204,12 +210,18 @@ def render_slices(
     if version not in VERSIONS:
         raise ValueError(f"unsupported resource.k8s.io version {version!r}")
     pool = pool or node
-    chunks = [
-        list(devices[i : i + MAX_DEVICES_PER_SLICE])
-        for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)
-    ] or [[]]
+    advanced = any(d.get("taints") or d.get("consumesCounters") for d in devices)
+    size = MAX_DEVICES_ADVANCED if advanced else MAX_DEVICES_PER_SLICE
+    bodies: list[dict[str, Any]] = [
+        {"sharedCounters": [dict(c) for c in counter_sets[i : i + MAX_COUNTER_SETS]]}
+        for i in range(0, len(counter_sets), MAX_COUNTER_SETS)
+    ]
+    chunks = [list(devices[i : i + size]) for i in range(0, len(devices), size)]
+    bodies += [{"devices": [to_version(d, version) for d in chunk]} for chunk in chunks]
+    if not chunks:
+        bodies.append({"devices": []})
     out = []
-    for i, chunk in enumerate(chunks):
+    for i, body in enumerate(bodies):
         out.append(
             {
                 "apiVersion": f"{GROUP}/{version}",
@@ -221,9 +233,9 @@ def render_slices(
                     "pool": {
                         "name": pool,
                         "generation": generation,
-                        "resourceSliceCount": len(chunks),
+                        "resourceSliceCount": len(bodies),
                     },
-                    "devices": [to_version(d, version) for d in chunk],
+                    **body,
                 },
             }
         )

@@ -75,7 +75,12 @@ DIAL_TIMEOUT = 10.0
 FEATURES = ("DRADeviceTaints", "DRAPartitionableDevices", "DRAConsumableCapacity")
 
 
-def slice_problems(obj: dict[str, Any], version: str, schema: str = SCHEMA_VERSION) -> list[str]:
+def slice_problems(
+    obj: dict[str, Any],
+    version: str,
+    schema: str = SCHEMA_VERSION,
+    features: Sequence[str] | None = None,
+) -> list[str]:
     """What the API server would refuse in a ResourceSlice (``field: reason`` lines).
 
     The JSON schema of Kubernetes ``schema`` (with ``kubernetes-validate``,
@@ -94,6 +99,8 @@ def slice_problems(obj: dict[str, Any], version: str, schema: str = SCHEMA_VERSI
             problems.append(f"{path}: {first}")
     except ImportError:
         pass
+    if features is not None:  # the server drops disabled-gate fields before it validates
+        obj = _from_v1(_drop_disabled(_to_v1(obj, version), features), version)
     return problems + server_slice_problems(obj, version)
 
 
@@ -138,16 +145,8 @@ def _from_v1(obj: dict[str, Any], version: str) -> dict[str, Any]:
     return out
 
 
-def _store_form(obj: dict[str, Any], features: Sequence[str]) -> dict[str, Any]:
-    """What the server keeps of a valid v1-shaped slice.
-
-    Fields of disabled feature gates are dropped silently (the real server's
-    ``dropDisabledFields``: DRADeviceTaints -> ``taints``, DRAPartitionableDevices
-    -> ``sharedCounters``/``consumesCounters``, DRAConsumableCapacity ->
-    ``allowMultipleAllocations``/``requestPolicy``), quantities are stored in
-    canonical form (``16384Mi`` -> ``16Gi``), empty fields are omitted
-    (``omitempty``), and a taint without ``timeAdded`` gets one.
-    """
+def _drop_disabled(obj: dict[str, Any], features: Sequence[str]) -> dict[str, Any]:
+    """The real server's ``dropDisabledFields`` (in place): fields of gates that are off."""
     spec = obj.get("spec") or {}
     if "DRAPartitionableDevices" not in features:
         spec.pop("sharedCounters", None)
@@ -159,7 +158,23 @@ def _store_form(obj: dict[str, Any], features: Sequence[str]) -> dict[str, Any]:
         if "DRAConsumableCapacity" not in features:
             d.pop("allowMultipleAllocations", None)
             for c in (d.get("capacity") or {}).values():
-                c.pop("requestPolicy", None)
+                if isinstance(c, dict):
+                    c.pop("requestPolicy", None)
+    return obj
+
+
+def _store_form(obj: dict[str, Any], features: Sequence[str]) -> dict[str, Any]:
+    """What the server keeps of a valid v1-shaped slice.
+
+    Fields of disabled feature gates are dropped silently (the real server's
+    ``dropDisabledFields``: DRADeviceTaints -> ``taints``, DRAPartitionableDevices
+    -> ``sharedCounters``/``consumesCounters``, DRAConsumableCapacity ->
+    ``allowMultipleAllocations``/``requestPolicy``), quantities are stored in
+    canonical form (``16384Mi`` -> ``16Gi``), empty fields are omitted
+    (``omitempty``), and a taint without ``timeAdded`` gets one.
+    """
+    spec = _drop_disabled(obj, features).get("spec") or {}
+    for d in spec.get("devices") or []:
         for c in (d.get("capacity") or {}).values():
             c["value"] = canonical_quantity(c["value"])
         for cc in d.get("consumesCounters") or []:
@@ -545,7 +560,7 @@ class FakeAPIServer:
             return 400, _status(
                 400, "BadRequest", f"the body of the request was in an unknown format: {too_big}"
             )
-        problems = slice_problems(body, version, self.schema)
+        problems = slice_problems(body, version, self.schema, self.features)
         if name is not None and obj_name != name:
             problems.append(f"metadata.name: Invalid value: {obj_name!r}: does not match URL")
         if problems:

@@ -70,7 +70,7 @@ async def test_unhealthy_devices_are_tainted_where_the_server_keeps_taints(dra, 
         dra.api = server
         with caplog.at_level(logging.INFO, logger="hetero_dp.dra"):
             daemon = await dra.start(Npus(2))
-        assert "keeps device taints" in caplog.text
+        assert "serves device taints (DRADeviceTaints)" in caplog.text
         daemon.set_health("npus", "NPU-0001", False, "XID 79: fallen off the bus")
         name = device_name("NPU-0001")
         await server.wait_for(lambda: bool(server.devices_of(DRIVER).get(name, {}).get("taints")))
@@ -92,7 +92,7 @@ async def test_without_taints_unhealthy_devices_are_withdrawn_and_the_log_says_w
 ):
     with caplog.at_level(logging.INFO, logger="hetero_dp.dra"):
         daemon = await dra.start(Npus(2))
-    assert "drops (feature gate DRADeviceTaints off)" in caplog.text
+    assert "does not serve device taints (DRADeviceTaints)" in caplog.text
     daemon.set_health("npus", "NPU-0001", False, "ECC errors")
     name = device_name("NPU-0001")
     await api_server.wait_for(lambda: name not in api_server.devices_of(DRIVER))

@@ -125,7 +125,9 @@ def test_slice_limits_follow_the_advanced_fields():
     assert slice_problems(s, "v1") == []
     taint = {"key": "k", "effect": "NoSchedule"}
     tainted = [{"name": f"d{i}", "taints": [taint]} for i in range(65)]
-    [s] = render_slices(driver=DRIVER, node="n", devices=tainted, generation=1)
+    s = render_slices(driver=DRIVER, node="n", devices=tainted, generation=1)[0]
+    assert len(s["spec"]["devices"]) == 64  # the renderer cuts at 64 ...
+    s["spec"]["devices"] = tainted  # ... and the server refuses 65
     assert any("Too many: 65: must have at most 64" in p for p in slice_problems(s, "v1"))
     s["spec"]["sharedCounters"] = [{"name": "gpu-0", "counters": {"memory": {"value": "1"}}}]
     assert any("only one of `sharedCounters` or `devices`" in p for p in slice_problems(s, "v1"))
