@@ -18,7 +18,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,11 @@ from .checkpoint import Checkpoint, CheckpointError, PreparedClaim, PreparedDevi
 from .claimspec import build_claim_spec, spec_path, write_claim_spec
 
 log = logging.getLogger(__name__)
+
+
+PrepareHook = Callable[
+    ["ClaimRef", dict[str, Device], list[dict[str, Any]]], Awaitable[list[Device]]
+]
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,7 @@ class ClaimPreparer:
         checkpoint: Checkpoint,
         cdi_dir: Path,
         devices: Callable[[], Mapping[str, Device]],
+        on_prepare: PrepareHook | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -69,6 +75,9 @@ class ClaimPreparer:
         self.checkpoint = checkpoint
         self.cdi_dir = Path(cdi_dir)
         self.devices = devices  # DRA device name -> record, all this node has now
+        # the backends' prepare hooks: (claim, devices by DRA name, opaque config) ->
+        # the records to use for this claim
+        self.on_prepare = on_prepare
         self._lock = asyncio.Lock()
         self._batch = asyncio.Lock()
         self.lock_path = self.checkpoint.path.with_name("serialize.lock")
@@ -144,6 +153,8 @@ class ClaimPreparer:
                 f"for {ref.uid!r} (the claim was deleted and recreated?)"
             )
         chosen, requests = self._allocated(claim, ref)
+        if self.on_prepare is not None:
+            chosen = await self._apply_config(claim, ref, chosen)
         spec, cdi_ids = self._spec(ref, chosen, requests)
         prepared = [
             PreparedDevice(
@@ -217,6 +228,52 @@ class ClaimPreparer:
                 f"(pool {self.pool}) does not have: {', '.join(foreign)}"
             )
         return chosen, requests
+
+    def opaque_config(self, claim: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """This driver's opaque config entries of an allocated claim, class first.
+
+        The scheduler copies the DeviceClass's and the claim's config into
+        ``status.allocation.devices.config`` (``source`` FromClass/FromClaim).
+        """
+        entries = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+            "config"
+        ) or []
+        out = []
+        for e in entries:
+            opaque = e.get("opaque") or {}
+            if opaque.get("driver") != self.driver:
+                continue
+            out.append(
+                {
+                    "source": e.get("source", ""),
+                    "requests": list(e.get("requests") or []),
+                    "parameters": opaque.get("parameters"),
+                }
+            )
+        out.sort(key=lambda e: 0 if e["source"] == "FromClass" else 1)  # stable: class first
+        return out
+
+    async def _apply_config(
+        self, claim: Mapping[str, Any], ref: ClaimRef, chosen: dict[str, Device]
+    ) -> dict[str, Device]:
+        assert self.on_prepare is not None
+        config = self.opaque_config(claim)
+        try:
+            result = await self.on_prepare(ref, dict(chosen), config)
+        except ClaimError:
+            raise
+        except Exception as e:
+            raise ClaimError(f"applying the claim's configuration failed: {e}") from None
+        by_id = {d.id: name for name, d in chosen.items()}
+        out = dict(chosen)
+        for d in result:
+            if not isinstance(d, Device) or d.id not in by_id:
+                raise ClaimError(
+                    f"the prepare hook returned {d!r}, not one of the claim's devices "
+                    f"({', '.join(sorted(by_id))})"
+                )
+            out[by_id[d.id]] = d
+        return out
 
     def _spec(
         self, ref: ClaimRef, chosen: Mapping[str, Device], requests: Mapping[str, list[str]]

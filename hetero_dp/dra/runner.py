@@ -18,11 +18,12 @@ from typing import Any
 from ..config import Config
 from ..daemon import BackendRuntime, Daemon
 from ..device import Device, is_replica, replica_base
-from ..errors import ConfigError
+from ..errors import BackendError, ConfigError
 from ..plugins import Backend
 from ..sharing import advertise
 from .driver import DEFAULT_PLUGINS_DIR, DEFAULT_RESYNC_INTERVAL, DRADriver, DriverSettings
 from .names import driver_name_for, driver_name_problem
+from .prepare import ClaimError, ClaimRef
 from .slices import VERSIONS
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,7 @@ class DRADaemon(Daemon):
                     field="driverName",
                 )
             driver = DRADriver(settings, self.api_client)
+            driver.preparer.on_prepare = self._prepare_hook
             self.drivers[resource] = driver
         return driver
 
@@ -145,6 +147,23 @@ class DRADaemon(Daemon):
             await driver.update(devices, self._shares(devices))
             if self._dra_started and not driver.running:
                 await driver.start()
+
+    async def _prepare_hook(
+        self, ref: ClaimRef, devices: dict[str, Device], config: list[dict[str, Any]]
+    ) -> list[Device]:
+        """Call the ``prepare`` hook of each backend that serves some of ``devices``."""
+        claim = {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid}
+        out: list[Device] = []
+        for rt in self.runtimes.values():
+            mine = [d for d in devices.values() if rt.published.get(d.id) is not None]
+            if not mine or not rt.backend.implements("prepare"):
+                continue
+            try:
+                result = await rt.backend.call("prepare", claim=claim, devices=mine, config=config)
+            except BackendError as e:
+                raise ClaimError(str(e)) from None
+            out.extend(mine if result is None else list(result))
+        return out
 
     def _shares(self, devices: list[Device]) -> dict[str, int]:
         """Device ID -> replicas the sharing config makes of it (time-slicing); DRA

@@ -624,8 +624,14 @@ def make_claim(
     namespace: str = "default",
     uid: str | None = None,
     version: str = "v1",
+    config: Iterable[tuple[str, Any]] = (),
 ) -> dict[str, Any]:
-    """An allocated ResourceClaim: ``results`` are ``(request, device name)`` pairs."""
+    """An allocated ResourceClaim: ``results`` are ``(request, device name)`` pairs.
+
+    ``config``: ``(source, parameters)`` pairs of opaque configuration for
+    ``driver`` (source ``FromClass`` or ``FromClaim``), as the scheduler copies
+    them into ``status.allocation.devices.config``.
+    """
     requests = sorted({r.partition("/")[0] for r, _ in results})
     exactly = "exactly" if version == "v1" else None
     spec_requests = []
@@ -647,7 +653,11 @@ def make_claim(
                     "results": [
                         {"request": r, "driver": driver, "pool": pool, "device": d}
                         for r, d in results
-                    ]
+                    ],
+                    "config": [
+                        {"source": src, "opaque": {"driver": driver, "parameters": params}}
+                        for src, params in config
+                    ],
                 }
             }
         },
