@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 _INSTANCE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
 PROBE_TIMEOUT = 2.0
+WATCH_STOP_TIMEOUT = 5.0
 
 DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_RESYNC_INTERVAL = 30.0
@@ -323,6 +324,8 @@ class DRADriver:
         self._running = False
         if self._slice_watch is not None:
             self._slice_watch.stop()
+            if not await asyncio.to_thread(self._slice_watch.join, WATCH_STOP_TIMEOUT):
+                log.warning("DRA driver %s: the slice watch did not stop in time", self.name)
             self._slice_watch = None
         if self._watcher is not None:
             self._watcher.close()

@@ -65,9 +65,14 @@ class SliceWatch:
         response = self._response
         if response is not None:
             with contextlib.suppress(Exception):
-                response.shutdown()
-            with contextlib.suppress(Exception):
-                response.release_conn()
+                response.shutdown()  # unblocks the read; the thread closes the connection
+
+    def join(self, timeout: float) -> bool:
+        """Wait for the thread to end; True when it did."""
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         resource_version = ""
@@ -103,6 +108,7 @@ class SliceWatch:
             self.driver, self.node, resource_version, self.timeout_seconds
         )
         self._response = response
+        complete = False
         try:
             if self._stop.is_set():
                 return resource_version
@@ -115,9 +121,15 @@ class SliceWatch:
                         resource_version = self._handle(json.loads(line)) or resource_version
                 if self._stop.is_set():
                     break
+            else:
+                complete = True
         finally:
             self._response = None
             with contextlib.suppress(Exception):
+                # A stream cut short leaves unread chunks on the connection: closed, not
+                # pooled, or the next request on it reads them as its status line.
+                if not complete:
+                    response.close()
                 response.release_conn()
         return resource_version
 

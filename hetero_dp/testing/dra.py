@@ -45,6 +45,8 @@ import contextlib
 import copy
 import functools
 import json
+import select
+import socket
 import stat
 import threading
 import time
@@ -71,6 +73,7 @@ from .waiting import ChangeWaiter
 GROUP = "resource.k8s.io"
 SCHEMA_VERSION = "1.34"
 DIAL_TIMEOUT = 10.0
+WATCH_POLL = 0.2  # how often a watch stream checks that its client is still there
 
 FEATURES = ("DRADeviceTaints", "DRAPartitionableDevices", "DRAConsumableCapacity")
 
@@ -462,10 +465,12 @@ class FakeAPIServer:
             while True:
                 for kind, obj in pending:
                     send(kind, obj)
+                if _peer_closed(handler.connection):  # the client went away
+                    break
                 with self._cond:
                     self._cond.wait_for(
                         functools.partial(self._watch_wakes, last, version, deadline),
-                        timeout=max(0.0, deadline - time.monotonic()),
+                        timeout=min(WATCH_POLL, max(0.0, deadline - time.monotonic())),
                     )
                     if self._stopping or version not in self.versions:
                         break
@@ -597,6 +602,15 @@ class FakeAPIServer:
         self.slices[obj_name] = obj
         self._event("MODIFIED" if existing else "ADDED", obj)
         return (200 if name else 201), _from_v1(obj, version)
+
+
+def _peer_closed(sock: Any) -> bool:
+    """True when the client closed its end (readable with nothing to read)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
 
 
 def _status(code: int, reason: str, message: str, *, success: bool = False) -> dict[str, Any]:

@@ -119,3 +119,19 @@ async def test_the_same_content_at_a_higher_generation_is_taken_over_without_a_w
     await daemon.drivers[RES].resync()
     assert len(api_server.writes()) == before
     assert daemon.drivers[RES].publisher.generation == 7
+
+
+async def test_the_watch_thread_ends_with_the_driver(dra, api_server, caplog):
+    import logging
+    import threading
+
+    daemon = await dra.start(Npus(1))
+    await api_server.wait_for(lambda: api_server.watches >= 1)
+    assert any(t.name == f"dra watch {DRIVER}" for t in threading.enumerate())
+    with caplog.at_level(logging.WARNING):
+        await dra.stop(daemon)
+    # the cut stream's connection is closed, not pooled: the pool removal's list did
+    # not read leftover watch chunks as its status line
+    assert "BadStatusLine" not in caplog.text and api_server.slices_of(DRIVER) == []
+    assert not any(t.name == f"dra watch {DRIVER}" for t in threading.enumerate())
+    await api_server.wait_for(lambda: api_server.watches == 0)
