@@ -723,9 +723,19 @@ class FakeDRAKubelet(ChangeWaiter):
     """``async with FakeDRAKubelet(registry_dir) as kubelet: ...`` — see the module docstring."""
 
     def __init__(
-        self, registry_dir: str | Path, *, versions: Sequence[str] = ("v1", "v1beta1")
+        self,
+        registry_dir: str | Path,
+        *,
+        versions: Sequence[str] = ("v1", "v1beta1"),
+        api: FakeAPIServer | None = None,
+        node: str = "",
     ) -> None:
         self.registry_dir = Path(registry_dir)
+        # With an API server and a node name, starting wipes the node's ResourceSlices,
+        # as the real kubelet's DRA manager does when it starts (issue 19 saw the node
+        # advertise nothing for 5-28 s after each kubelet restart until drivers noticed).
+        self.api = api
+        self.node = node
         self.versions = tuple(versions)  # newest first
         self.plugins: dict[str, DRAPlugin] = {}  # driver -> the instance in use
         # driver -> its registered instances, oldest first. Since 1.33 the kubelet
@@ -754,6 +764,8 @@ class FakeDRAKubelet(ChangeWaiter):
 
     async def start(self) -> None:
         self.registry_dir.mkdir(parents=True, exist_ok=True)
+        if self.api is not None and self.node:
+            self.api.wipe_node(self.node)
         self._watcher = DirectoryWatcher(self.registry_dir, self._on_event)
         self._watcher.start()
         for entry in sorted(self.registry_dir.iterdir()):  # the plugin watcher's first walk

@@ -135,3 +135,22 @@ async def test_the_watch_thread_ends_with_the_driver(dra, api_server, caplog):
     assert "BadStatusLine" not in caplog.text and api_server.slices_of(DRIVER) == []
     assert not any(t.name == f"dra watch {DRIVER}" for t in threading.enumerate())
     await api_server.wait_for(lambda: api_server.watches == 0)
+
+
+async def test_a_kubelet_restart_wipes_the_pool_and_the_driver_restores_it(dra, api_server):
+    from hetero_dp.testing.dra import FakeDRAKubelet
+
+    kubelet = FakeDRAKubelet(dra.registry_dir, api=api_server, node="node-a")
+    await kubelet.start()
+    try:
+        await dra.start(Npus(2), resync_interval=0)  # only the watch can repair
+        await kubelet.wait_registered(DRIVER)
+        await api_server.wait_for(lambda: api_server.watches >= 1)
+        deletes = len([r for r in api_server.writes() if r.method == "DELETE"])
+        await kubelet.restart()  # wipes the node's slices, then finds the driver again
+        await kubelet.wait_registered(DRIVER, after=1)
+        await api_server.wait_for(lambda: len(api_server.devices_of(DRIVER)) == 2)
+        assert generations(api_server) == {1}
+        assert len([r for r in api_server.writes() if r.method == "DELETE"]) == deletes
+    finally:
+        await kubelet.stop()
