@@ -198,7 +198,10 @@ class DRADaemon(Daemon):
                 lines.append(f"{what}: not ready: {problem}")
             else:
                 n = len(d.publisher.devices or [])
-                lines.append(f"{what}: ready ({n} devices, generation {d.publisher.generation})")
+                role = "" if d.publisher.active else ", standing by: a newer instance publishes"
+                lines.append(
+                    f"{what}: ready ({n} devices, generation {d.publisher.generation}{role})"
+                )
         if not lines:
             lines.append("no resources: no backend found devices")
         return ok, lines

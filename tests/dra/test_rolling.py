@@ -40,6 +40,8 @@ async def test_two_instances_coexist_and_only_the_last_removes_the_pool(dra, api
     assert len(kubelet.instances[DRIVER]) == 2
     assert len(api_server.devices_of(DRIVER)) == 3  # the newer instance publishes
     await api_server.wait_for(lambda: not old.drivers[RES].publisher.active)
+    ok, lines = old.dra_readiness()
+    assert ok and "standing by: a newer instance publishes" in lines[0]
 
     # the old instance stands by: its changes are not written over the new pool
     old_backend.devices.pop()
