@@ -373,12 +373,14 @@ class FakeAPIServer:
         return out
 
     def writes(self) -> list[Request]:
-        """The slice writes (POST, PUT, DELETE) received so far."""
+        """The slice writes (POST, PUT, DELETE) received so far; dry runs are not writes."""
         with self._cond:
             return [
                 r
                 for r in self.requests
-                if r.method in ("POST", "PUT", "DELETE") and "/resourceslices" in r.path
+                if r.method in ("POST", "PUT", "DELETE")
+                and "/resourceslices" in r.path
+                and "dryRun=" not in r.path
             ]
 
     async def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:

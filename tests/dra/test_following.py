@@ -154,3 +154,20 @@ async def test_a_kubelet_restart_wipes_the_pool_and_the_driver_restores_it(dra, 
         assert len([r for r in api_server.writes() if r.method == "DELETE"]) == deletes
     finally:
         await kubelet.stop()
+
+
+async def test_a_newly_served_version_is_taken_up_by_the_scheduled_check(dra):
+    # 1.33 -> 1.34: v1 appears next to v1beta1; nothing fails, so only the schedule notices
+    with FakeAPIServer(versions=("v1beta1",)) as server:
+        dra.api = server
+        daemon = await dra.start(Npus(1))
+        driver = daemon.drivers[RES]
+        server.serve(["v1", "v1beta1"])
+        await driver.resync()
+        assert driver.publisher.version == "v1beta1"  # within the interval: unchanged
+        driver.publisher.redetect_interval = 0
+        await driver.resync()
+        assert driver.publisher.version == "v1"
+        writes = [r for r in server.writes() if "/v1/" in r.path]
+        assert not writes  # the same content under v1: nothing to rewrite
+        await dra.stop_all()
