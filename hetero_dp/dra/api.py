@@ -140,5 +140,17 @@ class ResourceAPI:
     def delete_slice(self, name: str) -> None:
         self._call("delete_resource_slice", name)
 
+    def read_node(self, name: str) -> dict[str, Any]:
+        """The Node object (core/v1), for an owner reference on the pool's slices."""
+        try:
+            response = k8s.CoreV1Api(self.api_client).read_node(
+                name, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+            )
+            return _load(response)
+        except ApiException as e:
+            raise APIError.from_exception(e) from None
+        except (HTTPError, OSError) as e:
+            raise APIError(0, "Unreachable", f"cannot reach the API server: {e}") from None
+
     def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
         return self._call("read_namespaced_resource_claim", name, namespace)

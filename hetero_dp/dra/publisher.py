@@ -150,6 +150,7 @@ class SlicePublisher:
         self.probed = False
         self.shares: dict[str, int] = {}  # DRA device name -> ways it is shared
         self.counter_sets: list[dict[str, Any]] = []
+        self.owner: dict[str, str] | None = None  # the Node: {name, uid}
         self._records: list[Device] = []
         self.writes = 0  # creates, replaces and deletes sent
         self.own_versions: set[str] = set()  # resourceVersions this publisher wrote
@@ -166,7 +167,27 @@ class SlicePublisher:
         existing = await asyncio.to_thread(self.api.list_slices, self.driver, self.node)
         self.generation = max([self.generation, *(_generation(s) for s in existing)])
         await asyncio.to_thread(self.probe_features)
+        await asyncio.to_thread(self._find_owner)
         self._detected_at = time.monotonic()
+
+    def _find_owner(self) -> None:
+        """The Node's UID, so the pool is deleted with the node (RBAC: get nodes)."""
+        if self.owner is not None:
+            return
+        try:
+            node = self.api.read_node(self.node)
+        except APIError as e:
+            log.warning(
+                "DRA driver %s: cannot read Node %s (%s); its ResourceSlices get no owner "
+                "reference, so a node deleted while the driver is down leaves them behind",
+                self.driver,
+                self.node,
+                e,
+            )
+            return
+        uid = (node.get("metadata") or {}).get("uid")
+        if uid:
+            self.owner = {"name": self.node, "uid": uid}
 
     def desired(self) -> list[dict[str, Any]]:
         return render_slices(
@@ -176,6 +197,7 @@ class SlicePublisher:
             generation=self.generation,
             version=self.version,
             counter_sets=self.counter_sets,
+            owner=self.owner,
         )
 
     def _log_notes(self, notes: list[str]) -> None:
@@ -345,6 +367,9 @@ class SlicePublisher:
 
     def _differs(self, have: dict[str, Any] | None, want: dict[str, Any]) -> bool:
         if have is None:
+            return True
+        owners = (have.get("metadata") or {}).get("ownerReferences") or []
+        if owners != (want["metadata"].get("ownerReferences") or []):
             return True
         return normalize_spec(have.get("spec") or {}, self.version) != normalize_spec(
             want["spec"], self.version

@@ -198,6 +198,7 @@ def render_slices(
     version: str = "v1",
     pool: str | None = None,
     counter_sets: Sequence[Mapping[str, Any]] = (),
+    owner: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """The ResourceSlices of one pool: ``devices`` (``v1`` shape) in chunks of 128
     (64 when a device has taints or consumes counters), after the ``counter_sets``
@@ -205,7 +206,9 @@ def render_slices(
     refuses a slice with both.
 
     An empty pool still gets one slice with no devices, so the scheduler knows
-    the node has none rather than that nothing was published.
+    the node has none rather than that nothing was published. ``owner``: the
+    Node's ``{name, uid}``; the slices then name it as their owner, and the
+    garbage collector deletes them with the node.
     """
     if version not in VERSIONS:
         raise ValueError(f"unsupported resource.k8s.io version {version!r}")
@@ -226,7 +229,10 @@ def render_slices(
             {
                 "apiVersion": f"{GROUP}/{version}",
                 "kind": "ResourceSlice",
-                "metadata": {"name": slice_name(node, driver, i)},
+                "metadata": {
+                    "name": slice_name(node, driver, i),
+                    **({"ownerReferences": [node_owner(owner)]} if owner else {}),
+                },
                 "spec": {
                     "driver": driver,
                     "nodeName": node,
@@ -240,6 +246,17 @@ def render_slices(
             }
         )
     return out
+
+
+def node_owner(node: Mapping[str, Any]) -> dict[str, Any]:
+    """An owner reference to a Node (what the kubelet's own helper sets on slices)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": node["name"],
+        "uid": node["uid"],
+        "controller": True,
+    }
 
 
 def taint_for(device: Device, key: str) -> dict[str, str]:

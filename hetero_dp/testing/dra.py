@@ -222,6 +222,7 @@ class FakeAPIServer:
         self.schema = schema
         self.slices: dict[str, dict[str, Any]] = {}  # name -> object, stored as v1
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.nodes: dict[str, dict[str, Any]] = {}  # name -> Node (core/v1)
         self.refuse_slices: str | None = None
         self.requests: list[Request] = []
         self.events: list[tuple[int, str, dict[str, Any]]] = []  # (rv, type, v1 object)
@@ -322,6 +323,20 @@ class FakeAPIServer:
         with self._cond:
             self.versions = tuple(versions)
             self._cond.notify_all()
+
+    def add_node(self, name: str) -> dict[str, Any]:
+        """A Node object (name and UID only), as every cluster has for its nodes."""
+        with self._cond:
+            node = self.nodes.setdefault(
+                name,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {"name": name, "uid": str(uuid.uuid4())},
+                },
+            )
+            self._cond.notify_all()
+            return copy.deepcopy(node)
 
     def add_claim(self, claim: dict[str, Any]) -> dict[str, Any]:
         meta = claim["metadata"]
@@ -500,6 +515,13 @@ class FakeAPIServer:
         )
 
     def _handle(self, method: str, raw_path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        parts = [p for p in urlsplit(raw_path).path.split("/") if p]
+        if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4 and method == "GET":
+            with self._cond:
+                node = self.nodes.get(parts[3])
+            if node is None:
+                return 404, _status(404, "NotFound", f'nodes "{parts[3]}" not found')
+            return 200, copy.deepcopy(node)
         route = self._route(raw_path)
         if route is None:
             return 404, _status(404, "NotFound", "the server could not find the requested resource")
@@ -1036,6 +1058,7 @@ class DRARunner(PluginRunner):
         self.root = Path(root)
         self.api = api
         self.node = node
+        self.create_node = True  # give the API server a Node object for the node
 
     @property
     def cdi_dir(self) -> Path:
@@ -1059,6 +1082,10 @@ class DRARunner(PluginRunner):
         from ..config import load_config
         from ..dra.runner import DRADaemon, DRAOptions
         from ..plugins import load_backends
+
+        node_name = self.node if node is None else node
+        if self.create_node and node_name and node_name not in self.api.nodes:
+            self.api.add_node(node_name)  # the node exists, as in any cluster
 
         raw = test_config(config, options)
         raw["kubeletDir"] = str(self.plugin_dir)

@@ -171,3 +171,26 @@ async def test_a_newly_served_version_is_taken_up_by_the_scheduled_check(dra):
         writes = [r for r in server.writes() if "/v1/" in r.path]
         assert not writes  # the same content under v1: nothing to rewrite
         await dra.stop_all()
+
+
+async def test_slices_name_the_node_as_owner(dra, api_server):
+    await dra.start(Npus(1))
+    uid = api_server.nodes["node-a"]["metadata"]["uid"]
+    [s] = api_server.slices_of(DRIVER)
+    assert s["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": uid, "controller": True}
+    ]
+
+
+async def test_without_the_node_slices_are_published_without_owner_and_the_log_says_why(
+    dra, api_server, caplog
+):
+    import logging
+
+    dra.create_node = False  # no Node object (or no RBAC to read it)
+    with caplog.at_level(logging.WARNING, logger="hetero_dp.dra"):
+        daemon = await dra.start(Npus(1))
+    assert "cannot read Node node-a" in caplog.text and "no owner reference" in caplog.text
+    assert daemon.drivers[RES].publisher.owner is None
+    [s] = api_server.slices_of(DRIVER)
+    assert "ownerReferences" not in s["metadata"] and len(s["spec"]["devices"]) == 1
