@@ -37,6 +37,11 @@ from ..kubelet.api import (
 from .names import device_name
 
 MAX_MESSAGE = 1024  # the kubelet cuts longer messages
+# The list is sent again every HEARTBEAT seconds, with the time refreshed: the kubelet
+# counts a device it has heard nothing of within its timeout as Unknown. We tell it
+# HEALTH_TIMEOUT (v1beta1 and v1 carry the field); its default was not checked.
+HEARTBEAT = 10.0
+HEALTH_TIMEOUT = 60
 
 # wire version -> (messages, services)
 HEALTH_VERSIONS: dict[str, tuple[ModuleType, ModuleType]] = {
@@ -55,6 +60,7 @@ class HealthFeed:
         self.closed = False
         # DRA device name -> (healthy, reason, unix seconds of the last change)
         self.devices: dict[str, tuple[bool, str, int]] = {}
+        self.heartbeat = HEARTBEAT
         self._cond = asyncio.Condition()
 
     async def update(self, devices: Iterable[Device]) -> None:
@@ -81,15 +87,26 @@ class HealthFeed:
         return self.closed or self.version != seen
 
     async def changes(self) -> AsyncIterator[dict[str, tuple[bool, str, int]]]:
-        """The device list now, then after every change, until the feed closes."""
+        """The device list now, then after every change and every ``heartbeat``
+        seconds (times refreshed: the health is still current), until the feed closes."""
         seen = -1
         while True:
+            fresh = True
             async with self._cond:
-                await self._cond.wait_for(functools.partial(self._moved, seen))
+                try:
+                    await asyncio.wait_for(
+                        self._cond.wait_for(functools.partial(self._moved, seen)),
+                        self.heartbeat if seen >= 0 else None,
+                    )
+                except asyncio.TimeoutError:
+                    fresh = False
                 if self.closed:
                     return
                 seen = self.version
                 snapshot = dict(self.devices)
+            if not fresh:
+                now = int(time.time())
+                snapshot = {k: (h, r, now) for k, (h, r, _) in snapshot.items()}
             yield snapshot
 
 
@@ -102,8 +119,10 @@ def _response(pb: ModuleType, pool: str, devices: dict[str, tuple[bool, str, int
             health=pb.HEALTHY if healthy else pb.UNHEALTHY,
             last_updated_time=since,
         )
-        if rich and reason:
-            entry.message = reason[:MAX_MESSAGE]
+        if rich:
+            entry.health_check_timeout_seconds = HEALTH_TIMEOUT
+            if reason:
+                entry.message = reason[:MAX_MESSAGE]
     return response
 
 

@@ -775,6 +775,7 @@ class FakeDRAKubelet(ChangeWaiter):
         self._claim_refs: dict[str, tuple[str, ClaimRef]] = {}  # UID -> (driver, ref)
         self.health: dict[str, dict[str, DeviceHealthStatus]] = {}  # driver -> device -> ...
         self.health_errors: list[str] = []
+        self.health_messages: dict[str, int] = {}  # driver -> messages received
         self._init_changes()
         self._watcher: DirectoryWatcher | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -939,6 +940,7 @@ class FakeDRAKubelet(ChangeWaiter):
                 opened.set()
                 try:
                     async for response in stream:
+                        self.health_messages[driver] = self.health_messages.get(driver, 0) + 1
                         # each message is the complete list for the driver
                         self.health[driver] = {
                             d.device.device_name: DeviceHealthStatus(

@@ -97,3 +97,13 @@ async def test_without_taints_unhealthy_devices_are_withdrawn_and_the_log_says_w
     name = device_name("NPU-0001")
     await api_server.wait_for(lambda: name not in api_server.devices_of(DRIVER))
     assert not [s for s in api_server.slices_of(DRIVER) if "probe" in s["metadata"]["name"]]
+
+
+async def test_the_health_list_is_sent_again_as_a_heartbeat(dra, api_server, kubelet):
+    daemon = await dra.start(Npus(1))
+    daemon.drivers[RES].health.heartbeat = 0.05
+    await kubelet.wait_registered(DRIVER)
+    await kubelet.watch_health(DRIVER, "v1")
+    await kubelet.wait_for(lambda: kubelet.health_messages.get(DRIVER, 0) >= 3)
+    [status] = kubelet.health[DRIVER].values()
+    assert status.health == "HEALTHY"  # nothing changed; the list came again anyway
