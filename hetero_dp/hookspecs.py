@@ -113,6 +113,24 @@ def preferred_allocation(
 
 
 @hookspec
+def prepare(
+    claim: Mapping[str, str], devices: list[Device], config: list[Mapping[str, Any]]
+) -> Iterable[Device] | None:
+    """DRA mode: apply a ResourceClaim's opaque configuration to its devices.
+
+    Called once per claim when the kubelet prepares it (a retry of a prepared
+    claim does not call it again), with ``claim`` (``namespace``, ``name``,
+    ``uid``), the claim's devices of this backend, and ``config``: the opaque
+    configuration for this driver from the DeviceClass and the claim, in that
+    order (later entries win), each ``{"source": "FromClass" | "FromClaim",
+    "requests": [...], "parameters": {...}}``; ``requests`` empty means all.
+    Return the device records to use for this claim (same IDs; for instance
+    with extra ``env``: they shape the claim's CDI spec), or None to keep them.
+    Raise to fail the claim with the message; the kubelet retries.
+    """
+
+
+@hookspec
 def links(devices: list[Device]) -> Iterable[Link]:
     """Describe how pairs of physical devices connect (NVLink, PCIe, XGMI ...).
 

@@ -108,7 +108,30 @@ class ResourceAPI:
         items: list[dict[str, Any]] = body.get("items") or []
         return items
 
-    def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+    def watch_slices(
+        self, driver: str, node: str, resource_version: str, timeout_seconds: int
+    ) -> Any:
+        """An open watch on the node's slices of ``driver``: the raw urllib3 response,
+        one JSON event per line. The caller reads it and closes it."""
+        try:
+            return self._api().list_resource_slice(
+                field_selector=f"spec.driver={driver},spec.nodeName={node}",
+                watch=True,
+                resource_version=resource_version or None,
+                timeout_seconds=timeout_seconds,
+                _preload_content=False,
+                _request_timeout=(REQUEST_TIMEOUT, timeout_seconds + REQUEST_TIMEOUT),
+            )
+        except ApiException as e:
+            raise APIError.from_exception(e) from None
+        except (HTTPError, OSError) as e:
+            raise APIError(0, "Unreachable", f"cannot reach the API server: {e}") from None
+
+    def create_slice(self, body: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        """Create a slice; ``dry_run``: the server validates, defaults and drops the
+        fields of disabled features, answers what it would store, and stores nothing."""
+        if dry_run:
+            return self._call("create_resource_slice", body, dry_run="All")
         return self._call("create_resource_slice", body)
 
     def replace_slice(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -116,6 +139,18 @@ class ResourceAPI:
 
     def delete_slice(self, name: str) -> None:
         self._call("delete_resource_slice", name)
+
+    def read_node(self, name: str) -> dict[str, Any]:
+        """The Node object (core/v1), for an owner reference on the pool's slices."""
+        try:
+            response = k8s.CoreV1Api(self.api_client).read_node(
+                name, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+            )
+            return _load(response)
+        except ApiException as e:
+            raise APIError.from_exception(e) from None
+        except (HTTPError, OSError) as e:
+            raise APIError(0, "Unreachable", f"cannot reach the API server: {e}") from None
 
     def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
         return self._call("read_namespaced_resource_claim", name, namespace)

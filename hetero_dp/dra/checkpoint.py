@@ -5,11 +5,17 @@ one that prepared the claim (the driver restarted in between). Each prepared
 claim's devices and CDI spec path are written here, atomically, before the
 kubelet hears of them; a corrupt file is an error naming the path, never
 silently emptied.
+
+During a rolling update two instances of the driver share the file: each
+prepare or unprepare batch holds :func:`lock_file` on ``serialize.lock`` beside
+it (the name the kubelet's own helper uses) and reads the file afresh.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +49,18 @@ class PreparedClaim:
             spec_path=str(data.get("spec_path", "")),
             devices=[PreparedDevice(**d) for d in data.get("devices", [])],
         )
+
+
+def lock_file(path: Path) -> int:
+    """Take an exclusive ``flock`` on ``path`` (blocking); close the fd to release it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class CheckpointError(Exception):

@@ -1,12 +1,15 @@
 """One DRA driver: a device set served to the kubelet and published to the API server.
 
 Start order: load the checkpoint (unprepare must work for claims a previous
-process prepared), serve ``DRAPlugin`` (v1 and v1beta1) on
-``<plugins dir>/<driver>/dra.sock``, then offer the registration socket
-``<plugins_registry>/<driver>-reg.sock`` (serve before register, as with
-device plugins), then publish the pool. Stop order is the reverse; slices are
-deleted on a clean stop, so the scheduler stops placing claims on a node whose
-driver has gone.
+process prepared), serve ``DRAPlugin`` (v1 and v1beta1) and the health service
+``DRAResourceHealth`` (:mod:`.health`) on ``<plugins dir>/<driver>/dra.sock``,
+then offer the registration socket ``<plugins_registry>/<driver>-reg.sock``
+(serve before register, as with device plugins), then publish the pool and
+watch it. With an instance ID (the pod UID, for rolling updates) the sockets are
+``dra-<uid>.sock`` and ``<driver>-<uid>-reg.sock``; only the newest live
+instance publishes. Stop order is the reverse; slices are deleted on a clean
+stop by the last instance, so the scheduler stops placing claims on a node
+whose driver has gone.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,19 +29,26 @@ from hetero_dp.allocation.cdi import CDIWriter
 from hetero_dp.dra.api import APIError, ResourceAPI
 from hetero_dp.dra.checkpoint import Checkpoint, CheckpointError
 from hetero_dp.dra.claimspec import claim_kind
+from hetero_dp.dra.health import HealthFeed, add_health_services
 from hetero_dp.dra.names import device_name, driver_name_problem, is_dns_subdomain
 from hetero_dp.dra.prepare import ClaimPreparer
 from hetero_dp.dra.publisher import SlicePublisher
 from hetero_dp.dra.servicer import DRARegistrationServicer, add_dra_services
 from hetero_dp.dra.slices import VERSIONS
+from hetero_dp.dra.watch import SliceWatch
 from hetero_dp.kits import observe
 from hetero_dp.kits.inotify import DirectoryWatcher
+from hetero_dp.kubelet.api import pluginregistration_v1_pb2 as reg_pb
 from hetero_dp.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from hetero_dp.kubelet.endpoint import check_socket_path, remove_socket
 from hetero_dp.model.device import Device
 from hetero_dp.model.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+_INSTANCE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
+PROBE_TIMEOUT = 2.0
+WATCH_STOP_TIMEOUT = 5.0
 
 DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_RESYNC_INTERVAL = 30.0
@@ -54,9 +65,18 @@ class DriverSettings:
     resync_interval: float = DEFAULT_RESYNC_INTERVAL
     api_versions: tuple[str, ...] = VERSIONS
     remove_slices_on_stop: bool = True
+    watch_slices: bool = True  # a watch repairs slices someone deleted at once
     resource: str = ""  # the resource name this driver serves (for events and logs)
+    # The pod's UID (downward API) for rolling updates: sockets named per instance.
+    instance: str = ""
 
     def validate(self) -> None:
+        if self.instance and not _INSTANCE.match(self.instance):
+            raise ConfigError(
+                f"instance ID {self.instance!r} must be 1-64 letters, digits and '-' "
+                "(the pod UID from the downward API)",
+                field="instance",
+            )
         problem = driver_name_problem(self.driver)
         if problem:
             raise ConfigError(problem, field="driverName")
@@ -76,8 +96,12 @@ class DRADriver:
         self.name = settings.driver
         self.node = settings.node
         self.dir = Path(settings.plugins_dir) / self.name
-        self.socket_path = self.dir / "dra.sock"
-        self.registry_socket = Path(settings.registry_dir) / f"{self.name}-reg.sock"
+        # With an instance ID, as the kubelet's own helper names them for rolling
+        # updates (k8s.io/dynamic-resource-allocation/kubeletplugin, RollingUpdate):
+        # <driver>-<uid>-reg.sock and dra-<uid>.sock, so two pods never share a path.
+        part = f"-{settings.instance}" if settings.instance else ""
+        self.socket_path = self.dir / f"dra{part}.sock"
+        self.registry_socket = Path(settings.registry_dir) / f"{self.name}{part}-reg.sock"
         for p in (self.socket_path, self.registry_socket):
             try:
                 check_socket_path(p)
@@ -94,7 +118,10 @@ class DRADriver:
             cdi_dir=settings.cdi_dir,
             devices=lambda: self.by_name,
         )
-        self.publisher = SlicePublisher(self.api, self.name, self.node)
+        self.health = HealthFeed(self.node)
+        self.publisher = SlicePublisher(
+            self.api, self.name, self.node, versions=settings.api_versions
+        )
         self.registered = asyncio.Event()
         self.registration_error = ""
         self.api_ready = False
@@ -103,6 +130,8 @@ class DRADriver:
         self._reg_server: grpc.aio.Server | None = None
         self._watcher: DirectoryWatcher | None = None
         self._resync_task: asyncio.Task[None] | None = None
+        self._slice_watch: SliceWatch | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._resync_now = asyncio.Event()
         self._running = False
         self._restarting_registration = False
@@ -122,8 +151,10 @@ class DRADriver:
             raise ConfigError(str(e), field="checkpoint") from None
         await self._connect_api()
         remove_socket(self.socket_path)
+        self.health.closed = False
         server = grpc.aio.server()
         add_dra_services(server, self.preparer)
+        add_health_services(server, self.health)
         server.add_insecure_port(f"unix://{self.socket_path}")
         await server.start()
         self._server = server
@@ -131,8 +162,19 @@ class DRADriver:
         await self._start_registration()
         self._watcher = DirectoryWatcher(self.registry_socket.parent, self._on_registry_event)
         self._watcher.start()
+        await self._update_role()
         if self.api_ready:
             await self.publisher.publish(self._devices)
+        self._loop = asyncio.get_running_loop()
+        if self.settings.watch_slices:
+            self._slice_watch = SliceWatch(
+                self.api,
+                self.name,
+                self.node,
+                on_change=self._on_slices_changed,
+                is_own=self.publisher.is_own,
+            )
+            self._slice_watch.start()
         self._resync_task = asyncio.get_running_loop().create_task(
             self._resync_loop(), name=f"dra resync {self.name}"
         )
@@ -179,7 +221,73 @@ class DRADriver:
             log.error("the kubelet refused DRA driver %s: %s", self.name, error)
             observe.emit("registration_failed", resource=resource, reason=error)
 
+    # --- rolling updates: several instances of this driver on one node ------
+
+    def _is_instance_socket(self, name: str) -> bool:
+        return name != self.registry_socket.name and (
+            name == f"{self.name}-reg.sock"
+            or (name.startswith(f"{self.name}-") and name.endswith("-reg.sock"))
+        )
+
+    async def other_instances(self) -> list[tuple[int, str]]:
+        """Other live instances of this driver on this node: (socket mtime, endpoint).
+
+        A candidate registration socket counts when it answers ``GetInfo`` with
+        this driver's name (a stale socket of a killed pod does not answer; a
+        driver whose name merely starts like ours answers another name).
+        """
+        found: list[tuple[int, str]] = []
+        try:
+            entries = list(self.registry_socket.parent.iterdir())
+        except OSError:
+            return found
+        for path in entries:
+            if not self._is_instance_socket(path.name):
+                continue
+            try:
+                mtime = path.lstat().st_mtime_ns
+                async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
+                    info = await reg_grpc.RegistrationStub(channel).GetInfo(
+                        reg_pb.InfoRequest(), timeout=PROBE_TIMEOUT
+                    )
+            except (OSError, grpc.aio.AioRpcError):
+                continue
+            if info.name == self.name and info.endpoint != str(self.socket_path):
+                found.append((mtime, info.endpoint))
+        return found
+
+    async def _update_role(self) -> None:
+        """Publish only while this is the newest live instance (the one the kubelet
+        uses: its plugin manager takes the most recent registration of a driver)."""
+        try:
+            own = self.registry_socket.lstat().st_mtime_ns
+        except OSError:
+            own = 0
+        others = await self.other_instances()
+        # equal times (a coarse file-system clock): the endpoint name decides, so
+        # exactly one instance publishes
+        me = (own, str(self.socket_path))
+        newer = [endpoint for mtime, endpoint in others if (mtime, endpoint) > me]
+        active = not newer
+        if active != self.publisher.active:
+            if active:
+                log.info("DRA driver %s: this instance publishes the pool now", self.name)
+            else:
+                log.info(
+                    "DRA driver %s: a newer instance (%s) publishes the pool; standing by",
+                    self.name,
+                    newer[0],
+                )
+        self.publisher.active = active
+
+    async def _role_changed(self) -> None:
+        await self._update_role()
+        self._resync_now.set()
+
     def _on_registry_event(self, name: str, kind: str) -> None:
+        if self._running and self._is_instance_socket(name):
+            # another instance of this driver came or went (a rolling update)
+            asyncio.get_running_loop().create_task(self._role_changed())
         # Someone removed our registration socket: offer it again, or the kubelet
         # never finds this driver after its next start.
         if (
@@ -203,8 +311,22 @@ class DRADriver:
         finally:
             self._restarting_registration = False
 
+    def _on_slices_changed(self, why: str) -> None:
+        """From the watch thread: someone changed our slices; sync now."""
+        loop = self._loop
+        if loop is None or not self._running:
+            return
+        log.debug("DRA driver %s: %s; syncing", self.name, why)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(self._resync_now.set)
+
     async def stop(self) -> None:
         self._running = False
+        if self._slice_watch is not None:
+            self._slice_watch.stop()
+            if not await asyncio.to_thread(self._slice_watch.join, WATCH_STOP_TIMEOUT):
+                log.warning("DRA driver %s: the slice watch did not stop in time", self.name)
+            self._slice_watch = None
         if self._watcher is not None:
             self._watcher.close()
             self._watcher = None
@@ -213,6 +335,7 @@ class DRADriver:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._resync_task
             self._resync_task = None
+        await self.health.close()  # health streams end before the server stops
         for server in (self._reg_server, self._server):
             if server is not None:
                 await server.stop(STOP_GRACE)
@@ -221,14 +344,31 @@ class DRADriver:
         remove_socket(self.socket_path)
         self.registered.clear()
         if self.settings.remove_slices_on_stop and self.api_ready:
-            await self.publisher.remove()
+            others = await self.other_instances()
+            if others:
+                log.info(
+                    "DRA driver %s: another instance (%s) still serves this node; "
+                    "leaving the pool to it",
+                    self.name,
+                    ", ".join(e for _, e in others),
+                )
+            else:
+                await self.publisher.remove()
 
     # --- devices ---------------------------------------------------------
 
-    async def update(self, devices: Iterable[Device]) -> None:
-        """Take the backend's current devices (healthy or not) and republish."""
+    async def update(
+        self, devices: Iterable[Device], shares: Mapping[str, int] | None = None
+    ) -> None:
+        """Take the backend's current devices (healthy or not) and republish.
+
+        ``shares``: device ID -> the number of replicas the sharing config makes
+        of it (time-slicing), published as consumable capacity where served.
+        """
         self._devices = list(devices)
+        self.publisher.shares = {device_name(k): n for k, n in (shares or {}).items()}
         self.by_name = {device_name(d.id): d for d in self._devices}
+        await self.health.update(self._devices)
         if self._running and self.api_ready:
             await self.publisher.publish(self._devices)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 
+from hetero_dp.dra.validation import MAX_DRIVER_NAME, qualified_name_problem
 from hetero_dp.model.errors import ConfigError
 
 # Kubernetes' name rules live in hetero_dp.model.names; re-exported for DRA callers.
@@ -18,19 +19,20 @@ from hetero_dp.model.names import is_dns_label as is_dns_label
 from hetero_dp.model.names import is_dns_subdomain as is_dns_subdomain
 from hetero_dp.model.names import resource_name_problem
 
-MAX_IDENTIFIER = 32
-
-_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
 
 def driver_name_problem(name: object) -> str | None:
-    """Why ``name`` cannot be a DRA driver name (a lowercase DNS subdomain), or None."""
+    """Why ``name`` cannot be a DRA driver name, or None.
+
+    The API server validates a driver name as a CSI driver name: a DNS subdomain
+    of at most 63 bytes; we also want it lowercase, as it names directories.
+    """
     if not isinstance(name, str) or not name:
         return "a DRA driver name must be a non-empty string"
-    if not is_dns_subdomain(name):
+    if not is_dns_subdomain(name) or len(name) > MAX_DRIVER_NAME:
         return (
             f"DRA driver name {name!r} must be a lowercase DNS subdomain "
-            "(letters, digits, '-' and '.', at most 253 characters), e.g. gpu.example.com"
+            f"(letters, digits, '-' and '.', at most {MAX_DRIVER_NAME} characters), "
+            "e.g. gpu.example.com"
         )
     return None
 
@@ -73,11 +75,8 @@ def device_name(device_id: str) -> str:
 
 def is_attribute_name(key: str) -> bool:
     """A valid DRA attribute/capacity name: a C identifier of at most 32 characters,
-    optionally after a DNS subdomain and ``/``."""
-    domain, slash, ident = key.rpartition("/")
-    if slash and not is_dns_subdomain(domain):
-        return False
-    return len(ident) <= MAX_IDENTIFIER and bool(_C_IDENTIFIER.match(ident))
+    optionally after a domain (a driver name: DNS subdomain of at most 63) and ``/``."""
+    return qualified_name_problem(key) is None
 
 
 def attribute_name(key: str) -> str | None:

@@ -16,20 +16,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hetero_dp.dra.api import APIError, ResourceAPI
-from hetero_dp.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from hetero_dp.dra.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    PreparedClaim,
+    PreparedDevice,
+    lock_file,
+)
 from hetero_dp.dra.claimspec import build_claim_spec, spec_path, write_claim_spec
 from hetero_dp.kits import observe
 from hetero_dp.model.device import Device
 from hetero_dp.model.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+
+PrepareHook = Callable[
+    ["ClaimRef", dict[str, Device], list[dict[str, Any]]], Awaitable[list[Device]]
+]
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,7 @@ class ClaimPreparer:
         checkpoint: Checkpoint,
         cdi_dir: Path,
         devices: Callable[[], Mapping[str, Device]],
+        on_prepare: PrepareHook | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -68,9 +81,34 @@ class ClaimPreparer:
         self.checkpoint = checkpoint
         self.cdi_dir = Path(cdi_dir)
         self.devices = devices  # DRA device name -> record, all this node has now
+        # the backends' prepare hooks: (claim, devices by DRA name, opaque config) ->
+        # the records to use for this claim
+        self.on_prepare = on_prepare
         self._lock = asyncio.Lock()
+        self._batch = asyncio.Lock()
+        self.lock_path = self.checkpoint.path.with_name("serialize.lock")
+
+    @contextlib.asynccontextmanager
+    async def _shared(self) -> AsyncIterator[None]:
+        """Hold the checkpoint across processes (a rolling update runs two) and read it
+        afresh: the other instance may have prepared or unprepared meanwhile."""
+        async with self._batch:
+            fd = await asyncio.to_thread(lock_file, self.lock_path)
+            try:
+                await asyncio.to_thread(self.checkpoint.load)
+                yield
+            finally:
+                os.close(fd)
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        try:
+            async with self._shared():
+                return await self._prepare(claims)
+        except CheckpointError as e:
+            log.error("DRA driver %s cannot prepare claims: %s", self.driver, e)
+            return {ref.uid: PrepareResult(error=str(e)) for ref in claims}
+
+    async def _prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         started = time.perf_counter()
         out: dict[str, PrepareResult] = {}
         for ref in claims:
@@ -121,6 +159,8 @@ class ClaimPreparer:
                 f"for {ref.uid!r} (the claim was deleted and recreated?)"
             )
         chosen, requests = self._allocated(claim, ref)
+        if self.on_prepare is not None:
+            chosen = await self._apply_config(claim, ref, chosen)
         spec, cdi_ids = self._spec(ref, chosen, requests)
         prepared = [
             PreparedDevice(
@@ -195,6 +235,52 @@ class ClaimPreparer:
             )
         return chosen, requests
 
+    def opaque_config(self, claim: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """This driver's opaque config entries of an allocated claim, class first.
+
+        The scheduler copies the DeviceClass's and the claim's config into
+        ``status.allocation.devices.config`` (``source`` FromClass/FromClaim).
+        """
+        entries = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+            "config"
+        ) or []
+        out = []
+        for e in entries:
+            opaque = e.get("opaque") or {}
+            if opaque.get("driver") != self.driver:
+                continue
+            out.append(
+                {
+                    "source": e.get("source", ""),
+                    "requests": list(e.get("requests") or []),
+                    "parameters": opaque.get("parameters"),
+                }
+            )
+        out.sort(key=lambda e: 0 if e["source"] == "FromClass" else 1)  # stable: class first
+        return out
+
+    async def _apply_config(
+        self, claim: Mapping[str, Any], ref: ClaimRef, chosen: dict[str, Device]
+    ) -> dict[str, Device]:
+        assert self.on_prepare is not None
+        config = self.opaque_config(claim)
+        try:
+            result = await self.on_prepare(ref, dict(chosen), config)
+        except ClaimError:
+            raise
+        except Exception as e:
+            raise ClaimError(f"applying the claim's configuration failed: {e}") from None
+        by_id = {d.id: name for name, d in chosen.items()}
+        out = dict(chosen)
+        for d in result:
+            if not isinstance(d, Device) or d.id not in by_id:
+                raise ClaimError(
+                    f"the prepare hook returned {d!r}, not one of the claim's devices "
+                    f"({', '.join(sorted(by_id))})"
+                )
+            out[by_id[d.id]] = d
+        return out
+
     def _spec(
         self, ref: ClaimRef, chosen: Mapping[str, Device], requests: Mapping[str, list[str]]
     ) -> tuple[dict[str, Any], dict[str, list[str]]]:
@@ -205,6 +291,14 @@ class ClaimPreparer:
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Claim UID -> error ("" on success)."""
+        try:
+            async with self._shared():
+                return await self._unprepare(claims)
+        except CheckpointError as e:
+            log.error("DRA driver %s cannot unprepare claims: %s", self.driver, e)
+            return {ref.uid: str(e) for ref in claims}
+
+    async def _unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         started = time.perf_counter()
         out: dict[str, str] = {}
         for ref in claims:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hetero_dp.allocation.sharing import advertise
 from hetero_dp.dra.driver import (
     DEFAULT_PLUGINS_DIR,
     DEFAULT_RESYNC_INTERVAL,
@@ -22,12 +23,13 @@ from hetero_dp.dra.driver import (
     DriverSettings,
 )
 from hetero_dp.dra.names import driver_name_for, driver_name_problem
+from hetero_dp.dra.prepare import ClaimError, ClaimRef
 from hetero_dp.dra.slices import VERSIONS
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.daemon import BackendRuntime, Daemon
 from hetero_dp.engine.plugins import Backend
-from hetero_dp.model.device import Device
-from hetero_dp.model.errors import ConfigError
+from hetero_dp.model.device import Device, is_replica, replica_base
+from hetero_dp.model.errors import BackendError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,7 @@ class DRAOptions:
     cdi_dir: Path | None = None
     resync_interval: float = DEFAULT_RESYNC_INTERVAL
     api_versions: tuple[str, ...] = VERSIONS
+    instance: str = ""  # the pod UID, for rolling updates (env POD_UID)
 
     @classmethod
     def from_flags(
@@ -67,6 +70,7 @@ class DRAOptions:
                 raise ConfigError(problem, field="driverName", source="flag --driver-name")
             names[key] = name
         opts = cls(node_name=node, driver_names=names)
+        opts.instance = env.get("HETERO_DP_POD_UID") or env.get("POD_UID") or ""
         if plugins_dir:
             opts.plugins_dir = Path(plugins_dir)
         return opts
@@ -115,6 +119,7 @@ class DRADaemon(Daemon):
                 resync_interval=self.dra.resync_interval,
                 api_versions=self.dra.api_versions,
                 resource=resource,
+                instance=self.dra.instance,
             )
             taken = {d.name: r for r, d in self.drivers.items()}
             if settings.driver in taken:
@@ -124,6 +129,7 @@ class DRADaemon(Daemon):
                     field="driverName",
                 )
             driver = DRADriver(settings, self.api_client)
+            driver.preparer.on_prepare = self._prepare_hook
             self.drivers[resource] = driver
         return driver
 
@@ -143,9 +149,36 @@ class DRADaemon(Daemon):
                 self._errors.append(e)
                 log.error("DRA mode cannot serve resource %s: %s", resource, e)
                 continue
-            await driver.update(devices)
+            await driver.update(devices, self._shares(devices))
             if self._dra_started and not driver.running:
                 await driver.start()
+
+    async def _prepare_hook(
+        self, ref: ClaimRef, devices: dict[str, Device], config: list[dict[str, Any]]
+    ) -> list[Device]:
+        """Call the ``prepare`` hook of each backend that serves some of ``devices``."""
+        claim = {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid}
+        out: list[Device] = []
+        for rt in self.runtimes.values():
+            mine = [d for d in devices.values() if rt.published.get(d.id) is not None]
+            if not mine or not rt.backend.implements("prepare"):
+                continue
+            try:
+                result = await rt.backend.call("prepare", claim=claim, devices=mine, config=config)
+            except BackendError as e:
+                raise ClaimError(str(e)) from None
+            out.extend(mine if result is None else list(result))
+        return out
+
+    def _shares(self, devices: list[Device]) -> dict[str, int]:
+        """Device ID -> replicas the sharing config makes of it (time-slicing); DRA
+        publishes each device once and maps the replicas onto consumable capacity."""
+        counts: dict[str, int] = {}
+        for d in advertise(devices, self.config.sharing):
+            if is_replica(d.id):
+                base = replica_base(d.id)
+                counts[base] = counts.get(base, 0) + 1
+        return counts
 
     def dra_readiness(self) -> tuple[bool, list[str]]:
         """(ready, one line per driver), the DRA counterpart of ``probes.readiness``.
@@ -170,7 +203,10 @@ class DRADaemon(Daemon):
                 lines.append(f"{what}: not ready: {problem}")
             else:
                 n = len(d.publisher.devices or [])
-                lines.append(f"{what}: ready ({n} devices, generation {d.publisher.generation})")
+                role = "" if d.publisher.active else ", standing by: a newer instance publishes"
+                lines.append(
+                    f"{what}: ready ({n} devices, generation {d.publisher.generation}{role})"
+                )
         if not lines:
             lines.append("no resources: no backend found devices")
         return ok, lines

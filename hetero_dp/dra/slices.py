@@ -20,6 +20,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from hetero_dp.dra.names import attribute_name, device_name
+from hetero_dp.dra.validation import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_ATTRIBUTES_AND_CAPACITIES,
+    MAX_COUNTER_SETS,
+    MAX_DEVICES,
+    MAX_DEVICES_ADVANCED,
+    MAX_VALUE_BYTES,
+    canonical_quantity,
+    device_problems,
+    nbytes,
+)
 from hetero_dp.model.device import AttributeValue, Device
 from hetero_dp.model.names import MAX_DNS_SUBDOMAIN as MAX_SUBDOMAIN
 
@@ -27,9 +39,9 @@ log = logging.getLogger(__name__)
 
 GROUP = "resource.k8s.io"
 VERSIONS = ("v1", "v1beta1")
-MAX_DEVICES_PER_SLICE = 128
-MAX_ATTRIBUTES = 32  # attributes and capacities together, per device
-MAX_STRING = 64
+MAX_DEVICES_PER_SLICE = MAX_DEVICES
+MAX_ATTRIBUTES = MAX_ATTRIBUTES_AND_CAPACITIES
+MAX_STRING = MAX_VALUE_BYTES  # bytes
 PCI_KEYS = ("pciAddress", "pcieBusID", "pciBusID", "pci_address", "pci")
 MEMORY_KEYS = ("memoryMiB", "memory")
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?$")
@@ -46,42 +58,60 @@ def normalize_pci(address: str) -> str | None:
     return f"{domain}:{parts[-2]}:{parts[-1]}"
 
 
-def _attribute(value: AttributeValue) -> dict[str, Any] | None:
+def _attribute(value: AttributeValue) -> tuple[dict[str, Any] | None, str]:
+    """(the DRA form of ``value``, or None and why it has none)."""
     if isinstance(value, bool):
-        return {"bool": value}
+        return {"bool": value}, ""
     if isinstance(value, int):
-        return {"int": value}
+        if not INT64_MIN <= value <= INT64_MAX:
+            return None, f"integer {value} is outside int64"
+        return {"int": value}, ""
     if isinstance(value, float):
-        return {"int": int(value)} if value.is_integer() else {"string": repr(value)}
+        if value != value or value in (float("inf"), float("-inf")):
+            return None, f"{value!r} is not a number the API can hold"
+        if value.is_integer():
+            return _attribute(int(value))
+        return {"string": repr(value)}, ""
     text = str(value)
-    if len(text) > MAX_STRING:
-        return None
+    if nbytes(text) > MAX_STRING:
+        return None, (
+            f"string of {nbytes(text)} bytes ({len(text)} characters); the API server takes "
+            f"at most {MAX_STRING} bytes"
+        )
     version = _VERSION.match(text)
     if version:
         # "8.0" and "550.54.05" become semantic versions (8.0.0, 550.54.5), which CEL
         # compares as versions: "10.0" > "8.0" holds, as strings it does not.
         major, minor, patch = (int(p or 0) for p in version.groups())
-        return {"version": f"{major}.{minor}.{patch}"}
-    return {"string": text}
+        return {"version": f"{major}.{minor}.{patch}"}, ""
+    return {"string": text}, ""
 
 
-def _memory_mib(device: Device) -> int | None:
+def memory_mib(device: Device) -> int | None:
     for key in MEMORY_KEYS:
         value = device.attributes.get(key)
         if isinstance(value, bool):
             continue
-        if isinstance(value, (int, float)) and value > 0:
+        if isinstance(value, (int, float)) and value > 0 and value == value:
             return int(value)
         if isinstance(value, str) and value.isdigit() and int(value) > 0:
             return int(value)
     return None
 
 
-def render_device(device: Device) -> dict[str, Any]:
-    """One device in ``v1`` shape: ``{name, attributes, capacity}``."""
+def render_device(device: Device, notes: list[str] | None = None) -> dict[str, Any]:
+    """One device in ``v1`` shape: ``{name, attributes, capacity}``.
+
+    What cannot be published is left out, and why goes to ``notes`` (one line
+    each, naming the device and the attribute): a string over 64 bytes, an
+    integer outside int64, a key with no DRA name, two keys that become the same
+    name, attributes beyond the 32 a device may have.
+    """
+    notes = [] if notes is None else notes
     attrs: dict[str, dict[str, Any]] = {}
+    sources: dict[str, str] = {}  # DRA name -> the key it came from
     standard: dict[str, AttributeValue] = {}
-    if len(device.id) <= MAX_STRING:
+    if nbytes(device.id) <= MAX_STRING:
         standard["id"] = device.id
     if device.index is not None:
         standard["index"] = device.index
@@ -96,23 +126,42 @@ def render_device(device: Device) -> dict[str, Any]:
     if device.parent:
         standard.setdefault("parent", device.parent)
     capacity: dict[str, dict[str, str]] = {}
-    memory = _memory_mib(device)
-    if memory is not None:
-        capacity["memory"] = {"value": f"{memory}Mi"}
+    memory = memory_mib(device)
+    if memory is not None and memory * 2**20 <= INT64_MAX:
+        capacity["memory"] = {"value": canonical_quantity(f"{memory}Mi")}
     # Standard names first, so they survive the 32-entry limit.
     budget = MAX_ATTRIBUTES - len(capacity)
-    for source in (standard, device.attributes):
+    over: list[str] = []
+    for origin, source in (("", standard), ("attribute ", device.attributes)):
         for key, value in source.items():
             name = attribute_name(key)
-            rendered = _attribute(value)
-            if name is None or rendered is None:
-                log.debug(
-                    "device %s: attribute %r=%r has no DRA form; left out", device.id, key, value
+            if name is None:
+                notes.append(
+                    f"device {device.id}: {origin}{key!r} left out: no valid DRA attribute "
+                    "name (a C identifier of at most 32 characters) can be made of it"
                 )
                 continue
-            if name in attrs or len(attrs) >= budget:
+            rendered, why = _attribute(value)
+            if rendered is None:
+                notes.append(f"device {device.id}: attributes[{name}] left out: {why}")
+                continue
+            if name in attrs:
+                if origin and sources[name] != key:
+                    notes.append(
+                        f"device {device.id}: attributes {sources[name]!r} and {key!r} both "
+                        f"become the DRA attribute {name!r}; {key!r} left out"
+                    )
+                continue
+            if len(attrs) >= budget:
+                over.append(name)
                 continue
             attrs[name] = rendered
+            sources[name] = key
+    if over:
+        notes.append(
+            f"device {device.id}: {len(over)} attributes left out ({', '.join(over)}): a "
+            f"device has at most {MAX_ATTRIBUTES} attributes and capacities"
+        )
     out: dict[str, Any] = {"name": device_name(device.id)}
     if attrs:
         out["attributes"] = dict(sorted(attrs.items()))
@@ -148,61 +197,114 @@ def render_slices(
     generation: int,
     version: str = "v1",
     pool: str | None = None,
+    counter_sets: Sequence[Mapping[str, Any]] = (),
+    owner: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """The ResourceSlices of one pool: ``devices`` (``v1`` shape) in chunks of 128.
+    """The ResourceSlices of one pool: ``devices`` (``v1`` shape) in chunks of 128
+    (64 when a device has taints or consumes counters), after the ``counter_sets``
+    (KEP-4815 shared counters) in slices of their own, 8 sets each: the server
+    refuses a slice with both.
 
     An empty pool still gets one slice with no devices, so the scheduler knows
-    the node has none rather than that nothing was published.
+    the node has none rather than that nothing was published. ``owner``: the
+    Node's ``{name, uid}``; the slices then name it as their owner, and the
+    garbage collector deletes them with the node.
     """
     if version not in VERSIONS:
         raise ValueError(f"unsupported resource.k8s.io version {version!r}")
     pool = pool or node
-    chunks = [
-        list(devices[i : i + MAX_DEVICES_PER_SLICE])
-        for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)
-    ] or [[]]
+    advanced = any(d.get("taints") or d.get("consumesCounters") for d in devices)
+    size = MAX_DEVICES_ADVANCED if advanced else MAX_DEVICES_PER_SLICE
+    bodies: list[dict[str, Any]] = [
+        {"sharedCounters": [dict(c) for c in counter_sets[i : i + MAX_COUNTER_SETS]]}
+        for i in range(0, len(counter_sets), MAX_COUNTER_SETS)
+    ]
+    chunks = [list(devices[i : i + size]) for i in range(0, len(devices), size)]
+    bodies += [{"devices": [to_version(d, version) for d in chunk]} for chunk in chunks]
+    if not chunks:
+        bodies.append({"devices": []})
     out = []
-    for i, chunk in enumerate(chunks):
+    for i, body in enumerate(bodies):
         out.append(
             {
                 "apiVersion": f"{GROUP}/{version}",
                 "kind": "ResourceSlice",
-                "metadata": {"name": slice_name(node, driver, i)},
+                "metadata": {
+                    "name": slice_name(node, driver, i),
+                    **({"ownerReferences": [node_owner(owner)]} if owner else {}),
+                },
                 "spec": {
                     "driver": driver,
                     "nodeName": node,
                     "pool": {
                         "name": pool,
                         "generation": generation,
-                        "resourceSliceCount": len(chunks),
+                        "resourceSliceCount": len(bodies),
                     },
-                    "devices": [to_version(d, version) for d in chunk],
+                    **body,
                 },
             }
         )
     return out
 
 
-def render_devices(devices: Iterable[Device]) -> list[dict[str, Any]]:
-    """The healthy devices in ``v1`` shape, sorted by name (unhealthy ones are withdrawn).
+def node_owner(node: Mapping[str, Any]) -> dict[str, Any]:
+    """An owner reference to a Node (what the kubelet's own helper sets on slices)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": node["name"],
+        "uid": node["uid"],
+        "controller": True,
+    }
 
-    Two IDs that map to the same name would be one device to the scheduler:
-    the second is left out with an error naming both.
+
+def taint_for(device: Device, key: str) -> dict[str, str]:
+    """The device taint (KEP-5055) that marks an unhealthy device: ``NoSchedule``.
+
+    The value is the health reason cut to a label value (63 of ``[A-Za-z0-9._-]``);
+    the full reason goes to the kubelet's health stream and the log.
     """
+    value = re.sub(r"[^A-Za-z0-9._-]+", "-", device.reason or "unhealthy")
+    value = value.strip("-._")[:63].rstrip("-._") or "unhealthy"
+    return {"key": key, "value": value, "effect": "NoSchedule"}
+
+
+def render_devices(
+    devices: Iterable[Device], notes: list[str] | None = None, *, taint_key: str | None = None
+) -> list[dict[str, Any]]:
+    """The devices in ``v1`` shape, sorted by name.
+
+    Unhealthy devices are withdrawn, or, with ``taint_key`` (the API server keeps
+    device taints), published with a ``NoSchedule`` taint under that key, so
+    the scheduler places no new claim on them and the claims that hold them see why.
+
+    Every rendered device is checked as the API server checks it
+    (:func:`~hetero_dp.dra.validation.device_problems`); one it would refuse is
+    left out, with a line in ``notes`` naming the device and the field, so the
+    rest of the pool is still published. Two IDs that map to the same name would
+    be one device to the scheduler: the second is left out, with a line naming both.
+    """
+    notes = [] if notes is None else notes
     out: dict[str, dict[str, Any]] = {}
     ids: dict[str, str] = {}
     for d in devices:
-        if not d.healthy:
+        if not d.healthy and not taint_key:
             continue
-        rendered = render_device(d)
+        rendered = render_device(d, notes)
+        if not d.healthy and taint_key:
+            rendered["taints"] = [taint_for(d, taint_key)]
         name = rendered["name"]
+        problems = device_problems(rendered, f"device {d.id}")
+        if problems:
+            notes.append(
+                f"device {d.id} left out, the API server would refuse it: " + "; ".join(problems)
+            )
+            continue
         if name in out:
-            log.error(
-                "devices %r and %r both map to the DRA device name %r; %r left out",
-                ids[name],
-                d.id,
-                name,
-                d.id,
+            notes.append(
+                f"devices {ids[name]!r} and {d.id!r} both map to the DRA device name "
+                f"{name!r}; {d.id!r} left out"
             )
             continue
         out[name] = rendered

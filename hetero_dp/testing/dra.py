@@ -16,17 +16,26 @@ serves only the endpoints DRA mode uses, for the versions it is told to serve:
 
 - ``GET /apis/resource.k8s.io/{v}/namespaces/{ns}/resourceclaims/{name}``
 - ``GET|POST /apis/resource.k8s.io/{v}/resourceslices`` (``fieldSelector`` on
-  ``spec.driver``, ``spec.nodeName``, ``spec.pool.name``; ``limit`` ignored)
+  ``spec.driver``, ``spec.nodeName``, ``spec.pool.name``; ``limit`` ignored;
+  ``watch=true`` streams ADDED/MODIFIED/DELETED events, one JSON object per
+  chunk, from ``resourceVersion``, ending after ``timeoutSeconds``)
 - ``GET|PUT|DELETE /apis/resource.k8s.io/{v}/resourceslices/{name}``
 
-Slices are validated like the real server would for what matters here: the
-JSON schema of Kubernetes 1.34 (with ``kubernetes-validate``, strict, so
-``basic`` under ``v1`` is refused) and the rules the schema cannot express
-(DNS names, attribute names, 32 attributes and capacities per device, 128
-devices per slice, strings of at most 64 characters). A refusal is a 422
-``Status`` with a message naming the field, like the real one. It keeps no
-watch, no admission, no conversion between versions (an object is served under
-the version it was written with) and no authentication.
+Slices are validated as the real server validates them: the JSON schema of
+Kubernetes 1.34 (``kubernetes-validate``, strict, so ``basic`` under ``v1`` is
+refused) and the server's own rules from
+:mod:`hetero_dp.dra.validation` (the code the publisher checks with, written
+from Kubernetes' ``validation.go``): lengths in bytes, names, counts per
+device and slice, taints, counters. A refusal is a 422 ``Status`` naming the
+field; a number beyond int64 is a 400, as the real server's decoder fails
+before validation. Stored objects look as the real server keeps them:
+quantities in canonical form (``16384Mi`` comes back as ``16Gi``), empty
+fields omitted, fields of feature gates not in ``features`` dropped, one
+storage version converted to whichever version is asked (``v1``/``v1beta1``),
+and :meth:`FakeAPIServer.serve` changes the served versions at run time (an
+upgrade). It keeps no admission, no authentication, no ``410 Gone`` for old
+watch versions and no field managers. Guessed, not checked against a real
+server: the exact wording of messages beyond the field path and reason.
 """
 
 from __future__ import annotations
@@ -34,10 +43,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import json
-import re
+import select
+import socket
 import stat
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +60,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import grpc
 
-from hetero_dp.dra.names import is_attribute_name, is_dns_label, is_dns_subdomain
+from hetero_dp.dra.names import is_dns_subdomain
+from hetero_dp.dra.validation import INT64_MAX, INT64_MIN, canonical_quantity, prune_empty, unwrap
+from hetero_dp.dra.validation import slice_problems as server_slice_problems
 from hetero_dp.kits.inotify import DirectoryWatcher
 from hetero_dp.kubelet.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from hetero_dp.kubelet.api import pluginregistration_v1_pb2 as reg_pb
@@ -59,96 +73,123 @@ from hetero_dp.testing.waiting import ChangeWaiter
 GROUP = "resource.k8s.io"
 SCHEMA_VERSION = "1.34"
 DIAL_TIMEOUT = 10.0
-MAX_DEVICES = 128
-MAX_ATTRIBUTES = 32
-MAX_STRING = 64
+WATCH_POLL = 0.2  # how often a watch stream checks that its client is still there
 
-_NUM = r"(0|[1-9]\d*)"
-_SEMVER = re.compile(
-    rf"^{_NUM}\.{_NUM}\.{_NUM}(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?$"
-)
+FEATURES = ("DRADeviceTaints", "DRAPartitionableDevices", "DRAConsumableCapacity")
 
 
-# --- the API server stand-in ------------------------------------------------------------
+def slice_problems(
+    obj: dict[str, Any],
+    version: str,
+    schema: str = SCHEMA_VERSION,
+    features: Sequence[str] | None = None,
+) -> list[str]:
+    """What the API server would refuse in a ResourceSlice (``field: reason`` lines).
 
-
-# The DNS rules the driver's names follow (one implementation of the Kubernetes rules,
-# as the fake kubelet shares hetero_dp.model.names), applied to what arrives over the wire.
-def _label_ok(name: object) -> bool:
-    return isinstance(name, str) and is_dns_label(name)
-
-
-def _subdomain_ok(name: object) -> bool:
-    return isinstance(name, str) and is_dns_subdomain(name)
-
-
-def slice_problems(obj: dict[str, Any], version: str) -> list[str]:
-    """What the API server would refuse in a ResourceSlice (``field: reason`` lines)."""
+    The JSON schema of Kubernetes ``schema`` (with ``kubernetes-validate``,
+    strict), then the server's own rules, from the one implementation the
+    publisher uses too (:func:`hetero_dp.dra.validation.slice_problems`).
+    """
     problems: list[str] = []
     try:
         import kubernetes_validate  # dev dependency; the semantic checks below need none
 
         try:
-            kubernetes_validate.validate(obj, SCHEMA_VERSION, strict=True)
+            kubernetes_validate.validate(obj, schema, strict=True)
         except kubernetes_validate.ValidationError as e:
             path = ".".join(str(p) for p in getattr(e, "path", [])) or "<root>"
             first = str(getattr(e, "message", e)).splitlines()[0]
             problems.append(f"{path}: {first}")
     except ImportError:
         pass
-    if obj.get("apiVersion") != f"{GROUP}/{version}":
-        problems.append(f"apiVersion: must be {GROUP}/{version} at this URL")
-    name = (obj.get("metadata") or {}).get("name")
-    if not _subdomain_ok(name):
-        problems.append(f"metadata.name: Invalid value: {name!r}: must be a DNS subdomain")
+    if features is not None:  # the server drops disabled-gate fields before it validates
+        obj = _from_v1(_drop_disabled(_to_v1(obj, version), features), version)
+    return problems + server_slice_problems(obj, version)
+
+
+def _int64_problem(value: Any, path: str = "") -> str | None:
+    """A JSON number the server's decoder cannot put in an int64 (it answers 400)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+        return f"{path or '<root>'}: cannot unmarshal number {value} into Go value of type int64"
+    if isinstance(value, dict):
+        for k, v in value.items():
+            p = _int64_problem(v, f"{path}.{k}" if path else str(k))
+            if p:
+                return p
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            p = _int64_problem(v, f"{path}[{i}]")
+            if p:
+                return p
+    return None
+
+
+def _to_v1(obj: dict[str, Any], version: str) -> dict[str, Any]:
+    """Storage form: ``v1`` shape (the real server stores one version and converts)."""
+    out = copy.deepcopy(obj)
+    out["apiVersion"] = f"{GROUP}/v1"
+    spec = out.get("spec") or {}
+    if version == "v1beta1" and spec.get("devices"):
+        spec["devices"] = [unwrap(d, "v1beta1") for d in spec["devices"]]
+    return out
+
+
+def _from_v1(obj: dict[str, Any], version: str) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    out["apiVersion"] = f"{GROUP}/{version}"
+    spec = out.get("spec") or {}
+    if version == "v1beta1" and spec.get("devices"):
+        spec["devices"] = [
+            {"name": d["name"], "basic": {k: v for k, v in d.items() if k != "name"}}
+            for d in spec["devices"]
+        ]
+    return out
+
+
+def _drop_disabled(obj: dict[str, Any], features: Sequence[str]) -> dict[str, Any]:
+    """The real server's ``dropDisabledFields`` (in place): fields of gates that are off."""
     spec = obj.get("spec") or {}
-    if not _subdomain_ok(spec.get("driver")):
-        problems.append(f"spec.driver: Invalid value: {spec.get('driver')!r}")
-    pool = spec.get("pool") or {}
-    if not pool.get("name"):
-        problems.append("spec.pool.name: Required value")
-    if int(pool.get("resourceSliceCount") or 0) < 1:
-        problems.append("spec.pool.resourceSliceCount: must be greater than zero")
-    if int(pool.get("generation") or 0) < 0:
-        problems.append("spec.pool.generation: must be >= 0")
-    devices = spec.get("devices") or []
-    if len(devices) > MAX_DEVICES:
-        problems.append(f"spec.devices: Too many: {len(devices)}: must have at most {MAX_DEVICES}")
-    seen: set[str] = set()
-    for i, d in enumerate(devices):
-        where = f"spec.devices[{i}]"
-        if not _label_ok(d.get("name")):
-            problems.append(f"{where}.name: Invalid value: {d.get('name')!r}: not a DNS label")
-        elif d["name"] in seen:
-            problems.append(f"{where}.name: Duplicate value: {d['name']!r}")
-        seen.add(str(d.get("name")))
-        body = d.get("basic", {}) if version == "v1beta1" else d
-        attrs = body.get("attributes") or {}
-        caps = body.get("capacity") or {}
-        if len(attrs) + len(caps) > MAX_ATTRIBUTES:
-            problems.append(
-                f"{where}: Too many: {len(attrs) + len(caps)}: must have at most "
-                f"{MAX_ATTRIBUTES} attributes and capacities"
-            )
-        for key, value in attrs.items():
-            if not is_attribute_name(key):
-                problems.append(f"{where}.attributes[{key}]: Invalid value: not a qualified name")
-            if not isinstance(value, dict) or len(value) != 1:
-                problems.append(f"{where}.attributes[{key}]: exactly one value must be set")
-            elif "version" in value and not _SEMVER.match(str(value["version"])):
-                problems.append(
-                    f"{where}.attributes[{key}].version: Invalid value: {value['version']!r}: "
-                    "must be a semantic version"
-                )
-            elif len(str(value.get("string", value.get("version", "")))) > MAX_STRING:
-                problems.append(
-                    f"{where}.attributes[{key}].string: Too long: must have at most "
-                    f"{MAX_STRING} bytes"
-                )
-        for key in caps:
-            if not is_attribute_name(key):
-                problems.append(f"{where}.capacity[{key}]: Invalid value: not a qualified name")
-    return problems
+    if "DRAPartitionableDevices" not in features:
+        spec.pop("sharedCounters", None)
+    for d in spec.get("devices") or []:
+        if "DRADeviceTaints" not in features:
+            d.pop("taints", None)
+        if "DRAPartitionableDevices" not in features:
+            d.pop("consumesCounters", None)
+        if "DRAConsumableCapacity" not in features:
+            d.pop("allowMultipleAllocations", None)
+            for c in (d.get("capacity") or {}).values():
+                if isinstance(c, dict):
+                    c.pop("requestPolicy", None)
+    return obj
+
+
+def _store_form(obj: dict[str, Any], features: Sequence[str]) -> dict[str, Any]:
+    """What the server keeps of a valid v1-shaped slice.
+
+    Fields of disabled feature gates are dropped silently (the real server's
+    ``dropDisabledFields``: DRADeviceTaints -> ``taints``, DRAPartitionableDevices
+    -> ``sharedCounters``/``consumesCounters``, DRAConsumableCapacity ->
+    ``allowMultipleAllocations``/``requestPolicy``), quantities are stored in
+    canonical form (``16384Mi`` -> ``16Gi``), empty fields are omitted
+    (``omitempty``), and a taint without ``timeAdded`` gets one.
+    """
+    spec = _drop_disabled(obj, features).get("spec") or {}
+    for d in spec.get("devices") or []:
+        for c in (d.get("capacity") or {}).values():
+            c["value"] = canonical_quantity(c["value"])
+        for cc in d.get("consumesCounters") or []:
+            for c in (cc.get("counters") or {}).values():
+                c["value"] = canonical_quantity(c["value"])
+        for t in d.get("taints") or []:
+            t.setdefault("timeAdded", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    for cs in spec.get("sharedCounters") or []:
+        for c in (cs.get("counters") or {}).values():
+            c["value"] = canonical_quantity(c["value"])
+    pruned: dict[str, Any] = prune_empty(obj)
+    return pruned
 
 
 @dataclass
@@ -162,18 +203,32 @@ class FakeAPIServer:
     """``with FakeAPIServer() as api: client = api.client()`` — see the module docstring.
 
     ``versions``: the resource.k8s.io versions served (``("v1beta1",)`` is a
-    1.32-1.33 cluster). ``refuse_slices``: when set, every slice write is
-    refused with 403 Forbidden and this message (an admission webhook saying
-    no). ``requests`` records every call.
+    1.32-1.33 cluster); :meth:`serve` changes them while running (an upgrade).
+    ``features``: the enabled feature gates whose fields are kept (others are
+    dropped on write, as the real server does). ``refuse_slices``: when set,
+    every slice write is refused with 403 Forbidden and this message (an
+    admission webhook saying no). ``requests`` records every call.
     """
 
-    def __init__(self, versions: Sequence[str] = ("v1", "v1beta1")) -> None:
+    def __init__(
+        self,
+        versions: Sequence[str] = ("v1", "v1beta1"),
+        *,
+        features: Sequence[str] = (),
+        schema: str = SCHEMA_VERSION,
+    ) -> None:
         self.versions = tuple(versions)
-        self.slices: dict[str, dict[str, Any]] = {}  # name -> object as stored
+        self.features = tuple(features)
+        self.schema = schema
+        self.slices: dict[str, dict[str, Any]] = {}  # name -> object, stored as v1
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.nodes: dict[str, dict[str, Any]] = {}  # name -> Node (core/v1)
         self.refuse_slices: str | None = None
         self.requests: list[Request] = []
+        self.events: list[tuple[int, str, dict[str, Any]]] = []  # (rv, type, v1 object)
+        self.watches = 0  # watch streams open now
         self._rv = 0
+        self._stopping = False
         self._cond = threading.Condition()
         self._httpd: ThreadingHTTPServer | None = None
         self._url = ""
@@ -183,6 +238,7 @@ class FakeAPIServer:
 
     def start(self) -> FakeAPIServer:
         server = self
+        self._stopping = False
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -196,20 +252,25 @@ class FakeAPIServer:
                 return json.loads(raw) if raw else None
 
             def _answer(self) -> None:
+                if server._is_watch(self.command, self.path):
+                    server._watch(self)
+                    return
                 try:
                     body = self._body()
                     status, payload = server._handle(self.command, self.path, body)
                 except ValueError as e:
                     status, payload = 400, _status(400, "BadRequest", f"bad JSON: {e}")
                 data = json.dumps(payload).encode()
+                # recorded before the answer leaves, so a caller that got its answer
+                # always finds its request in ``requests``
+                with server._cond:
+                    server.requests.append(Request(self.command, self.path, status))
+                    server._cond.notify_all()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
-                with server._cond:
-                    server.requests.append(Request(self.command, self.path, status))
-                    server._cond.notify_all()
 
             do_GET = do_POST = do_PUT = do_DELETE = _answer
 
@@ -224,6 +285,9 @@ class FakeAPIServer:
         return self
 
     def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
@@ -251,6 +315,29 @@ class FakeAPIServer:
 
     # test-side state
 
+    def serve(self, versions: Sequence[str]) -> None:
+        """Serve other versions from now on (a control-plane upgrade or rollback).
+
+        Stored objects stay and are converted, as on a real server.
+        """
+        with self._cond:
+            self.versions = tuple(versions)
+            self._cond.notify_all()
+
+    def add_node(self, name: str) -> dict[str, Any]:
+        """A Node object (name and UID only), as every cluster has for its nodes."""
+        with self._cond:
+            node = self.nodes.setdefault(
+                name,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {"name": name, "uid": str(uuid.uuid4())},
+                },
+            )
+            self._cond.notify_all()
+            return copy.deepcopy(node)
+
     def add_claim(self, claim: dict[str, Any]) -> dict[str, Any]:
         meta = claim["metadata"]
         with self._cond:
@@ -261,26 +348,55 @@ class FakeAPIServer:
     def delete_slice(self, name: str) -> None:
         """Delete a slice behind the driver's back (as an admin or the GC would)."""
         with self._cond:
-            self.slices.pop(name, None)
+            obj = self.slices.pop(name, None)
+            if obj is not None:
+                self._event("DELETED", obj)
             self._cond.notify_all()
 
-    def slices_of(self, driver: str, node: str | None = None) -> list[dict[str, Any]]:
+    def wipe_node(self, node: str) -> list[str]:
+        """Delete every slice of ``node``, as a starting kubelet does; returns their names.
+
+        (The kubelet's DRA manager deletes the node's ResourceSlices of drivers
+        it has no registration for when it starts, by a DeleteCollection on
+        ``spec.nodeName``: the outage the issue measured at 5-28 s.)
+        """
+        with self._cond:
+            names = [n for n, s in self.slices.items() if s["spec"].get("nodeName") == node]
+            for n in names:
+                self._event("DELETED", self.slices.pop(n))
+            self._cond.notify_all()
+        return names
+
+    def slices_of(
+        self, driver: str, node: str | None = None, *, version: str = "v1"
+    ) -> list[dict[str, Any]]:
+        """The stored slices, as served under ``version``."""
         with self._cond:
             return [
-                copy.deepcopy(s)
+                _from_v1(s, version)
                 for s in self.slices.values()
                 if s["spec"].get("driver") == driver
                 and (node is None or s["spec"].get("nodeName") == node)
             ]
 
     def devices_of(self, driver: str, node: str | None = None) -> dict[str, dict[str, Any]]:
-        """Device name -> device (attributes/capacity unwrapped from ``basic``)."""
+        """Device name -> device, as stored (``v1`` shape)."""
         out: dict[str, dict[str, Any]] = {}
         for s in self.slices_of(driver, node):
             for d in s["spec"].get("devices") or []:
-                out[d["name"]] = {"name": d["name"], **d.get("basic", {}), **d}
-                out[d["name"]].pop("basic", None)
+                out[d["name"]] = d
         return out
+
+    def writes(self) -> list[Request]:
+        """The slice writes (POST, PUT, DELETE) received so far; dry runs are not writes."""
+        with self._cond:
+            return [
+                r
+                for r in self.requests
+                if r.method in ("POST", "PUT", "DELETE")
+                and "/resourceslices" in r.path
+                and "dryRun=" not in r.path
+            ]
 
     async def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         """Wait until ``predicate()`` holds, re-checked on every request and change."""
@@ -294,13 +410,122 @@ class FakeAPIServer:
 
     # request handling (runs in the HTTP server's threads)
 
-    def _handle(self, method: str, raw_path: str, body: Any) -> tuple[int, dict[str, Any]]:
+    def _event(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self._rv += 1
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["resourceVersion"] = str(self._rv)
+        self.events.append((self._rv, kind, copy.deepcopy(obj)))
+
+    def _route(self, raw_path: str) -> tuple[str, list[str], dict[str, str]] | None:
         url = urlsplit(raw_path)
         parts = [p for p in url.path.split("/") if p]
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         if len(parts) < 4 or parts[:2] != ["apis", GROUP] or parts[2] not in self.versions:
+            return None
+        return parts[2], parts[3:], query
+
+    def _is_watch(self, method: str, raw_path: str) -> bool:
+        route = self._route(raw_path)
+        return (
+            method == "GET"
+            and route is not None
+            and route[1] == ["resourceslices"]
+            and route[2].get("watch") in ("true", "1")
+        )
+
+    @staticmethod
+    def _selected(obj: dict[str, Any], query: dict[str, str]) -> bool:
+        wanted: dict[str, str] = {}
+        for term in filter(None, query.get("fieldSelector", "").split(",")):
+            key, _, value = term.partition("=")
+            wanted[key.strip()] = value.strip()
+        spec = obj["spec"]
+        fields = {
+            "spec.driver": spec.get("driver"),
+            "spec.nodeName": spec.get("nodeName"),
+            "spec.pool.name": (spec.get("pool") or {}).get("name"),
+        }
+        return all(fields.get(k) == v for k, v in wanted.items())
+
+    def _watch(self, handler: BaseHTTPRequestHandler) -> None:
+        """A watch stream: one JSON event per chunk (``{"type", "object"}``), as the
+        real server sends with ``watch=true``; from ``resourceVersion`` on, or an
+        ADDED event per object first when none is given; ends after ``timeoutSeconds``."""
+        route = self._route(handler.path)
+        assert route is not None
+        version, _, query = route
+        timeout = float(query.get("timeoutSeconds") or 1800)
+        deadline = time.monotonic() + timeout
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+
+        def send(kind: str, obj: dict[str, Any]) -> None:
+            data = json.dumps({"type": kind, "object": _from_v1(obj, version)}).encode() + b"\n"
+            handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            handler.wfile.flush()
+
+        with self._cond:
+            self.requests.append(Request("WATCH", handler.path, 200))
+            self.watches += 1
+            self._cond.notify_all()
+            since = query.get("resourceVersion")
+            pending: list[tuple[str, dict[str, Any]]] = []
+            if since in (None, "", "0"):
+                pending = [("ADDED", o) for o in self.slices.values() if self._selected(o, query)]
+                last = self._rv
+            else:
+                last = int(since)
+        try:
+            while True:
+                for kind, obj in pending:
+                    send(kind, obj)
+                if _peer_closed(handler.connection):  # the client went away
+                    break
+                with self._cond:
+                    self._cond.wait_for(
+                        functools.partial(self._watch_wakes, last, version, deadline),
+                        timeout=min(WATCH_POLL, max(0.0, deadline - time.monotonic())),
+                    )
+                    if self._stopping or version not in self.versions:
+                        break
+                    fresh = [e for e in self.events if e[0] > last]
+                    if fresh:
+                        last = fresh[-1][0]
+                    pending = [(k, o) for _, k, o in fresh if self._selected(o, query)]
+                    if not fresh and time.monotonic() >= deadline:
+                        break
+            handler.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        finally:
+            with self._cond:
+                self.watches -= 1
+                self._cond.notify_all()
+        handler.close_connection = True
+
+    def _watch_wakes(self, last: int, version: str, deadline: float) -> bool:
+        return bool(
+            self._stopping
+            or (self.events and self.events[-1][0] > last)
+            or version not in self.versions
+            or time.monotonic() >= deadline
+        )
+
+    def _handle(self, method: str, raw_path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        parts = [p for p in urlsplit(raw_path).path.split("/") if p]
+        if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4 and method == "GET":
+            with self._cond:
+                node = self.nodes.get(parts[3])
+            if node is None:
+                return 404, _status(404, "NotFound", f'nodes "{parts[3]}" not found')
+            return 200, copy.deepcopy(node)
+        route = self._route(raw_path)
+        if route is None:
             return 404, _status(404, "NotFound", "the server could not find the requested resource")
-        version, rest = parts[2], parts[3:]
+        version, rest, query = route
         with self._cond:
             try:
                 if rest[0] == "namespaces" and len(rest) == 4 and rest[2] == "resourceclaims":
@@ -311,20 +536,24 @@ class FakeAPIServer:
                     if method == "GET":
                         return 200, self._list_slices(version, query)
                     if method == "POST":
-                        return self._write_slice(version, None, body)
+                        return self._write_slice(version, None, body, query)
                 if rest[0] == "resourceslices" and len(rest) == 2:
                     name = rest[1]
                     if method == "GET":
-                        obj = self._slice(version, name)
-                        return (200, obj) if obj else _not_found("resourceslices", name)
+                        obj = self.slices.get(name)
+                        return (
+                            (200, _from_v1(obj, version))
+                            if obj
+                            else _not_found("resourceslices", name)
+                        )
                     if method == "PUT":
-                        return self._write_slice(version, name, body)
+                        return self._write_slice(version, name, body, query)
                     if method == "DELETE":
-                        if self._slice(version, name) is None:
+                        if name not in self.slices:
                             return _not_found("resourceslices", name)
-                        del self.slices[name]
+                        self._event("DELETED", self.slices.pop(name))
                         return 200, _status(200, "", "deleted", success=True)
-                return 404, _status(404, "NotFound", f"no handler for {method} {url.path}")
+                return 404, _status(404, "NotFound", f"no handler for {method} {raw_path}")
             finally:
                 self._cond.notify_all()
 
@@ -337,29 +566,8 @@ class FakeAPIServer:
         out["kind"] = "ResourceClaim"
         return 200, out
 
-    def _slice(self, version: str, name: str) -> dict[str, Any] | None:
-        obj = self.slices.get(name)
-        if obj is None or obj["apiVersion"] != f"{GROUP}/{version}":
-            return None
-        return copy.deepcopy(obj)
-
     def _list_slices(self, version: str, query: dict[str, str]) -> dict[str, Any]:
-        wanted: dict[str, str] = {}
-        for term in filter(None, query.get("fieldSelector", "").split(",")):
-            key, _, value = term.partition("=")
-            wanted[key.strip()] = value.strip()
-        items = []
-        for obj in self.slices.values():
-            if obj["apiVersion"] != f"{GROUP}/{version}":
-                continue
-            spec = obj["spec"]
-            fields = {
-                "spec.driver": spec.get("driver"),
-                "spec.nodeName": spec.get("nodeName"),
-                "spec.pool.name": (spec.get("pool") or {}).get("name"),
-            }
-            if all(fields.get(k) == v for k, v in wanted.items()):
-                items.append(copy.deepcopy(obj))
+        items = [_from_v1(o, version) for o in self.slices.values() if self._selected(o, query)]
         return {
             "apiVersion": f"{GROUP}/{version}",
             "kind": "ResourceSliceList",
@@ -367,13 +575,21 @@ class FakeAPIServer:
             "items": items,
         }
 
-    def _write_slice(self, version: str, name: str | None, body: Any) -> tuple[int, dict[str, Any]]:
+    def _write_slice(
+        self, version: str, name: str | None, body: Any, query: dict[str, str] | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        query = query or {}
         if not isinstance(body, dict):
             return 400, _status(400, "BadRequest", "body must be a JSON object")
         obj_name = str((body.get("metadata") or {}).get("name") or "")
         if self.refuse_slices is not None:
             return 403, _status(403, "Forbidden", self.refuse_slices)
-        problems = slice_problems(body, version)
+        too_big = _int64_problem(body)
+        if too_big:  # the real server's JSON decoder fails before validation: 400, not 422
+            return 400, _status(
+                400, "BadRequest", f"the body of the request was in an unknown format: {too_big}"
+            )
+        problems = slice_problems(body, version, self.schema, self.features)
         if name is not None and obj_name != name:
             problems.append(f"metadata.name: Invalid value: {obj_name!r}: does not match URL")
         if problems:
@@ -383,12 +599,15 @@ class FakeAPIServer:
                 f'ResourceSlice.{GROUP} "{obj_name}" is invalid: ' + "; ".join(problems),
             )
         existing = self.slices.get(obj_name)
+        if query.get("dryRun") == "All":  # validated and shaped, answered, not stored
+            obj = _store_form(_to_v1(body, version), self.features)
+            return (200 if name else 201), _from_v1(obj, version)
         if name is None and existing is not None:
             return 409, _status(
                 409, "AlreadyExists", f'resourceslices.{GROUP} "{obj_name}" already exists'
             )
         if name is not None:
-            if existing is None or existing["apiVersion"] != f"{GROUP}/{version}":
+            if existing is None:
                 return _not_found("resourceslices", name)
             given = (body.get("metadata") or {}).get("resourceVersion")
             current = existing["metadata"]["resourceVersion"]
@@ -400,12 +619,22 @@ class FakeAPIServer:
                     "object has been modified; please apply your changes to the latest version",
                 )
         self._rv += 1
-        obj = copy.deepcopy(body)
+        obj = _store_form(_to_v1(body, version), self.features)
         meta = obj.setdefault("metadata", {})
         meta["resourceVersion"] = str(self._rv)
         meta["uid"] = existing["metadata"]["uid"] if existing else str(uuid.uuid4())
         self.slices[obj_name] = obj
-        return (200 if name else 201), copy.deepcopy(obj)
+        self._event("MODIFIED" if existing else "ADDED", obj)
+        return (200 if name else 201), _from_v1(obj, version)
+
+
+def _peer_closed(sock: Any) -> bool:
+    """True when the client closed its end (readable with nothing to read)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
 
 
 def _status(code: int, reason: str, message: str, *, success: bool = False) -> dict[str, Any]:
@@ -433,8 +662,14 @@ def make_claim(
     namespace: str = "default",
     uid: str | None = None,
     version: str = "v1",
+    config: Iterable[tuple[str, Any]] = (),
 ) -> dict[str, Any]:
-    """An allocated ResourceClaim: ``results`` are ``(request, device name)`` pairs."""
+    """An allocated ResourceClaim: ``results`` are ``(request, device name)`` pairs.
+
+    ``config``: ``(source, parameters)`` pairs of opaque configuration for
+    ``driver`` (source ``FromClass`` or ``FromClaim``), as the scheduler copies
+    them into ``status.allocation.devices.config``.
+    """
     requests = sorted({r.partition("/")[0] for r, _ in results})
     exactly = "exactly" if version == "v1" else None
     spec_requests = []
@@ -456,7 +691,11 @@ def make_claim(
                     "results": [
                         {"request": r, "driver": driver, "pool": pool, "device": d}
                         for r, d in results
-                    ]
+                    ],
+                    "config": [
+                        {"source": src, "opaque": {"driver": driver, "parameters": params}}
+                        for src, params in config
+                    ],
                 }
             }
         },
@@ -483,6 +722,16 @@ class DRAPlugin:
 
 
 @dataclass(frozen=True)
+class DeviceHealthStatus:
+    """One device's health as the kubelet last heard it on the health stream."""
+
+    pool: str
+    health: str  # HEALTHY, UNHEALTHY, UNKNOWN
+    message: str
+    last_updated: int
+
+
+@dataclass(frozen=True)
 class ClaimRef:
     namespace: str
     name: str
@@ -498,17 +747,35 @@ class FakeDRAKubelet(ChangeWaiter):
     """``async with FakeDRAKubelet(registry_dir) as kubelet: ...`` — see the module docstring."""
 
     def __init__(
-        self, registry_dir: str | Path, *, versions: Sequence[str] = ("v1", "v1beta1")
+        self,
+        registry_dir: str | Path,
+        *,
+        versions: Sequence[str] = ("v1", "v1beta1"),
+        api: FakeAPIServer | None = None,
+        node: str = "",
     ) -> None:
         self.registry_dir = Path(registry_dir)
+        # With an API server and a node name, starting wipes the node's ResourceSlices,
+        # as the real kubelet's DRA manager does when it starts (issue 19 saw the node
+        # advertise nothing for 5-28 s after each kubelet restart until drivers noticed).
+        self.api = api
+        self.node = node
         self.versions = tuple(versions)  # newest first
-        self.plugins: dict[str, DRAPlugin] = {}
+        self.plugins: dict[str, DRAPlugin] = {}  # driver -> the instance in use
+        # driver -> its registered instances, oldest first. Since 1.33 the kubelet
+        # keeps several registrations of one driver (rolling updates: sockets named
+        # per pod, see k8s.io/dynamic-resource-allocation/kubeletplugin RollingUpdate),
+        # uses the most recent one and falls back to the others when it goes.
+        self.instances: dict[str, list[DRAPlugin]] = {}
         self.registrations: list[tuple[str, str]] = []  # (driver, version)
         self.rejections: list[str] = []
         self.calls: list[tuple[str, str, list[str]]] = []  # (method, driver, claim UIDs)
         self.prepared: dict[str, Any] = {}  # claim UID -> NodePrepareResourceResponse
         self.claim_pods: dict[str, set[str]] = {}  # claim UID -> pods using it
         self._claim_refs: dict[str, tuple[str, ClaimRef]] = {}  # UID -> (driver, ref)
+        self.health: dict[str, dict[str, DeviceHealthStatus]] = {}  # driver -> device -> ...
+        self.health_errors: list[str] = []
+        self.health_messages: dict[str, int] = {}  # driver -> messages received
         self._init_changes()
         self._watcher: DirectoryWatcher | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -522,6 +789,8 @@ class FakeDRAKubelet(ChangeWaiter):
 
     async def start(self) -> None:
         self.registry_dir.mkdir(parents=True, exist_ok=True)
+        if self.api is not None and self.node:
+            self.api.wipe_node(self.node)
         self._watcher = DirectoryWatcher(self.registry_dir, self._on_event)
         self._watcher.start()
         for entry in sorted(self.registry_dir.iterdir()):  # the plugin watcher's first walk
@@ -540,6 +809,7 @@ class FakeDRAKubelet(ChangeWaiter):
         """Forget the drivers and find them again (the kubelet restarted)."""
         await self.stop()
         self.plugins.clear()
+        self.instances.clear()
         await self.start()
 
     def _spawn(self, coro: Any) -> None:
@@ -552,10 +822,17 @@ class FakeDRAKubelet(ChangeWaiter):
         if kind == "created":
             self._spawn(self._register(path))
         elif kind == "deleted":
-            for p in list(self.plugins.values()):
-                if p.registry_socket == str(path):
-                    del self.plugins[p.name]
-                    self._spawn(self._notify())
+            for name, instances in list(self.instances.items()):
+                left = [p for p in instances if p.registry_socket != str(path)]
+                if len(left) == len(instances):
+                    continue
+                if left:
+                    self.instances[name] = left
+                    self.plugins[name] = left[-1]
+                else:
+                    del self.instances[name]
+                    self.plugins.pop(name, None)
+                self._spawn(self._notify())
 
     async def _register(self, path: Path) -> None:
         try:
@@ -578,7 +855,7 @@ class FakeDRAKubelet(ChangeWaiter):
             offered = list(info.supported_versions)
             if not offered:
                 problem = "empty list of supported versions"
-            elif not _subdomain_ok(info.name):
+            elif not is_dns_subdomain(info.name):
                 problem = f"driver name {info.name!r} is not a DNS subdomain"
             else:
                 chosen = next((v for v in self.versions if f"{v}.DRAPlugin" in offered), None)
@@ -590,9 +867,12 @@ class FakeDRAKubelet(ChangeWaiter):
                 problem = f"endpoint {info.endpoint} is not a socket"
             if problem is None:
                 assert chosen is not None
-                self.plugins[info.name] = DRAPlugin(
-                    info.name, info.endpoint, chosen, str(path), offered
-                )
+                plugin = DRAPlugin(info.name, info.endpoint, chosen, str(path), offered)
+                same = [
+                    p for p in self.instances.get(info.name, []) if p.registry_socket != str(path)
+                ]
+                self.instances[info.name] = [*same, plugin]
+                self.plugins[info.name] = plugin
                 self.registrations.append((info.name, chosen))
             else:
                 self.rejections.append(problem)
@@ -634,6 +914,73 @@ class FakeDRAKubelet(ChangeWaiter):
             stub = pb_grpc.DRAPluginStub(channel)
             request_type = getattr(pb, f"{method}Request")
             return await getattr(stub, method)(request_type(claims=claims), timeout=DIAL_TIMEOUT)
+
+    # --- device health (KEP-4680) -----------------------------------------
+
+    async def watch_health(self, driver: str, version: str = "v1alpha1") -> None:
+        """Open the driver's health stream as the kubelet does and keep it open.
+
+        Kubelets 1.34-1.36 call ``/v1alpha1.DRAResourceHealth/NodeWatchResources``
+        on the DRA socket and retry every 5 s when it fails; later ones also speak
+        ``v1beta1`` and ``v1``. What arrives is in :attr:`health`.
+        """
+        plugin = self.plugins.get(driver)
+        if plugin is None:
+            raise LookupError(f"DRA driver {driver} is not registered")
+        from hetero_dp.dra.health import HEALTH_VERSIONS
+
+        pb, pb_grpc = HEALTH_VERSIONS[version]
+        opened = asyncio.Event()
+
+        async def run() -> None:
+            async with grpc.aio.insecure_channel(f"unix://{plugin.endpoint}") as channel:
+                stream = pb_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+                    pb.NodeWatchResourcesRequest()
+                )
+                opened.set()
+                try:
+                    async for response in stream:
+                        self.health_messages[driver] = self.health_messages.get(driver, 0) + 1
+                        # each message is the complete list for the driver
+                        self.health[driver] = {
+                            d.device.device_name: DeviceHealthStatus(
+                                pool=d.device.pool_name,
+                                health=pb.HealthStatus.Name(d.health),
+                                message=getattr(d, "message", ""),
+                                last_updated=d.last_updated_time,
+                            )
+                            for d in response.devices
+                        }
+                        await self._notify()
+                except grpc.aio.AioRpcError as e:
+                    self.health_errors.append(f"{driver}: {e.code().name}: {e.details()}")
+                    await self._notify()
+
+        self._spawn(run())
+        await opened.wait()
+
+    def pod_resource_status(self, pod: str) -> list[dict[str, Any]]:
+        """``status.containerStatuses[].allocatedResourcesStatus`` of a pod, as the
+        kubelet fills it from the health stream (KEP-4680): one entry per claim
+        request, ``claim:<claim>/<request>``, listing ``<driver>/<pool>/<device>``
+        with ``Healthy``, ``Unhealthy`` or ``Unknown``."""
+        words = {"HEALTHY": "Healthy", "UNHEALTHY": "Unhealthy"}
+        out: dict[str, list[dict[str, str]]] = {}
+        for uid, pods in sorted(self.claim_pods.items()):
+            if pod not in pods:
+                continue
+            driver, ref = self._claim_refs[uid]
+            for d in self.prepared[uid].devices:
+                known = self.health.get(driver, {}).get(d.device_name)
+                health = words.get(known.health, "Unknown") if known else "Unknown"
+                for request in d.request_names:
+                    out.setdefault(f"claim:{ref.name}/{request}", []).append(
+                        {
+                            "resourceID": f"{driver}/{d.pool_name}/{d.device_name}",
+                            "health": health,
+                        }
+                    )
+        return [{"name": k, "resources": v} for k, v in sorted(out.items())]
 
     async def node_prepare(self, driver: str, refs: Sequence[ClaimRef]) -> Any:
         """One raw NodePrepareResources call (no reference counting)."""
@@ -713,6 +1060,7 @@ class DRARunner(PluginRunner):
         self.root = Path(root)
         self.api = api
         self.node = node
+        self.create_node = True  # give the API server a Node object for the node
 
     @property
     def cdi_dir(self) -> Path:
@@ -731,10 +1079,15 @@ class DRARunner(PluginRunner):
         node: str | None = None,
         api_versions: Sequence[str] | None = None,
         resync_interval: float = 0,
+        instance: str = "",
     ) -> Any:
         from hetero_dp.dra.runner import DRADaemon, DRAOptions
         from hetero_dp.engine.config import load_config
         from hetero_dp.engine.plugins import load_backends
+
+        node_name = self.node if node is None else node
+        if self.create_node and node_name and node_name not in self.api.nodes:
+            self.api.add_node(node_name)  # the node exists, as in any cluster
 
         raw = test_config(config, options)
         raw["kubeletDir"] = str(self.plugin_dir)
@@ -746,6 +1099,7 @@ class DRARunner(PluginRunner):
             driver_names=dict(driver_names or {}),
             plugins_dir=self.plugins_dir,
             resync_interval=resync_interval,
+            instance=instance,
         )
         if api_versions:
             opts.api_versions = tuple(api_versions)

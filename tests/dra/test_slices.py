@@ -40,7 +40,7 @@ async def test_slice_matches_the_devices_with_attributes_and_capacity(dra, api_s
     assert d1["attributes"]["numaNode"] == {"int": 1}
     assert d1["attributes"]["pciAddress"] == {"string": "0000:11:00.0"}  # NVML form normalised
     assert d1["attributes"]["product"] == {"string": "Acme N1"}
-    assert d1["capacity"] == {"memory": {"value": "16384Mi"}}
+    assert d1["capacity"] == {"memory": {"value": "16Gi"}}  # 16384Mi, canonical
     assert kubernetes_validate.validate(s, "1.34", strict=True)
 
 
@@ -79,7 +79,7 @@ def test_rendered_slices_validate_for_1_34_and_later(k8s, version):
     assert len(attrs) + len(body["capacity"]) == 32
     assert attrs["weird_key_name_x"] == {"bool": True} and attrs["_9lives"] == {"int": 9}
     assert "too_long" not in attrs and attrs["ratio"] == {"string": "0.5"}
-    assert body["capacity"] == {"memory": {"value": "5120Mi"}}
+    assert body["capacity"] == {"memory": {"value": "5Gi"}}
     # version-like strings become semantic versions (CEL compares them as versions)
     assert attrs["driverVersion"] == {"version": "550.54.5"}
     assert attrs["cudaComputeCapability"] == {"version": "8.0.0"}
@@ -236,7 +236,7 @@ async def test_invalid_slice_reason_from_validation_is_logged(dra, api_server, c
     publisher.devices = [{"name": "Bad_Name"}]
     with caplog.at_level(logging.ERROR, logger="hetero_dp.dra"):
         await publisher.sync()
-    assert "Bad_Name" in caplog.text and "not a DNS label" in caplog.text
+    assert "Bad_Name" in caplog.text and "must be a DNS label" in caplog.text
     assert "HTTP 422 Invalid" in caplog.text
 
 
@@ -267,7 +267,7 @@ async def test_old_api_server_gets_v1beta1_slices(dra):
         dra.api = old
         daemon = await dra.start(Npus(2))
         assert daemon.drivers[RES].publisher.version == "v1beta1"
-        [s] = old.slices_of(DRIVER)
+        [s] = old.slices_of(DRIVER, version="v1beta1")
         assert s["apiVersion"] == "resource.k8s.io/v1beta1"
         assert all("basic" in d and "attributes" not in d for d in s["spec"]["devices"])
         assert kubernetes_validate.validate(s, "1.34", strict=True)
