@@ -37,6 +37,7 @@ from hetero_dp.dra.servicer import DRARegistrationServicer, add_dra_services
 from hetero_dp.dra.slices import VERSIONS
 from hetero_dp.dra.watch import SliceWatch
 from hetero_dp.kits import observe
+from hetero_dp.kits.aiotools import wait_event
 from hetero_dp.kits.inotify import DirectoryWatcher
 from hetero_dp.kubelet.api import pluginregistration_v1_pb2 as reg_pb
 from hetero_dp.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
@@ -384,8 +385,7 @@ class DRADriver:
     async def _resync_loop(self) -> None:
         interval = self.settings.resync_interval or None
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._resync_now.wait(), interval)
+            await wait_event(self._resync_now, interval)
             self._resync_now.clear()
             try:
                 await self.resync()

@@ -26,6 +26,7 @@ from typing import Any
 import grpc
 
 from hetero_dp.dra.names import device_name
+from hetero_dp.kits.aiotools import with_timeout
 from hetero_dp.kubelet.api import (
     dra_health_v1_pb2,
     dra_health_v1_pb2_grpc,
@@ -94,7 +95,7 @@ class HealthFeed:
             fresh = True
             async with self._cond:
                 try:
-                    await asyncio.wait_for(
+                    await with_timeout(
                         self._cond.wait_for(functools.partial(self._moved, seen)),
                         self.heartbeat if seen >= 0 else None,
                     )

@@ -38,16 +38,25 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
 
 
 async def with_timeout(aw: Awaitable[T], timeout: float | None) -> T:
-    """Await ``aw`` for at most ``timeout`` seconds: its result, or TimeoutError
-    (the awaitable is cancelled then; a thread behind it is not stopped)."""
+    """Await ``aw`` for at most ``timeout`` seconds: its result, or TimeoutError.
+
+    On a timeout (or when the caller is cancelled) the awaitable is cancelled and
+    its end awaited before returning, as ``wait_for`` does: a coroutine that holds
+    a lock or a condition re-acquires it while it unwinds, and must be done before
+    the caller goes on. A thread behind a future is not stopped.
+    """
     fut = asyncio.ensure_future(aw)
     try:
         done, _ = await asyncio.wait((fut,), timeout=timeout)
     except asyncio.CancelledError:
         fut.cancel()
+        await asyncio.wait((fut,))
         raise
     if not done:
         fut.cancel()
+        await asyncio.wait((fut,))
+        if not fut.cancelled() and fut.exception() is None:
+            return fut.result()  # it finished as it was cancelled: keep the result
         raise asyncio.TimeoutError
     return fut.result()
 
