@@ -363,8 +363,6 @@ def run_doctor(options: Mapping[str, Any], environ: Mapping[str, str] | None) ->
             except ConfigError:
                 advertised = []  # a layout the MIG strategy cannot serve: checked below
             checks += guard_checks(node, advertised, opts.sharing)
-            node, advertise(build_devices(node, opts), opts.sharing), opts.sharing
-        )
         try:
             check_layout(node, opts.mig_strategy)
             checks.append(Check("mig layout", "pass", f"fits migStrategy {opts.mig_strategy}"))
