@@ -373,6 +373,7 @@ class _State:
     failures: int = 0
     next_try: float = 0.0
     started: bool = False  # managed: started by us with this plan's limits
+    restarts: int = 0  # managed: daemons found dead and started again
 
 
 class MpsManager:
@@ -485,34 +486,50 @@ class MpsManager:
 
     def _check(self, st: _State, on_change: Callable[[Iterable[str], str], None]) -> None:
         daemon = st.daemon
-        reason = ""
+        managed = self.settings.control == "managed"
+        if not managed or st.started:
+            try:
+                daemon.assert_healthy()
+                self._set(st, "", on_change)
+                return
+            except MpsError as err:
+                # Unhealthy at once: its clients have lost their server anyway.
+                self._set(
+                    st, f"control daemon does not answer: {err}", on_change, failed=not managed
+                )
+                if not managed:
+                    return
+                st.started = False
+                st.restarts += 1
         try:
-            if self.settings.control == "managed" and not st.started:
-                raise MpsError("not started with the current limits")
-            daemon.assert_healthy()
+            daemon.start()
         except MpsError as err:
-            reason = f"control daemon does not answer: {err}"
-            if self.settings.control == "managed":
-                try:
-                    daemon.start()
-                    st.started = True
-                    reason = ""
-                    log.info(
-                        "MPS control daemon for %s started: %s",
-                        daemon.resource.name,
-                        "; ".join(daemon.resource.commands()),
-                    )
-                except MpsError as start_err:
-                    reason = f"control daemon cannot start: {start_err}"
+            self._set(st, f"control daemon cannot start: {err}", on_change, failed=True)
+            return
+        st.started = True
+        log.info(
+            "MPS control daemon for %s started: %s",
+            daemon.resource.name,
+            "; ".join(daemon.resource.commands()),
+        )
+        self._set(st, "", on_change)
+
+    def _set(
+        self,
+        st: _State,
+        reason: str,
+        on_change: Callable[[Iterable[str], str], None],
+        failed: bool = False,
+    ) -> None:
         now = self.clock()
         with self._cond:
             before = st.reason
-            if reason:
+            if failed:
                 st.failures += 1
                 backoff = self.settings.backoff_s * 2 ** (st.failures - 1)
                 st.next_try = now + min(backoff, self.settings.max_backoff_s)
                 reason = f"{reason} (try {st.failures}, next in {st.next_try - now:.3g} s)"
-            else:
+            elif not reason:
                 st.failures = 0
                 st.next_try = now + self.settings.check_interval_s
             st.reason = reason
@@ -520,8 +537,8 @@ class MpsManager:
             self._cond.notify_all()
         if changed:
             if reason:
-                log.warning("MPS %s: %s", daemon.resource.name, reason)
-            on_change([g.uuid for g in daemon.resource.gpus], reason)
+                log.warning("MPS %s: %s", st.daemon.resource.name, reason)
+            on_change([g.uuid for g in st.daemon.resource.gpus], reason)
 
 
 def mps_response(resource: MpsResource, settings: MpsSettings) -> tuple[dict[str, str], list]:
