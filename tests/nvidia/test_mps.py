@@ -263,3 +263,69 @@ def test_allocate_without_mps_adds_nothing(fake_node, mps_root):
     b.allocate(b.discover()[:1], response)
     b.shutdown()
     assert response.envs == {} and response.mounts == []
+
+
+# --- end to end: the fake kubelet, real sockets, the fake driver and control program -----
+
+
+async def test_kubelet_gets_mps_replicas_limits_and_health(
+    fake_kubelet, plugin_runner, fake_node, mps_root
+):
+    import asyncio
+
+    import grpc
+
+    node = fake_node("v100-2x-pcie.scn")
+    install_fake_mps_control(node.root / "driver")
+    options = {
+        **node.options,
+        "mpsRoot": str(mps_root),
+        "mps": {"checkInterval": 0.05, "backoff": 0.05, "maxBackoff": 0.2},
+    }
+    backend = NvidiaBackend(environ={})
+    await plugin_runner.start(
+        backend, config={"sharing": mps_sharing(4)}, options={"nvidia": options}
+    )
+    backend.monitor.wait_ms = 200
+    ids = [f"{node.uuid(g)}::{n}" for g in range(2) for n in range(4)]
+    devices = await fake_kubelet.wait_devices(
+        GPU, lambda d: list(d) == ids and all(x.healthy for x in d.values())
+    )
+    # The daemon runs with a quarter of each GPU's memory per client.
+    quarter = V100_MIB // 4
+    assert f"set_default_device_pinned_mem_limit 1 {quarter}M" in commands(mps_root)
+
+    resp = await fake_kubelet.allocate(GPU, [ids[5]])
+    assert dict(resp.envs) == {
+        "NVIDIA_VISIBLE_DEVICES": node.uuid(1),
+        "CUDA_MPS_PIPE_DIRECTORY": "/mps/nvidia.com/gpu/pipe",
+    }
+    assert {(m.host_path, m.container_path) for m in resp.mounts} == {
+        (f"{mps_root}/nvidia.com/gpu/pipe", "/mps/nvidia.com/gpu/pipe"),
+        (f"{mps_root}/shm", "/dev/shm"),
+    }
+    # Two replicas in one container: refused, as NVIDIA's plugin does under MPS.
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await fake_kubelet.allocate(GPU, [ids[0], ids[1]])
+    assert "sharing.mps.failRequestsGreaterThanOne" in info.value.details()
+
+    # The daemon dies: every replica goes Unhealthy, then comes back once restarted.
+    manager = backend.mps
+    assert manager is not None
+    pid = daemon_pid(mps_root)
+    assert pid is not None
+    seen_down = asyncio.Event()
+
+    def all_down(d):
+        if not any(x.healthy for x in d.values()):
+            seen_down.set()
+        return seen_down.is_set()
+
+    os.kill(pid, signal.SIGKILL)
+    watch = asyncio.ensure_future(fake_kubelet.wait_devices(GPU, all_down))
+    devices = await fake_kubelet.wait_devices(
+        GPU, lambda d: seen_down.is_set() and all(x.healthy for x in d.values())
+    )
+    watch.cancel()
+    assert daemon_pid(mps_root) not in (None, pid)
+    assert len(devices) == 8

@@ -140,8 +140,11 @@ class NvidiaBackend:
         self.guard.update(advertised)
         mps = self.mps
         if mps is not None:
-            # The daemons follow what the replicas are: one per shared resource name.
+            # The daemons follow what the replicas are: one per shared resource name;
+            # until a GPU's daemon answers, its replicas are not served (NVIDIA's plugin
+            # waits for the daemon before it serves at all).
             mps.want(plan_mps(advertised, self.options.mps))
+            devices = [_mps_health(d, mps.reason(d.physical_id)) for d in devices]
         with self._lock:
             before = {g.uuid for g in self.node.gpus if g.uuid}
             self.node = node
@@ -197,9 +200,12 @@ class NvidiaBackend:
     def _run_mps(self, events: EventSink, stop: threading.Event) -> None:
         """Run the current MPS manager; a reload that replaces it starts the new one."""
 
-        def report(uuids: object, reason: str) -> None:
-            for uuid in uuids:  # type: ignore[attr-defined]
-                events.set_health(uuid, not reason, reason or "MPS control daemon answers")
+        def report(uuids: Iterable[str], reason: str) -> None:
+            for uuid in uuids:
+                if reason:
+                    events.set_health(uuid, False, reason)
+                elif not self.monitor.reason(uuid):  # an XID still holds it: leave it
+                    events.set_health(uuid, True, "MPS control daemon answers")
 
         while not stop.is_set() and not events.stopping.is_set():
             with self._lock:
@@ -308,6 +314,10 @@ class NvidiaBackend:
     @hookimpl
     def doctor(self, options: Mapping[str, Any]) -> list[Check]:
         return run_doctor(options, self._environ)
+
+
+def _mps_health(device: Device, reason: str) -> Device:
+    return device.with_health(False, reason) if reason and device.healthy else device
 
 
 def run_doctor(options: Mapping[str, Any], environ: Mapping[str, str] | None) -> list[Check]:
