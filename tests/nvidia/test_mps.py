@@ -42,15 +42,20 @@ def mps_root() -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
+def fast(control: Path) -> dict[str, object]:
+    """Quick checks and retries; the fake control program, never a real one on PATH."""
+    return {"checkInterval": 0.05, "backoff": 0.05, "maxBackoff": 0.2, "controlPath": str(control)}
+
+
 def backend_for(node, mps_root: Path, sharing=None, **mps: object) -> NvidiaBackend:
-    install_fake_mps_control(node.root / "driver")
+    control = install_fake_mps_control(node.root / "driver")
     b = NvidiaBackend(environ={})
     b.configure(
         {
             **node.options,
             "mpsRoot": str(mps_root),
             "sharing": sharing or mps_sharing(),
-            "mps": {"checkInterval": 0.05, "backoff": 0.05, "maxBackoff": 0.2, **mps},
+            "mps": {**fast(control), **mps},
         }
     )
     return b
@@ -219,6 +224,20 @@ def test_external_daemon_is_only_checked(fake_node, mps_root):
         b.shutdown()
 
 
+def test_the_control_program_is_found_on_path_then_under_the_driver_root(fake_node, monkeypatch):
+    from hetero_dp_nvidia.mps import find_control
+
+    node = fake_node("v100-2x-pcie.scn")
+    monkeypatch.setenv("PATH", str(node.root))  # nothing there
+    driver = node.root / "driver"
+    assert find_control(MpsSettings(), str(driver)) is None
+    installed = install_fake_mps_control(driver)
+    assert find_control(MpsSettings(), str(driver)) == str(installed)
+    monkeypatch.setenv("PATH", str(installed.parent))
+    assert find_control(MpsSettings(), "/nowhere") == str(installed)
+    assert find_control(MpsSettings(control_path="/x/ctl"), str(driver)) == "/x/ctl"
+
+
 def test_without_the_control_program_the_reason_says_so(fake_node, mps_root, monkeypatch):
     node = fake_node("v100-2x-pcie.scn")
     monkeypatch.setenv("PATH", str(mps_root))  # nothing there, nor under the driver root
@@ -276,12 +295,8 @@ async def test_kubelet_gets_mps_replicas_limits_and_health(
     import grpc
 
     node = fake_node("v100-2x-pcie.scn")
-    install_fake_mps_control(node.root / "driver")
-    options = {
-        **node.options,
-        "mpsRoot": str(mps_root),
-        "mps": {"checkInterval": 0.05, "backoff": 0.05, "maxBackoff": 0.2},
-    }
+    control = install_fake_mps_control(node.root / "driver")
+    options = {**node.options, "mpsRoot": str(mps_root), "mps": fast(control)}
     backend = NvidiaBackend(environ={})
     await plugin_runner.start(
         backend, config={"sharing": mps_sharing(4)}, options={"nvidia": options}
@@ -329,3 +344,20 @@ async def test_kubelet_gets_mps_replicas_limits_and_health(
     watch.cancel()
     assert daemon_pid(mps_root) not in (None, pid)
     assert len(devices) == 8
+
+
+def test_doctor_checks_the_control_program_and_the_shared_shm(fake_node, mps_root, monkeypatch):
+    from hetero_dp_nvidia.mps import mps_checks
+
+    node = fake_node("v100-2x-pcie.scn")
+    monkeypatch.setenv("PATH", str(mps_root))
+    opts = {**node.options, "mpsRoot": str(mps_root), "sharing": mps_sharing()}
+    checks = {c.name: c for c in NvidiaBackend(environ={}).doctor(opts)}
+    assert checks["mps control"].status == "fail" and "controlPath" in checks["mps control"].fix
+    assert checks["mps shm"].status == "warn"  # this process's /dev/shm is not <root>/shm
+    # As the chart mounts it: <root>/shm is the daemon's /dev/shm.
+    control = install_fake_mps_control(node.root / "driver")
+    (mps_root / "shm").mkdir()
+    settings = parse_mps_settings({"controlPath": str(control)}, str(mps_root))
+    good = {c.name: c.status for c in mps_checks(settings, "/", shm=str(mps_root / "shm"))}
+    assert good == {"mps control": "pass", "mps shm": "pass"}

@@ -35,7 +35,7 @@ from .health import HealthMonitor, probe_gpu
 from .labels import node_labels
 from .memory_guard import MemoryGuard, guard_checks
 from .metrics import node_samples
-from .mps import MpsManager, find_control, mps_response, plan_mps
+from .mps import MpsManager, find_control, mps_checks, mps_response, plan_mps
 from .nvml import NvmlUnavailable, log, log_once
 from .options import COMMAND_LINE, parse_command_line, parse_options
 from .topology import compute_links
@@ -373,6 +373,8 @@ def run_doctor(options: Mapping[str, Any], environ: Mapping[str, str] | None) ->
             except ConfigError:
                 advertised = []  # a layout the MIG strategy cannot serve: checked below
             checks += guard_checks(node, advertised, opts.sharing)
+        if opts.uses_mps:
+            checks += mps_checks(opts.mps, opts.visible_driver_root)
         try:
             check_layout(node, opts.mig_strategy)
             checks.append(Check("mig layout", "pass", f"fits migStrategy {opts.mig_strategy}"))

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetero_dp import ConfigError, Device, is_replica, replica_base
+from hetero_dp import Check, ConfigError, Device, is_replica, replica_base
 
 log = logging.getLogger("hetero_dp_nvidia.mps")
 
@@ -268,13 +268,19 @@ class MpsError(RuntimeError):
 
 
 def find_control(settings: MpsSettings, driver_root: str) -> str | None:
-    """The control binary: the configured path, the driver root's, or PATH's."""
+    """The control binary: the configured path, PATH's, or the driver root's.
+
+    PATH first: in a container the NVIDIA runtime puts the driver's utilities (and the
+    libraries they load) in place; a binary under a mounted driver root may not find
+    its libraries. On a host the driver root's ``usr/bin`` is on PATH anyway.
+    """
     if settings.control_path:
         return settings.control_path
+    found = shutil.which(CONTROL_BIN)
+    if found:
+        return found
     candidate = os.path.join(driver_root, "usr", "bin", CONTROL_BIN)
-    if os.access(candidate, os.X_OK):
-        return candidate
-    return shutil.which(CONTROL_BIN)
+    return candidate if os.access(candidate, os.X_OK) else None
 
 
 class MpsDaemon:
@@ -339,7 +345,8 @@ class MpsDaemon:
         return self._run([], command)
 
     def start(self) -> None:
-        for d in (self.pipe_dir, self.log_dir):
+        shm = os.path.join(self.settings.local_root, "shm")
+        for d in (self.pipe_dir, self.log_dir, shm):
             os.makedirs(d, mode=0o755, exist_ok=True)
         self.stop_quietly()  # a daemon left from an earlier run would refuse a second -d
         self._run(["-d"], None)
@@ -549,3 +556,44 @@ def mps_response(resource: MpsResource, settings: MpsSettings) -> tuple[dict[str
         (os.path.join(settings.root, "shm"), "/dev/shm"),
     ]
     return {"CUDA_MPS_PIPE_DIRECTORY": pipe}, mounts
+
+
+def mps_checks(settings: MpsSettings, driver_root: str, shm: str = "/dev/shm") -> list[Check]:
+    """``hetero-dp doctor`` under sharing.mps: the control program, and a shared /dev/shm.
+
+    MPS clients and their server talk through /dev/shm: a container gets
+    ``<root>/shm`` there, so the daemon's own /dev/shm must be that same directory
+    (the chart mounts it so; NVIDIA's chart does the same for its daemon container).
+    """
+    checks = []
+    control = find_control(settings, driver_root)
+    if settings.control == "managed" and control is None:
+        checks.append(
+            Check(
+                "mps control",
+                "fail",
+                f"{CONTROL_BIN} not found on PATH or under {driver_root}/usr/bin",
+                "run the plugin with the NVIDIA runtime (utility capability) or set "
+                "backends.nvidia.mps.controlPath",
+            )
+        )
+    elif settings.control == "managed":
+        checks.append(Check("mps control", "pass", f"{control}"))
+    ours = os.path.join(settings.local_root, "shm")
+    try:
+        same = os.path.samefile(shm, ours)
+    except OSError:
+        same = False
+    if settings.control == "managed" and not same:
+        checks.append(
+            Check(
+                "mps shm",
+                "warn",
+                f"{shm} here is not {ours}, which containers get as /dev/shm: "
+                "their MPS server would not see them",
+                f"mount the host's {settings.root}/shm at /dev/shm in the plugin's container",
+            )
+        )
+    elif settings.control == "managed":
+        checks.append(Check("mps shm", "pass", f"{shm} is {ours}"))
+    return checks
