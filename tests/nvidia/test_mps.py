@@ -361,3 +361,19 @@ def test_doctor_checks_the_control_program_and_the_shared_shm(fake_node, mps_roo
     settings = parse_mps_settings({"controlPath": str(control)}, str(mps_root))
     good = {c.name: c.status for c in mps_checks(settings, "/", shm=str(mps_root / "shm"))}
     assert good == {"mps control": "pass", "mps shm": "pass"}
+
+
+def test_the_charts_env_vars_set_the_root_and_the_control_mode():
+    from hetero_dp_nvidia.options import parse_options
+
+    opts = parse_options(
+        {"sharing": mps_sharing(), "mps": {"checkInterval": 5}},
+        {"MPS_ROOT": "/var/mps", "MPS_CONTROL_DAEMON": "external"},
+    )
+    assert opts.uses_mps
+    assert (opts.mps.root, opts.mps.control, opts.mps.check_interval_s) == (
+        "/var/mps",
+        "external",
+        5.0,
+    )
+    assert parse_options({}, {}).mps.root == "/run/nvidia/mps"  # NVIDIA's chart default

@@ -64,7 +64,7 @@ class MpsSettings:
     """``backends.nvidia.mps`` (ours) plus NVIDIA's ``flags.mpsRoot``."""
 
     root: str = DEFAULT_ROOT  # on the host: what client containers mount
-    visible_root: str = ""  # where this process sees the root ("" = root)
+    visible_root: str = ""  # where this process sees the root (see local_root)
     control: str = "managed"
     control_path: str = ""  # "" = <driver root>/usr/bin, then PATH
     check_interval_s: float = 10.0
@@ -75,7 +75,11 @@ class MpsSettings:
 
     @property
     def local_root(self) -> str:
-        return self.visible_root or self.root
+        """Where this process sees the root: ``visibleRoot``, else NVIDIA's container
+        path ``/mps`` when it exists (the chart mounts the root there), else the root."""
+        if self.visible_root:
+            return self.visible_root
+        return CONTAINER_ROOT if os.path.isdir(CONTAINER_ROOT) else self.root
 
 
 def _size_mib(value: Any, where: str) -> int:

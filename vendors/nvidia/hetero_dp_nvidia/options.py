@@ -423,6 +423,8 @@ def parse_options(
     gfd = opts.pop("gfd", None)
     sharing = parse_sharing(opts.pop("sharing", None), "config")
     mps_raw = opts.pop("mps", None)
+    if env.get("MPS_CONTROL_DAEMON"):  # ours, set by the chart (mps.controlDaemon)
+        mps_raw = {**(mps_raw or {}), "controlDaemon": env["MPS_CONTROL_DAEMON"]}
     if gfd:
         log.debug("flags.gfd is for GPU feature discovery; the device plugin ignores it")
     values: dict[str, Any] = {}
