@@ -439,6 +439,11 @@ class MpsManager:
         with self._cond:
             return next((r for r in self._plan if any(g.uuid == uuid for g in r.gpus)), None)
 
+    def daemons(self) -> dict[str, MpsDaemon]:
+        """Shared resource name -> its daemon (to send it commands: the smoke script)."""
+        with self._cond:
+            return {name: st.daemon for name, st in self._states.items()}
+
     def status(self) -> dict[str, str]:
         with self._cond:
             return {name: st.reason for name, st in self._states.items()}
