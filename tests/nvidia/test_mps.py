@@ -377,3 +377,39 @@ def test_the_charts_env_vars_set_the_root_and_the_control_mode():
         5.0,
     )
     assert parse_options({}, {}).mps.root == "/run/nvidia/mps"  # NVIDIA's chart default
+
+
+async def test_a_reload_with_other_replicas_restarts_the_daemon_with_new_limits(
+    fake_kubelet, plugin_runner, fake_node, mps_root
+):
+    from hetero_dp.engine.config import load_config
+
+    node = fake_node("v100-2x-pcie.scn")
+    control = install_fake_mps_control(node.root / "driver")
+    doc = {
+        "kubeletDir": str(fake_kubelet.plugin_dir),
+        "pluginsRegistryDir": str(fake_kubelet.registry_dir),
+        "healthInterval": 0,
+        "rediscoverInterval": 0,
+        "flags": {**node.options, "mpsRoot": str(mps_root)},
+        "backends": {"nvidia": {"mps": fast(control)}},
+        "sharing": mps_sharing(4),
+    }
+    backend = NvidiaBackend(environ={})
+    daemon = await plugin_runner.start(backend, config=doc)
+    await fake_kubelet.wait_devices(
+        GPU, lambda d: len(d) == 8 and all(x.healthy for x in d.values())
+    )
+    doc["sharing"] = mps_sharing(2)
+    await daemon.apply_config(load_config(raw=doc, env={}))
+    ids = [f"{node.uuid(g)}::{n}" for g in range(2) for n in range(2)]
+    await fake_kubelet.wait_devices(
+        GPU, lambda d: list(d) == ids and all(x.healthy for x in d.values())
+    )
+    manager = backend.mps
+    assert manager is not None
+    half = f"set_default_device_pinned_mem_limit 0 {V100_MIB // 2}M"
+    assert manager.wait_for(lambda s: s == {GPU: ""} and half in commands(mps_root), 10)
+    sent = commands(mps_root)
+    assert sent.index("quit") < sent.index(half)  # the old daemon was told to quit first
+    assert "set_default_active_thread_percentage 50" in sent[sent.index(half) :]

@@ -35,7 +35,7 @@ from .health import HealthMonitor, probe_gpu
 from .labels import node_labels
 from .memory_guard import MemoryGuard, guard_checks
 from .metrics import node_samples
-from .mps import MpsManager, find_control, mps_checks, mps_response, plan_mps
+from .mps import MpsManager, MpsResource, find_control, mps_checks, mps_response, plan_mps
 from .nvml import NvmlUnavailable, log, log_once
 from .options import COMMAND_LINE, parse_command_line, parse_options
 from .topology import compute_links
@@ -75,26 +75,31 @@ class NvidiaBackend:
         if self._start(opts.fail_on_init_error):
             # A layout that cannot fit the MIG strategy stops start-up, named.
             check_layout(read_node(opts), opts.mig_strategy)
+        plan = None
+        if opts.uses_mps and self._devices:  # a reload: too many replicas refuse it here
+            plan = plan_mps(advertise(self._devices, opts.sharing), opts.mps)
         self.options = opts
         self.monitor.settings = opts.health
         self._configured = True
-        self._configure_mps()
+        self._configure_mps(plan)
 
-    def _configure_mps(self) -> None:
-        """A manager for sharing.mps; a reload with other MPS settings replaces it."""
+    def _configure_mps(self, plan: list[MpsResource] | None) -> None:
+        """Create, reconfigure or stop the MPS manager for the current options."""
         opts = self.options
         with self._lock:
-            old = self.mps
-            if old is not None and opts.uses_mps and old.settings == opts.mps:
+            mps = self.mps
+            if not opts.uses_mps:
+                self.mps = None
+                if mps is not None:
+                    mps.stop()  # its thread quits the daemons it started
                 return
-            self.mps = None
-            if opts.uses_mps:
-                control = find_control(opts.mps, opts.visible_driver_root)
-                self.mps = MpsManager(opts.mps, control)
-                if self._devices:
-                    self.mps.want(plan_mps(advertise(self._devices, opts.sharing), opts.mps))
-        if old is not None:
-            old.stop()  # its thread quits the daemons it started; watch starts the new one
+            control = find_control(opts.mps, opts.visible_driver_root)
+            if mps is None:
+                mps = self.mps = MpsManager(opts.mps, control)
+            elif mps.settings != opts.mps or mps.control != control:
+                mps.reconfigure(opts.mps, control)
+        if plan is not None:
+            mps.want(plan)
 
     def _start(self, fail_on_init_error: bool) -> bool:
         """Initialise NVML once; False (logged) when unavailable and allowed to be."""
@@ -210,7 +215,7 @@ class NvidiaBackend:
         while not stop.is_set() and not events.stopping.is_set():
             with self._lock:
                 mps = self.mps
-            if mps is None:
+            if mps is None or mps.stopped:  # none yet, or replaced: wait for the next
                 if events.wait(1.0):
                     return
                 continue

@@ -410,6 +410,17 @@ class MpsManager:
         self._cond = threading.Condition()
         self._wake = threading.Event()
         self._stopped = False
+        self._retired: list[MpsDaemon] = []  # managed daemons of replaced settings
+
+    def reconfigure(self, settings: MpsSettings, control: str | None) -> None:
+        """New settings (a reload): every daemon is started again under them."""
+        with self._cond:
+            if self.settings.control == "managed":
+                self._retired += [st.daemon for st in self._states.values()]
+            self.settings, self.control = settings, control
+            self._states, self._plan = {}, []
+            self._cond.notify_all()
+        self._wake.set()
 
     # -- inputs ------------------------------------------------------------------------
 
@@ -479,6 +490,10 @@ class MpsManager:
         self._stopped = True
         self._wake.set()
 
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
     def _next_delay(self) -> float:
         now = self.clock()
         with self._cond:
@@ -486,6 +501,10 @@ class MpsManager:
         return max(0.0, min([self.settings.check_interval_s, *due]))
 
     def reconcile(self, on_change: Callable[[Iterable[str], str], None]) -> None:
+        with self._cond:
+            retired, self._retired = self._retired, []
+        for daemon in retired:  # before any new one starts in the same pipe dir
+            daemon.stop_quietly()
         with self._cond:
             wanted = {r.name for r in self._plan}
             gone = [st for n, st in self._states.items() if n not in wanted]
