@@ -288,7 +288,8 @@ async def mps_smoke(options: dict[str, Any], step: Any) -> int:
     import subprocess
 
     from hetero_dp_nvidia.backend import NvidiaBackend
-    from hetero_dp_nvidia.mps import find_control, parse_mps_settings
+    from hetero_dp_nvidia.mps import parse_mps_settings
+    from hetero_dp_nvidia.mps_daemon import find_control
 
     from hetero_dp.testing import FakeKubelet, PluginRunner, short_tempdir
 

@@ -12,13 +12,8 @@ from pathlib import Path
 
 import pytest
 from hetero_dp_nvidia.backend import NvidiaBackend
-from hetero_dp_nvidia.mps import (
-    Limits,
-    MpsManager,
-    MpsSettings,
-    parse_mps_settings,
-    plan_mps,
-)
+from hetero_dp_nvidia.mps import Limits, MpsSettings, parse_mps_settings, plan_mps
+from hetero_dp_nvidia.mps_daemon import MpsManager
 
 from hetero_dp import ConfigError, ContainerResponse
 from hetero_dp.allocation.sharing import advertise
@@ -225,7 +220,7 @@ def test_external_daemon_is_only_checked(fake_node, mps_root):
 
 
 def test_the_control_program_is_found_on_path_then_under_the_driver_root(fake_node, monkeypatch):
-    from hetero_dp_nvidia.mps import find_control
+    from hetero_dp_nvidia.mps_daemon import find_control
 
     node = fake_node("v100-2x-pcie.scn")
     monkeypatch.setenv("PATH", str(node.root))  # nothing there
@@ -347,7 +342,7 @@ async def test_kubelet_gets_mps_replicas_limits_and_health(
 
 
 def test_doctor_checks_the_control_program_and_the_shared_shm(fake_node, mps_root, monkeypatch):
-    from hetero_dp_nvidia.mps import mps_checks
+    from hetero_dp_nvidia.mps_daemon import mps_checks
 
     node = fake_node("v100-2x-pcie.scn")
     monkeypatch.setenv("PATH", str(mps_root))
@@ -413,3 +408,11 @@ async def test_a_reload_with_other_replicas_restarts_the_daemon_with_new_limits(
     sent = commands(mps_root)
     assert sent.index("quit") < sent.index(half)  # the old daemon was told to quit first
     assert "set_default_active_thread_percentage 50" in sent[sent.index(half) :]
+
+
+@pytest.mark.parametrize(
+    ("value", "mib"), [(4096, 4096), ("4096", 4096), ("4096M", 4096), ("8Gi", 8192), ("1G", 1024)]
+)
+def test_memory_limit_sizes(value, mib):
+    settings = parse_mps_settings({"resources": {GPU: {"pinnedDeviceMemoryLimit": value}}}, "")
+    assert settings.limits[GPU].pinned_memory_mib == mib

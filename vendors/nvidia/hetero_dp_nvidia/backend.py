@@ -35,7 +35,8 @@ from .health import HealthMonitor, probe_gpu
 from .labels import node_labels
 from .memory_guard import MemoryGuard, guard_checks
 from .metrics import node_samples
-from .mps import MpsManager, MpsResource, find_control, mps_checks, mps_response, plan_mps
+from .mps import MpsResource, mps_response, plan_mps
+from .mps_daemon import MpsManager, find_control, mps_checks
 from .nvml import NvmlUnavailable, log, log_once
 from .options import COMMAND_LINE, parse_command_line, parse_options
 from .topology import compute_links
