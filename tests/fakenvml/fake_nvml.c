@@ -168,6 +168,7 @@ struct fdev {
     long calls, lost_after;
     int max_links;
     int link_remote[MAXLINK]; /* GPU index, -1 (inactive) or -2 (an NVSwitch) */
+    unsigned compute_mode; /* nvmlComputeMode_t: 0 DEFAULT ... 3 EXCLUSIVE_PROCESS */
     int nproc; /* compute processes (scenario "proc gpu=N pid=P used=MiB|-1") */
     unsigned proc_pid[MAXPROC];
     long long proc_used_mb[MAXPROC]; /* -1: NVML cannot tell */
@@ -617,6 +618,26 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *i) {
     ENTER(d);
     if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
     *i = d->index;
+    return NVML_SUCCESS;
+}
+
+/* NVML API reference: nvmlDeviceGet/SetComputeMode, modes 0 DEFAULT, 1 EXCLUSIVE_THREAD
+ * (deprecated), 2 PROHIBITED, 3 EXCLUSIVE_PROCESS; setting needs root (a scenario
+ * "fault fn=nvmlDeviceSetComputeMode err=4" is NO_PERMISSION). MIG devices: guessed
+ * NOT_SUPPORTED (the mode is the GPU's). */
+nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t d, unsigned int *mode) {
+    ENTER(d);
+    if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    if (!mode) return NVML_ERROR_INVALID_ARGUMENT;
+    *mode = d->compute_mode;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t d, unsigned int mode) {
+    ENTER(d);
+    if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    if (mode > 3) return NVML_ERROR_INVALID_ARGUMENT;
+    d->compute_mode = mode;
     return NVML_SUCCESS;
 }
 

@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import pynvml
 import pytest
 from hetero_dp_nvidia.backend import NvidiaBackend
 from hetero_dp_nvidia.mps import Limits, MpsSettings, parse_mps_settings, plan_mps
@@ -168,13 +169,36 @@ def test_managed_daemon_starts_with_limits_restarts_when_killed(fake_node, mps_r
         assert "Cannot find MPS control daemon" in lost[0][1]
         assert changes[-1] == ([node.uuid(0), node.uuid(1)], "")
         assert daemon_pid(mps_root) not in (None, first)
+        # NVIDIA's daemon puts the GPUs in EXCLUSIVE_PROCESS: only the MPS server there
+        modes = [pynvml.nvmlDeviceGetComputeMode(g.handle) for g in b.node.gpus]
+        assert modes == [pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS] * 2
     finally:
         manager.stop()
         thread.join(10)
-        b.shutdown()
     assert not thread.is_alive()
     assert commands(mps_root)[-1] == "quit"  # a managed daemon is told to quit at the end
     assert not (mps_root / GPU / ".started").exists()
+    modes = [pynvml.nvmlDeviceGetComputeMode(g.handle) for g in b.node.gpus]
+    assert modes == [pynvml.NVML_COMPUTEMODE_DEFAULT] * 2  # and given back
+    b.shutdown()
+
+
+def test_without_permission_for_the_compute_mode_the_daemon_runs_anyway(
+    fake_node, mps_root, caplog
+):
+    node = fake_node("v100-2x-pcie.scn", "fault fn=nvmlDeviceSetComputeMode err=4")
+    b = backend_for(node, mps_root)
+    b.discover()
+    manager = b.mps
+    assert manager is not None
+    manager.reconcile(lambda _u, _r: None)
+    assert manager.status() == {GPU: ""}
+    assert manager.mode_errors[GPU].startswith(f"setting the compute mode on {node.uuid(0)} failed")
+    assert any("EXCLUSIVE_PROCESS" in r.getMessage() for r in caplog.records)
+    manager.stop()
+    manager.run(lambda _u, _r: None)  # returns at once, quitting the daemon it started
+    assert commands(mps_root)[-1] == "quit"
+    b.shutdown()
 
 
 def test_a_daemon_that_cannot_start_backs_off_exponentially(tmp_path):

@@ -14,6 +14,8 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import pynvml
+
 from hetero_dp import (
     AllocationError,
     Check,
@@ -97,10 +99,27 @@ class NvidiaBackend:
             control = find_control(opts.mps, opts.visible_driver_root)
             if mps is None:
                 mps = self.mps = MpsManager(opts.mps, control)
+                mps.compute_mode = self._set_compute_mode
             elif mps.settings != opts.mps or mps.control != control:
                 mps.reconfigure(opts.mps, control)
         if plan is not None:
             mps.want(plan)
+
+    def _set_compute_mode(self, uuids: list[str], exclusive: bool) -> str:
+        """EXCLUSIVE_PROCESS (or back to DEFAULT) for MPS GPUs; '' or what failed."""
+        mode = pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS if exclusive else 0
+        with self._lock:
+            handles = {g.uuid: g.handle for g in self.node.gpus}
+        errors = []
+        for uuid in uuids:
+            handle = handles.get(uuid)
+            if handle is None:
+                continue
+            try:
+                pynvml.nvmlDeviceSetComputeMode(handle, mode)
+            except nvml.NVMLError as err:
+                errors.append(nvml.explain(err, "setting the compute mode", uuid))
+        return "; ".join(errors)
 
     def _start(self, fail_on_init_error: bool) -> bool:
         """Initialise NVML once; False (logged) when unavailable and allowed to be."""

@@ -172,6 +172,30 @@ class MpsManager:
         self._wake = threading.Event()
         self._stopped = False
         self._retired: list[MpsDaemon] = []  # managed daemons of replaced settings
+        # Sets the GPUs' compute mode (uuids, exclusive) -> '' or the error: NVIDIA's MPS
+        # daemon puts them in EXCLUSIVE_PROCESS so that only the MPS server runs there.
+        self.compute_mode: Callable[[list[str], bool], str] | None = None
+        self.mode_errors: dict[str, str] = {}  # resource -> why the mode could not be set
+
+    def _set_mode(self, daemon: MpsDaemon, exclusive: bool) -> None:
+        if self.compute_mode is None:
+            return
+        name = daemon.resource.name
+        error = self.compute_mode([g.uuid for g in daemon.resource.gpus], exclusive)
+        if error and exclusive and self.mode_errors.get(name) != error:
+            log.warning(
+                "MPS %s: cannot set the compute mode EXCLUSIVE_PROCESS (%s); the daemon runs "
+                "anyway, but processes that bypass MPS can still use the GPUs",
+                name,
+                error,
+            )
+        if exclusive:
+            self.mode_errors[name] = error
+
+    def _retire(self, daemon: MpsDaemon) -> None:
+        """A managed daemon we no longer want: quit it and give the GPUs their mode back."""
+        daemon.stop_quietly()
+        self._set_mode(daemon, False)
 
     def reconfigure(self, settings: MpsSettings, control: str | None) -> None:
         """New settings (a reload): every daemon is started again under them."""
@@ -245,7 +269,7 @@ class MpsManager:
                 with self._cond:
                     states = list(self._states.values())
                 for st in states:
-                    st.daemon.stop_quietly()
+                    self._retire(st.daemon)
 
     def stop(self) -> None:
         self._stopped = True
@@ -265,7 +289,7 @@ class MpsManager:
         with self._cond:
             retired, self._retired = self._retired, []
         for daemon in retired:  # before any new one starts in the same pipe dir
-            daemon.stop_quietly()
+            self._retire(daemon)
         with self._cond:
             wanted = {r.name for r in self._plan}
             gone = [st for n, st in self._states.items() if n not in wanted]
@@ -274,7 +298,7 @@ class MpsManager:
             states = list(self._states.values())
         for st in gone:
             if self.settings.control == "managed":
-                st.daemon.stop_quietly()
+                self._retire(st.daemon)
         for st in states:
             if self.clock() < st.next_try:
                 continue
@@ -297,6 +321,7 @@ class MpsManager:
                     return
                 st.started = False
                 st.restarts += 1
+        self._set_mode(daemon, True)
         try:
             daemon.start()
         except MpsError as err:
