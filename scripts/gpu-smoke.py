@@ -13,7 +13,12 @@ checks. Then it serves again with ``DEVICE_LIST_STRATEGY=cdi-cri`` and checks th
 spec written for the real driver (schema-valid, ``libcuda``/``libnvidia-ml`` of the
 running version and ``nvidia-smi`` mounted, ``NVIDIA_VISIBLE_DEVICES=void``), and runs
 the ``nvidia-device-plugin`` command with NVIDIA's flags against a fresh fake kubelet
-(``--skip-command`` skips that). It exits non-zero on any failure and gives up after
+(``--skip-command`` skips that). Where ``nvidia-cuda-mps-control`` is found it serves
+the first whole GPU under ``sharing.mps`` with 4 replicas (``--skip-mps`` skips that):
+the daemon must come up with a quarter of the GPU's memory and 25 % of its threads per client, a
+replica's Allocate must carry the pipe directory, and a CUDA client started with that
+pipe directory (libcuda through ctypes) must be able to allocate 0.9 of a quarter of the
+memory but not 1.5 of it. It exits non-zero on any failure and gives up after
 ``--timeout`` seconds (90 by default). Options ``-o key=value`` are the backend's
 (NVIDIA's names), values parsed as ``hetero-dp run -o nvidia.key=value`` parses them;
 the NVIDIA env vars (MIG_STRATEGY ...) apply as in the DaemonSet.
@@ -248,7 +253,140 @@ async def command_smoke(step: Any) -> int:
     return 0
 
 
-async def run_all(options: dict[str, Any], skip_command: bool) -> int:
+# A CUDA client, run with the MPS pipe directory: allocate `size` bytes on the visible
+# GPU and print cuMemAlloc's result (0 = success, 2 = CUDA_ERROR_OUT_OF_MEMORY).
+_CUDA_CLIENT = """
+import ctypes, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+def check(rc, what):
+    if rc != 0:
+        print(f"{what}: CUresult {rc}"); sys.exit(3)
+check(cuda.cuInit(0), "cuInit")
+dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+check(cuda.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
+check(cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev), "cuCtxCreate")
+ptr = ctypes.c_uint64()
+print(cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(int(sys.argv[1]))))
+"""
+
+
+def _mib(text: str) -> float:
+    """``10240M``, ``10 G``, ``10.0G`` -> MiB (the daemon's answer; its format is guessed)."""
+    import re
+
+    m = re.match(r"^\s*([\d.]+)\s*([KMGT]?)", text.upper())
+    if not m:
+        return -1.0
+    return (
+        float(m.group(1))
+        * {"K": 1 / 1024, "": 1 / 2**20, "M": 1, "G": 1024, "T": 2**20}[m.group(2)]
+    )
+
+
+async def mps_smoke(options: dict[str, Any], step: Any) -> int:
+    """sharing.mps on one GPU: the daemon's limits, Allocate, and a client held to them."""
+    import subprocess
+
+    from hetero_dp_nvidia.backend import NvidiaBackend
+    from hetero_dp_nvidia.mps import parse_mps_settings
+    from hetero_dp_nvidia.mps_daemon import find_control
+
+    from hetero_dp.testing import FakeKubelet, PluginRunner, short_tempdir
+
+    env = dict(os.environ)
+    backend = NvidiaBackend(environ=env)
+    root = short_tempdir("hdp-smoke-mps-")
+    given = dict(options.get("mps") or {})
+    settings = parse_mps_settings(given, str(root / "mps"))
+    if find_control(settings, str(options.get("nvidiaDriverRoot", "/"))) is None:
+        step("MPS: skipped, nvidia-cuda-mps-control not found")
+        return 0
+    probe = NvidiaBackend(environ=env)  # which whole GPU to share (MIG ones cannot be)
+    probe.configure(options)
+    whole = [d for d in probe.discover() if d.resource == "nvidia.com/gpu" and not d.parent]
+    probe.shutdown()
+    if not whole:
+        step("MPS: skipped, no whole GPU under nvidia.com/gpu")
+        return 0
+    index = whole[0].index
+    mps = {"checkInterval": 1, **given, "visibleRoot": str(root / "mps")}
+    entry = {"name": "nvidia.com/gpu", "replicas": 4, "devices": [index]}
+    sharing = {"mps": {"resources": [entry]}}
+    kubelet = FakeKubelet(root / "dp")
+    await kubelet.start()
+    runner = PluginRunner(kubelet.plugin_dir)
+    manager = None
+    try:
+        step(f"MPS: sharing.mps, GPU {index} x 4 replicas, root {root / 'mps'}")
+        await runner.start(
+            backend,
+            config={"sharing": sharing},
+            options={"nvidia": {**options, "mpsRoot": str(root / "mps"), "mps": mps}},
+        )
+        name = "nvidia.com/gpu"
+        devices = await kubelet.wait_devices(
+            name,
+            lambda d: any("::" in i and x.healthy for i, x in d.items()),
+            timeout=60,
+        )
+        manager = backend.mps
+        gpu = next(g for g in backend.node.gpus if g.index == index)
+        replica = next(i for i in devices if i.startswith(gpu.uuid + "::"))
+        assert manager is not None
+        daemon = manager.daemons()[name]
+        threads = daemon.send("get_default_active_thread_percentage").strip()
+        pinned = daemon.send(f"get_default_device_pinned_mem_limit {gpu.index}").strip()
+        quarter = gpu.memory_mib // 4
+        step(f"MPS daemon up: threads {threads!r}, pinned limit {pinned!r} (quarter {quarter}M)")
+        if float(threads or 0) != 25.0 or abs(_mib(pinned) - quarter) > quarter / 100:
+            print("FAIL: MPS: the daemon's limits are not a quarter", file=sys.stderr)
+            return 1
+        resp = await kubelet.allocate(name, [replica])
+        step(f"MPS Allocate {replica}: envs {dict(resp.envs)}")
+        if resp.envs.get("CUDA_MPS_PIPE_DIRECTORY") != "/mps/nvidia.com/gpu/pipe":
+            print("FAIL: MPS: no CUDA_MPS_PIPE_DIRECTORY", file=sys.stderr)
+            return 1
+        client_env = {
+            **os.environ,
+            "CUDA_MPS_PIPE_DIRECTORY": daemon.pipe_dir,
+            "CUDA_VISIBLE_DEVICES": gpu.uuid,
+        }
+        results = {}
+        for frac in (0.9, 1.5):
+            size = int(frac * quarter) * 1024 * 1024
+            try:
+                out = subprocess.run(
+                    [sys.executable, "-c", _CUDA_CLIENT, str(size)],
+                    env=client_env,
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
+            except subprocess.TimeoutExpired:
+                print("FAIL: MPS: the CUDA client hung", file=sys.stderr)
+                return 1
+            if "libcuda.so.1" in out.stderr and "OSError" in out.stderr:
+                step("MPS: client check skipped, no libcuda.so.1")
+                return 0
+            results[frac] = out.stdout.strip() or out.stderr.strip()[-300:]
+            step(
+                f"MPS client: cuMemAlloc of {frac} x quarter ({size >> 20} MiB) -> {results[frac]}"
+            )
+        if results[0.9] != "0" or results[1.5] == "0":
+            print("FAIL: MPS: the client is not held to a quarter of the memory", file=sys.stderr)
+            return 1
+        step("MPS: a client is held to a quarter of the GPU's memory")
+        return 0
+    finally:
+        await runner.stop_all()
+        await kubelet.stop()
+        backend.shutdown()
+        if manager is not None:  # whatever happened, leave no daemon behind
+            for d in manager.daemons().values():
+                d.stop_quietly()
+
+
+async def run_all(options: dict[str, Any], skip_command: bool, skip_mps: bool = False) -> int:
     t0 = time.monotonic()
 
     def step(msg: str) -> None:
@@ -259,6 +397,8 @@ async def run_all(options: dict[str, Any], skip_command: bool) -> int:
         rc = await cdi_smoke(options, step)
     if rc == 0 and not skip_command:
         rc = await command_smoke(step)
+    if rc == 0 and not skip_mps:
+        rc = await mps_smoke(options, step)
     if rc == 0:
         step("PASS")
     return rc
@@ -273,6 +413,7 @@ def main() -> int:
         action="store_true",
         help="do not run the nvidia-device-plugin command (it uses the driver's default paths)",
     )
+    parser.add_argument("--skip-mps", action="store_true", help="do not run the MPS case")
     args = parser.parse_args()
     from hetero_dp.engine.config import set_option
 
@@ -283,7 +424,9 @@ def main() -> int:
         set_option(overrides, f"nvidia.{item}")  # as `hetero-dp run -o nvidia.KEY=VALUE`
     options = overrides.get("backends", {}).get("nvidia", {})
     try:
-        return asyncio.run(asyncio.wait_for(run_all(options, args.skip_command), args.timeout))
+        return asyncio.run(
+            asyncio.wait_for(run_all(options, args.skip_command, args.skip_mps), args.timeout)
+        )
     except asyncio.TimeoutError:
         print(f"FAIL: not done within {args.timeout:g}s", file=sys.stderr)
         return 1

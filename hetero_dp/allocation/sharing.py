@@ -1,6 +1,7 @@
-"""Time-slicing replicas and renaming, for every backend.
+"""Replicas and renaming (time-slicing or MPS), for every backend.
 
-The configuration is NVIDIA's ``sharing.timeSlicing`` block, unchanged::
+The configuration is NVIDIA's ``sharing.timeSlicing`` block, unchanged (its
+``sharing.mps`` block has the same shape)::
 
     sharing:
       timeSlicing:
@@ -20,6 +21,13 @@ Allocate maps replica IDs back with :func:`to_physical`.
 
 Time-slicing isolates neither memory nor faults: replicas of one device share
 its memory, and a fault in one workload can take down the others.
+
+``sharing.mps`` advertises replicas exactly as time-slicing does; what makes it
+MPS (the control daemon, its limits, the pipe directory a container mounts)
+belongs to the backend that runs it (the NVIDIA backend). The core only records
+the strategy, refuses devices carved from another (MIG slices) as NVIDIA's plugin
+does, and refuses requests for more than one replica unless the block sets
+``failRequestsGreaterThanOne: false`` (NVIDIA's default for MPS).
 """
 
 from __future__ import annotations
@@ -38,7 +46,10 @@ SHARED_SUFFIX = ".shared"
 REPLICA_POLICIES = ("distributed", "packed", "spread")
 DEFAULT_REPLICA_POLICY = "distributed"
 
-_FIELD = "sharing.timeSlicing"
+TIME_SLICING = "time-slicing"
+MPS = "mps"
+#: Strategy -> the config block that holds it (NVIDIA's key names).
+STRATEGY_BLOCKS = {TIME_SLICING: "sharing.timeSlicing", MPS: "sharing.mps"}
 
 
 # --- replica IDs -------------------------------------------------------------------------
@@ -135,16 +146,26 @@ class ReplicatedResource:
 
 @dataclass(frozen=True)
 class SharingConfig:
-    """Parsed ``sharing.timeSlicing`` block (NVIDIA's schema). The default shares nothing."""
+    """Parsed ``sharing`` block (NVIDIA's schema). The default shares nothing.
+
+    ``strategy`` says which block the entries came from: ``time-slicing`` or
+    ``mps`` (NVIDIA's ``nvidia.com/gpu.sharing-strategy`` label values).
+    """
 
     resources: tuple[ReplicatedResource, ...] = ()
     rename_by_default: bool = False
     fail_requests_greater_than_one: bool = False
     source: str = ""
+    strategy: str = TIME_SLICING
 
     @property
     def enabled(self) -> bool:
         return bool(self.resources)
+
+    @property
+    def block(self) -> str:
+        """The config path of the block in force (``sharing.timeSlicing``, ``sharing.mps``)."""
+        return STRATEGY_BLOCKS[self.strategy]
 
     def entry_for(self, resource: str) -> ReplicatedResource | None:
         """The entry sharing ``resource`` (a discovered resource name), if any."""
@@ -187,8 +208,8 @@ class SharingConfig:
         if any(is_replica(i) for i in ids):
             raise AllocationError(
                 f"request for {len(ids)} devices of {resource} ({', '.join(ids)}) is too large: "
-                "failRequestsGreaterThanOne allows at most 1 device per request of a shared "
-                "resource"
+                f"{self.block}.failRequestsGreaterThanOne allows at most 1 device per request "
+                "of a shared resource"
             )
 
 
@@ -196,8 +217,8 @@ def parse_sharing(raw: Mapping[str, Any] | None, source: str = "") -> SharingCon
     """Parse and validate the ``sharing`` block; ConfigError names the field.
 
     ``raw`` is the value of the config's ``sharing`` key (``None`` shares
-    nothing). Only ``timeSlicing`` is supported; a non-empty ``mps`` block is
-    refused rather than silently ignored.
+    nothing). ``timeSlicing`` and ``mps`` have the same schema; only one of them
+    may hold resources (NVIDIA's plugin silently lets MPS win; we refuse the mix).
     """
     if raw is None:
         return SharingConfig(source=source)
@@ -209,35 +230,51 @@ def parse_sharing(raw: Mapping[str, Any] | None, source: str = "") -> SharingCon
         raise fail(f"must be a mapping, got {type(raw).__name__}", "sharing")
     for key in raw:
         if key not in ("timeSlicing", "mps"):
-            raise fail("unknown key; expected timeSlicing", f"sharing.{key}")
-    if raw.get("mps"):
-        raise fail("MPS sharing is not supported; use timeSlicing", "sharing.mps")
-    block = raw.get("timeSlicing")
+            raise fail("unknown key; expected timeSlicing or mps", f"sharing.{key}")
+    parsed = [
+        _parse_block(raw.get(key), strategy, source, fail)
+        for key, strategy in (("timeSlicing", TIME_SLICING), ("mps", MPS))
+    ]
+    used = [p for p in parsed if p.enabled]
+    if len(used) > 1:
+        raise fail(
+            "both timeSlicing and mps share resources; a node uses one sharing strategy "
+            "(NVIDIA's plugin would silently ignore timeSlicing): keep one block",
+            "sharing.mps",
+        )
+    return used[0] if used else SharingConfig(source=source)
+
+
+def _parse_block(block: Any, strategy: str, source: str, fail: Any) -> SharingConfig:
+    where = STRATEGY_BLOCKS[strategy]
     if block is None:
-        return SharingConfig(source=source)
+        return SharingConfig(source=source, strategy=strategy)
     if not isinstance(block, Mapping):
-        raise fail(f"must be a mapping, got {type(block).__name__}", _FIELD)
+        raise fail(f"must be a mapping, got {type(block).__name__}", where)
     allowed = ("renameByDefault", "failRequestsGreaterThanOne", "resources", "strategy")
     for key in block:
         if key not in allowed:
-            raise fail(f"unknown key; expected one of {', '.join(allowed)}", f"{_FIELD}.{key}")
+            raise fail(f"unknown key; expected one of {', '.join(allowed)}", f"{where}.{key}")
     if block.get("strategy") not in (None, ""):
         # NVIDIA's old schema reserved this key and accepted only the empty value.
-        raise fail("unknown time-slicing strategy; leave it out", f"{_FIELD}.strategy")
+        raise fail("unknown sharing strategy; leave it out", f"{where}.strategy")
+    # MPS refuses requests for several replicas unless told otherwise (NVIDIA's
+    # api/config/v1/config.go keeps "the historical MPS behavior").
+    defaults = {"renameByDefault": False, "failRequestsGreaterThanOne": strategy == MPS}
     flags = {}
-    for key in ("renameByDefault", "failRequestsGreaterThanOne"):
-        value = block.get(key, False)
+    for key, default in defaults.items():
+        value = block.get(key, default)
         if value is None:
-            value = False
+            value = default
         if not isinstance(value, bool):
-            raise fail(f"must be true or false, got {value!r}", f"{_FIELD}.{key}")
+            raise fail(f"must be true or false, got {value!r}", f"{where}.{key}")
         flags[key] = value
     items = block.get("resources") or []
     if not isinstance(items, list):
-        raise fail(f"must be a list, got {type(items).__name__}", f"{_FIELD}.resources")
+        raise fail(f"must be a list, got {type(items).__name__}", f"{where}.resources")
     entries: list[ReplicatedResource] = []
     for i, item in enumerate(items):
-        entry = _parse_entry(item, f"{_FIELD}.resources[{i}]", fail)
+        entry = _parse_entry(item, f"{where}.resources[{i}]", fail)
         clash = next((e for e in entries if e.name == entry.name), None)
         if clash is not None:
             raise fail(f"{entry.name} is already shared by {clash.field}", f"{entry.field}.name")
@@ -247,6 +284,7 @@ def parse_sharing(raw: Mapping[str, Any] | None, source: str = "") -> SharingCon
         rename_by_default=flags["renameByDefault"],
         fail_requests_greater_than_one=flags["failRequestsGreaterThanOne"],
         source=source,
+        strategy=strategy,
     )
 
 
@@ -327,7 +365,9 @@ def validate_sharing(config: SharingConfig, physical: Sequence[Device]) -> None:
 
     Refused: a listed device ID or index that no device of the resource has, a
     count larger than the resource's devices, a shared device whose ID already
-    contains ``::``, and a rename that makes an invalid resource name.
+    contains ``::``, a rename that makes an invalid resource name, and under MPS
+    a device carved from another (a MIG slice: NVIDIA's plugin refuses them too,
+    "sharing using MPS is not supported for MIG devices").
     """
 
     def fail(reason: str, where: str) -> ConfigError:
@@ -356,9 +396,18 @@ def validate_sharing(config: SharingConfig, physical: Sequence[Device]) -> None:
             shared = config.shared_name(resource)
             problem = resource_name_problem(shared)
             if problem:
-                where = f"{entry.field}.rename" if entry.rename else f"{_FIELD}.renameByDefault"
+                where = (
+                    f"{entry.field}.rename" if entry.rename else f"{config.block}.renameByDefault"
+                )
                 raise fail(f"shared name {shared!r} is invalid: {problem}", where)
             for d in sel.select(group):
+                if config.strategy == MPS and d.parent is not None:
+                    raise fail(
+                        f"MPS sharing is not supported for MIG devices: {d.id} of {resource} "
+                        f"is a slice of {d.parent}; share MIG devices with timeSlicing, or "
+                        "list only whole GPUs in devices",
+                        f"{entry.field}.devices" if not sel.all else f"{entry.field}.name",
+                    )
                 if REPLICA_SEPARATOR in d.id:
                     raise fail(
                         f"device ID {d.id!r} contains {REPLICA_SEPARATOR!r}, which replica "

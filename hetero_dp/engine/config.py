@@ -45,7 +45,8 @@ SCALARS: dict[str, tuple[type, Any]] = {
 SECTIONS = ("backends", "flags", "sharing", "resources", "cdi", "labels", "metrics", "imex")
 # Parts of NVIDIA's config file (schema v1) that belong to the backend named
 # NVIDIA_FLAGS_BACKEND: ``resources.gpus`` / ``resources.mig`` (renaming by pattern;
-# a resource name always holds a '/', so these keys cannot clash) and ``imex``.
+# a resource name always holds a '/', so these keys cannot clash), ``imex`` and
+# ``sharing`` (parsed by the core too, which advertises the replicas).
 NVIDIA_RESOURCE_KEYS = ("gpus", "mig")
 RESOURCE_KEYS = {
     "deliver",
@@ -248,8 +249,8 @@ def load_config(
         attr = "".join("_" + c.lower() if c.isupper() else c for c in key)
         setattr(cfg, attr, Path(value) if key.endswith("Dir") else value)
 
-    cfg.backends = _backends(raw, flags, source)
     cfg.sharing = parse_sharing(raw.get("sharing"), source)
+    cfg.backends = _backends(raw, flags, source)
     cfg.resources = _resources(raw.get("resources"), source)
     for section in SECTION_KEYS:
         value = _section(section, raw.get(section), source)
@@ -288,6 +289,11 @@ def _backends(raw: Mapping[str, Any], flags: Mapping[str, Any], source: str) -> 
         nvidia_flags["resources"] = renames
     if raw.get("imex") is not None:
         nvidia_flags["imex"] = raw["imex"]
+    if raw.get("sharing"):
+        # MPS is run by the NVIDIA backend (control daemon, limits, pipe mounts) and
+        # its memory guard and doctor need to know what is shared: it reads the same
+        # block the core parsed (parse_sharing has checked it already).
+        nvidia_flags["sharing"] = raw["sharing"]
     if nvidia_flags:
         backends[NVIDIA_FLAGS_BACKEND] = nvidia_flags
     for name, options in _mapping(raw.get("backends"), "backends", source).items():

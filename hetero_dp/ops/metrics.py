@@ -30,6 +30,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PREFIX = "hetero_dp_"
+#: Names under our prefix that backends fill, because only they can measure them
+#: (docs/metrics.md): the memory guard of shared devices (docs/sharing.md).
+BACKEND_NAMES = frozenset(
+    {
+        "hetero_dp_shared_memory_used_bytes",
+        "hetero_dp_shared_memory_total_bytes",
+        "hetero_dp_shared_memory_fair_share_bytes",
+        "hetero_dp_shared_memory_process_used_bytes",
+    }
+)
 BACKEND_SCRAPE_TIMEOUT = 5.0
 MAX_REASON = 120  # a label value; long reasons are cut, not dropped
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -264,7 +274,7 @@ class Metrics:
 def _sample_problem(s: Sample) -> str | None:
     if not _METRIC_NAME.match(s.name):
         return f"invalid metric name {s.name!r}"
-    if s.name.startswith(PREFIX):
+    if s.name.startswith(PREFIX) and s.name not in BACKEND_NAMES:
         return f"metric name {s.name!r} uses hetero-dp's own prefix {PREFIX!r}"
     bad = [k for k in s.labels if not _LABEL_NAME.match(k) or k.startswith("__")]
     if bad:

@@ -113,6 +113,16 @@ typedef struct {
     unsigned int computeInstanceId;
 } nvmlEventData_t;
 
+/* nvml.h nvmlProcessInfo_t (v2/v3 layout; pynvml's c_nvmlProcessInfo_v3_t): pid,
+ * usedGpuMemory in bytes (NVML_VALUE_NOT_AVAILABLE = ~0ULL when the driver cannot
+ * tell, e.g. under WDDM), then the GPU/compute instance IDs (0xFFFFFFFF without MIG,
+ * NVML API reference, "nvmlProcessInfo_t"). */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t;
+
 /* Sizes the Python side checks against pynvml's ctypes structures. */
 unsigned int fake_nvml_sizeof(const char *name) {
     if (!strcmp(name, "nvmlPciInfo_t")) return sizeof(nvmlPciInfo_t);
@@ -121,6 +131,7 @@ unsigned int fake_nvml_sizeof(const char *name) {
     if (!strcmp(name, "nvmlUtilization_t")) return sizeof(nvmlUtilization_t);
     if (!strcmp(name, "nvmlDeviceAttributes_t")) return sizeof(nvmlDeviceAttributes_t);
     if (!strcmp(name, "nvmlEventData_t")) return sizeof(nvmlEventData_t);
+    if (!strcmp(name, "nvmlProcessInfo_t")) return sizeof(nvmlProcessInfo_t);
     if (!strcmp(name, "nvmlGpuInstanceInfo_t")) return sizeof(nvmlGpuInstanceInfo_t);
     if (!strcmp(name, "nvmlGpuInstanceProfileInfo_t"))
         return sizeof(nvmlGpuInstanceProfileInfo_t);
@@ -132,6 +143,7 @@ unsigned int fake_nvml_sizeof(const char *name) {
 #define MAXLINK 36
 #define MAXFAULT 64
 #define MAXSET 16
+#define MAXPROC 16
 #define QLEN 64
 
 struct fdev {
@@ -156,6 +168,10 @@ struct fdev {
     long calls, lost_after;
     int max_links;
     int link_remote[MAXLINK]; /* GPU index, -1 (inactive) or -2 (an NVSwitch) */
+    unsigned compute_mode; /* nvmlComputeMode_t: 0 DEFAULT ... 3 EXCLUSIVE_PROCESS */
+    int nproc; /* compute processes (scenario "proc gpu=N pid=P used=MiB|-1") */
+    unsigned proc_pid[MAXPROC];
+    long long proc_used_mb[MAXPROC]; /* -1: NVML cannot tell */
 };
 
 struct fault {
@@ -356,6 +372,13 @@ static int load_scenario(const char *path) {
                 for (int j = 0; j < gpus[b].max_links; j++)
                     if (gpus[b].link_remote[j] < 0) { gpus[b].link_remote[j] = a; break; }
             }
+        } else if (!strcmp(k, "proc")) {
+            /* proc gpu=0 pid=4242 used=1024: a compute process and its framebuffer */
+            long g = kvl(ntok, toks, "gpu", -1);
+            if (g < 0 || g >= ngpu || gpus[g].nproc >= MAXPROC) continue;
+            struct fdev *d = &gpus[g];
+            d->proc_pid[d->nproc] = kvl(ntok, toks, "pid", 1000 + d->nproc);
+            d->proc_used_mb[d->nproc++] = kvl(ntok, toks, "used", -1);
         } else if (!strcmp(k, "topo")) {
             long a = kvl(ntok, toks, "a", -1), b = kvl(ntok, toks, "b", -1);
             long lvl = kvl(ntok, toks, "level", 50);
@@ -598,6 +621,26 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *i) {
     return NVML_SUCCESS;
 }
 
+/* NVML API reference: nvmlDeviceGet/SetComputeMode, modes 0 DEFAULT, 1 EXCLUSIVE_THREAD
+ * (deprecated), 2 PROHIBITED, 3 EXCLUSIVE_PROCESS; setting needs root (a scenario
+ * "fault fn=nvmlDeviceSetComputeMode err=4" is NO_PERMISSION). MIG devices: guessed
+ * NOT_SUPPORTED (the mode is the GPU's). */
+nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t d, unsigned int *mode) {
+    ENTER(d);
+    if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    if (!mode) return NVML_ERROR_INVALID_ARGUMENT;
+    *mode = d->compute_mode;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t d, unsigned int mode) {
+    ENTER(d);
+    if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    if (mode > 3) return NVML_ERROR_INVALID_ARGUMENT;
+    d->compute_mode = mode;
+    return NVML_SUCCESS;
+}
+
 nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *m) {
     ENTER(d);
     if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
@@ -610,6 +653,30 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
     m->total = d->mem_mb << 20;
     m->used = d->used_mb << 20;
     m->free = m->total - m->used;
+    return NVML_SUCCESS;
+}
+
+/* NVML API reference, nvmlDeviceGetComputeRunningProcesses_v3: with *infoCount too
+ * small (or infos NULL) it sets *infoCount to the number of processes and returns
+ * NVML_ERROR_INSUFFICIENT_SIZE, NVML_SUCCESS when there are none; pynvml's wrapper
+ * calls it first with 0/NULL, then with a larger array. */
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *infoCount,
+                                                      nvmlProcessInfo_t *infos) {
+    ENTER(d);
+    if (!infoCount) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED; /* guessed: we query GPUs only */
+    unsigned n = (unsigned)d->nproc;
+    if (!infos || *infoCount < n) {
+        *infoCount = n;
+        return n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    }
+    for (unsigned i = 0; i < n; i++) {
+        infos[i].pid = d->proc_pid[i];
+        infos[i].usedGpuMemory =
+            d->proc_used_mb[i] < 0 ? ~0ULL : (unsigned long long)d->proc_used_mb[i] << 20;
+        infos[i].gpuInstanceId = infos[i].computeInstanceId = 0xFFFFFFFFu;
+    }
+    *infoCount = n;
     return NVML_SUCCESS;
 }
 

@@ -40,6 +40,8 @@ NVIDIA_ENV = (
     "NVIDIA_CTK_PATH",
     "CDI_DISABLE_HOOKS",
     "CONFIG_FILE",
+    "MPS_ROOT",
+    "MPS_CONTROL_DAEMON",
 )
 
 

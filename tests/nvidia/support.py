@@ -154,3 +154,29 @@ class Watching:
         self.sink.stopping.set()
         assert self._task is not None
         await asyncio.wait_for(self._task, 10)
+
+
+FAKE_MPS_CONTROL = Path(__file__).resolve().parent / "fake_mps_control.py"
+
+
+def install_fake_mps_control(driver_root: Path) -> Path:
+    """Put the fake ``nvidia-cuda-mps-control`` where the driver keeps it (``usr/bin``)."""
+    import sys
+
+    path = driver_root / "usr" / "bin" / "nvidia-cuda-mps-control"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {FAKE_MPS_CONTROL} "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+def kill_fake_mps_daemons(root: Path) -> None:
+    """End every fake control daemon still running under an MPS root (test teardown)."""
+    import os
+    import signal
+
+    for pidfile in root.glob("**/fake-mps.pid"):
+        try:
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass

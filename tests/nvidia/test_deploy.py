@@ -321,3 +321,24 @@ def test_more_of_nvidias_values_gds_discovery_existing_config_map_pull_secrets()
     assert vols["available-configs"]["configMap"]["name"] == "site-configs"
     assert e["CONFIG_FILE"] == "/config/config.yaml"  # chosen per node by the label
     assert pod["imagePullSecrets"] == [{"name": "registry"}]
+
+
+def test_mps_values_mount_the_root_and_shm_as_nvidias_chart():
+    off = render_chart(chart_values())
+    assert "MPS_ROOT" not in env(container(off)[1])
+    docs = render_chart(chart_values(mps={**chart_values()["mps"], "enabled": True}))
+    validate(docs)
+    ds, c = container(docs)
+    assert env(c)["MPS_ROOT"] == "/run/nvidia/mps"
+    assert env(c)["MPS_CONTROL_DAEMON"] == "managed"
+    assert env(c)["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"  # it runs the daemon
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert mounts["/mps"] == "mps-root" and mounts["/dev/shm"] == "mps-shm"
+    volumes = {v["name"]: v["hostPath"]["path"] for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["mps-root"] == "/run/nvidia/mps"
+    assert volumes["mps-shm"] == "/run/nvidia/mps/shm"
+    assert ds["spec"]["template"]["spec"]["hostPID"] is True
+    external = {**chart_values()["mps"], "enabled": True, "controlDaemon": "external"}
+    ds, c = container(render_chart(chart_values(mps=external)))
+    assert env(c)["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert "hostPID" not in ds["spec"]["template"]["spec"]

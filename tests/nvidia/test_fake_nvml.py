@@ -19,6 +19,7 @@ import pytest
         ("nvmlEventData_t", pynvml.c_nvmlEventData_t, 32),
         ("nvmlGpuInstanceInfo_t", pynvml.c_nvmlGpuInstanceInfo_t, 24),
         ("nvmlGpuInstanceProfileInfo_t", pynvml.c_nvmlGpuInstanceProfileInfo_t, 48),
+        ("nvmlProcessInfo_t", pynvml.c_nvmlProcessInfo_v3_t, 24),
     ],
 )
 def test_struct_sizes_match_pynvml(fake_nvml_lib, c_name, py_struct, expected):

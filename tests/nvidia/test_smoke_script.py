@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .driver_root import VERSION, make_driver_root
-from .support import make_node
+from .support import install_fake_mps_control, make_node
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,8 @@ def run_smoke(fake_nvml_lib, node, *args):
 def test_smoke_script_passes_on_a_mig_node(fake_nvml_lib, tmp_path):
     node = make_node(fake_nvml_lib, tmp_path, "a100-8x-nvlink.scn")
     make_driver_root(node.root / "driver")  # the driver's files, for the CDI step
-    out = run_smoke(fake_nvml_lib, node, "-omigStrategy=mixed")
+    control = install_fake_mps_control(node.root / "driver")  # for the MPS step
+    out = run_smoke(fake_nvml_lib, node, "-omigStrategy=mixed", f"-omps.controlPath={control}")
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
     assert "PASS" in text
@@ -46,6 +47,11 @@ def test_smoke_script_passes_on_a_mig_node(fake_nvml_lib, tmp_path):
     assert "nvidia.com/gpu.product=NVIDIA-A100-SXM4-40GB" in text
     assert "NV4 score 450" in text
     assert "[pass] nvml" in text
+    # MPS on the first whole GPU (GPU 0 is in MIG mode): an A100-40GB's quarter
+    assert "MPS: sharing.mps, GPU 1 x 4 replicas" in text
+    assert "MPS daemon up: threads '25.0', pinned limit '10240M' (quarter 10240M)" in text
+    assert "CUDA_MPS_PIPE_DIRECTORY': '/mps/nvidia.com/gpu/pipe'" in text
+    assert "MPS: client check skipped, no libcuda.so.1" in text  # the fake has no CUDA
 
 
 def test_smoke_script_fails_clearly_without_a_driver(fake_nvml_lib, tmp_path):

@@ -85,6 +85,7 @@ def test_labels_strategy_none(fake_node):
         "nvidia.com/cuda.runtime.minor": "4",
         "nvidia.com/mig.capable": "true",
         "nvidia.com/mig.strategy": "none",
+        "nvidia.com/mps.capable": "false",
     }
 
 

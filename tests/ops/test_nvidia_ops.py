@@ -63,6 +63,7 @@ async def test_gfd_labels_and_dcgm_metrics_from_a_running_daemon(
         "nvidia.com/cuda.runtime.minor": "4",
         "nvidia.com/mig.capable": "true",
         "nvidia.com/mig.strategy": "none",
+        "nvidia.com/mps.capable": "false",
     }
     m = await scrape(daemon)
     assert value(m, "hetero_dp_devices", resource=GPU) == 8

@@ -157,7 +157,11 @@ def test_fail_requests_greater_than_one() -> None:
     [
         ([], "sharing", "must be a mapping"),
         ({"timeslicing": {}}, "sharing.timeslicing", "unknown key"),
-        ({"mps": {"resources": [{"name": GPU, "replicas": 2}]}}, "sharing.mps", "not supported"),
+        ({"mps": {"resources": [{"name": GPU, "replicas": 1}]}},
+         "sharing.mps.resources[0].replicas", "at least 2"),
+        ({**ts({"name": GPU, "replicas": 2}),
+          "mps": {"resources": [{"name": GPU, "replicas": 2}]}},
+         "sharing.mps", "both timeSlicing and mps"),
         ({"timeSlicing": []}, "sharing.timeSlicing", "must be a mapping"),
         ({"timeSlicing": {"rename": True}}, "sharing.timeSlicing.rename", "unknown key"),
         ({"timeSlicing": {"strategy": "packed"}}, "sharing.timeSlicing.strategy", "strategy"),

@@ -14,23 +14,31 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import pynvml
+
 from hetero_dp import (
+    AllocationError,
     Check,
     ConfigError,
     ContainerResponse,
     Device,
     EventSink,
     Link,
+    Mount,
     Sample,
     hookimpl,
 )
+from hetero_dp.allocation.sharing import advertise
 
 from . import nvml
 from .discovery import NodeInfo, build_devices, check_layout, read_node
 from .driver_files import spec_edits
 from .health import HealthMonitor, probe_gpu
 from .labels import node_labels
+from .memory_guard import MemoryGuard, guard_checks
 from .metrics import node_samples
+from .mps import MpsResource, mps_response, plan_mps
+from .mps_daemon import MpsManager, find_control, mps_checks
 from .nvml import NvmlUnavailable, log, log_once
 from .options import COMMAND_LINE, parse_command_line, parse_options
 from .topology import compute_links
@@ -55,6 +63,9 @@ class NvidiaBackend:
         self._links: tuple[frozenset[str], list[Link]] | None = None
         self.monitor = HealthMonitor(self.options.health, probe_gpu)
         self.init_retry_s = 5.0  # how often watch looks for a driver that came up late
+        self.mps: MpsManager | None = None  # the MPS control daemons (sharing.mps)
+        self.guard = MemoryGuard()
+        self._devices: list[Device] = []  # the last discovery, for a reload's MPS plan
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -67,9 +78,48 @@ class NvidiaBackend:
         if self._start(opts.fail_on_init_error):
             # A layout that cannot fit the MIG strategy stops start-up, named.
             check_layout(read_node(opts), opts.mig_strategy)
+        plan = None
+        if opts.uses_mps and self._devices:  # a reload: too many replicas refuse it here
+            plan = plan_mps(advertise(self._devices, opts.sharing), opts.mps)
         self.options = opts
         self.monitor.settings = opts.health
         self._configured = True
+        self._configure_mps(plan)
+
+    def _configure_mps(self, plan: list[MpsResource] | None) -> None:
+        """Create, reconfigure or stop the MPS manager for the current options."""
+        opts = self.options
+        with self._lock:
+            mps = self.mps
+            if not opts.uses_mps:
+                self.mps = None
+                if mps is not None:
+                    mps.stop()  # its thread quits the daemons it started
+                return
+            control = find_control(opts.mps, opts.visible_driver_root)
+            if mps is None:
+                mps = self.mps = MpsManager(opts.mps, control)
+                mps.compute_mode = self._set_compute_mode
+            elif mps.settings != opts.mps or mps.control != control:
+                mps.reconfigure(opts.mps, control)
+        if plan is not None:
+            mps.want(plan)
+
+    def _set_compute_mode(self, uuids: list[str], exclusive: bool) -> str:
+        """EXCLUSIVE_PROCESS (or back to DEFAULT) for MPS GPUs; '' or what failed."""
+        mode = pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS if exclusive else 0
+        with self._lock:
+            handles = {g.uuid: g.handle for g in self.node.gpus}
+        errors = []
+        for uuid in uuids:
+            handle = handles.get(uuid)
+            if handle is None:
+                continue
+            try:
+                pynvml.nvmlDeviceSetComputeMode(handle, mode)
+            except nvml.NVMLError as err:
+                errors.append(nvml.explain(err, "setting the compute mode", uuid))
+        return "; ".join(errors)
 
     def _start(self, fail_on_init_error: bool) -> bool:
         """Initialise NVML once; False (logged) when unavailable and allowed to be."""
@@ -94,6 +144,8 @@ class NvidiaBackend:
 
     @hookimpl
     def shutdown(self) -> None:
+        if self.mps is not None:
+            self.mps.stop()
         with self._lock:
             if self._initialised:
                 nvml.shutdown()
@@ -109,9 +161,19 @@ class NvidiaBackend:
             return []
         node = read_node(self.options)
         devices = build_devices(node, self.options)
+        advertised = advertise(devices, self.options.sharing)
+        self.guard.update(advertised)
+        mps = self.mps
+        if mps is not None:
+            # The daemons follow what the replicas are: one per shared resource name;
+            # until a GPU's daemon answers, its replicas are not served (NVIDIA's plugin
+            # waits for the daemon before it serves at all).
+            mps.want(plan_mps(advertised, self.options.mps))
+            devices = [_mps_health(d, mps.reason(d.physical_id)) for d in devices]
         with self._lock:
             before = {g.uuid for g in self.node.gpus if g.uuid}
             self.node = node
+            self._devices = devices
         if {g.uuid for g in node.gpus if g.uuid} != before:
             self.monitor.gpus_changed.set()  # hot-plug: the watch loop registers new GPUs
         return devices
@@ -129,6 +191,13 @@ class NvidiaBackend:
         failure = probe_gpu(uuid)
         if failure is None and device.parent:
             failure = probe_gpu(device.id)
+        if failure is None and self.mps is not None:
+            failure = self.mps.reason(uuid) or None  # the replicas need their daemon
+        if failure is None:
+            with self._lock:
+                gpu = self.node.gpu(uuid)
+            if gpu is not None:
+                self.guard.check(gpu, self.options.sharing)  # logs a GPU near full
         return failure if failure else True
 
     @hookimpl
@@ -138,7 +207,39 @@ class NvidiaBackend:
         while not self._initialised:
             if events.wait(self.init_retry_s):
                 return
-        self.monitor.run(events, self._physical_handles)
+        stop_mps = threading.Event()
+        runner = threading.Thread(
+            target=self._run_mps, args=(events, stop_mps), name="nvidia-mps", daemon=True
+        )
+        runner.start()
+        try:
+            self.monitor.run(events, self._physical_handles)
+        finally:
+            stop_mps.set()
+            with self._lock:
+                mps = self.mps
+            if mps is not None:
+                mps.stop()
+            runner.join(timeout=30)
+
+    def _run_mps(self, events: EventSink, stop: threading.Event) -> None:
+        """Run the current MPS manager; a reload that replaces it starts the new one."""
+
+        def report(uuids: Iterable[str], reason: str) -> None:
+            for uuid in uuids:
+                if reason:
+                    events.set_health(uuid, False, reason)
+                elif not self.monitor.reason(uuid):  # an XID still holds it: leave it
+                    events.set_health(uuid, True, "MPS control daemon answers")
+
+        while not stop.is_set() and not events.stopping.is_set():
+            with self._lock:
+                mps = self.mps
+            if mps is None or mps.stopped:  # none yet, or replaced: wait for the next
+                if events.wait(1.0):
+                    return
+                continue
+            mps.run(report)
 
     def _physical_handles(self) -> list[tuple[str, object]]:
         with self._lock:
@@ -175,7 +276,9 @@ class NvidiaBackend:
             return []
         with self._lock:
             node = self.node
-        return list(node_samples(node, socket.gethostname()))
+        samples = list(node_samples(node, socket.gethostname()))
+        samples += self.guard.samples(node, self.options.sharing)
+        return samples
 
     # -- delivery defaults -----------------------------------------------------
 
@@ -202,6 +305,20 @@ class NvidiaBackend:
         (envvar plus a CDI strategy), which NVIDIA's plugin does not send as DeviceSpecs."""
         if not self.options.pass_device_specs:
             response.devices = []
+        mps = self.mps
+        if mps is None:
+            return
+        shared = {r.name: r for d in devices if (r := mps.resource_of(d.physical_id))}
+        if len(shared) > 1:  # one CUDA_MPS_PIPE_DIRECTORY per container
+            raise AllocationError(
+                f"devices of several MPS resources ({', '.join(sorted(shared))}) in one "
+                "request: a container talks to one MPS control daemon"
+            )
+        for resource in shared.values():
+            env, mounts = mps_response(resource, self.options.mps)
+            response.envs.update(env)
+            for host, container in mounts:
+                response.add_mount(Mount(host, container, read_only=False))
 
     @hookimpl
     def cdi_spec_edits(self, kind: str, devices: list[Device]) -> dict[str, Any] | None:
@@ -222,6 +339,10 @@ class NvidiaBackend:
     @hookimpl
     def doctor(self, options: Mapping[str, Any]) -> list[Check]:
         return run_doctor(options, self._environ)
+
+
+def _mps_health(device: Device, reason: str) -> Device:
+    return device.with_health(False, reason) if reason and device.healthy else device
 
 
 def run_doctor(options: Mapping[str, Any], environ: Mapping[str, str] | None) -> list[Check]:
@@ -271,6 +392,14 @@ def run_doctor(options: Mapping[str, Any], environ: Mapping[str, str] | None) ->
                     "mount the host's /dev (or the driver root) and set nvidiaDriverRoot",
                 )
             )
+        if opts.sharing.enabled:
+            try:
+                advertised = advertise(build_devices(node, opts), opts.sharing)
+            except ConfigError:
+                advertised = []  # a layout the MIG strategy cannot serve: checked below
+            checks += guard_checks(node, advertised, opts.sharing)
+        if opts.uses_mps:
+            checks += mps_checks(opts.mps, opts.visible_driver_root)
         try:
             check_layout(node, opts.mig_strategy)
             checks.append(Check("mig layout", "pass", f"fits migStrategy {opts.mig_strategy}"))

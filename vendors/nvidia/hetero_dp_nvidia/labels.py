@@ -69,7 +69,11 @@ def node_labels(devices: Sequence[Device], node: NodeInfo, opts: Options) -> dic
         labels["gpu.memory"] = str(memory)
         labels["gpu.count"] = str(count)
         labels["gpu.replicas"] = str(n_replicas)
-        labels["gpu.sharing-strategy"] = "time-slicing" if shared else "none"
+        # NVIDIA's values: none, time-slicing, mps (api/config/v1/sharing.go)
+        labels["gpu.sharing-strategy"] = opts.sharing.strategy if shared else "none"
+    # GFD: mps.capable is "false" unless MPS sharing is configured, then whether the
+    # GPUs can serve it (MIG devices cannot; the core refuses them under MPS).
+    labels["mps.capable"] = str(opts.uses_mps and bool(gpus)).lower()
 
     for resource, devs in sorted(by_resource.items()):
         if not resource.startswith("nvidia.com/mig-"):

@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hetero_dp import ConfigError
+from hetero_dp.allocation.sharing import SharingConfig, parse_sharing
+
+from .mps import MpsSettings, parse_mps_settings
 
 MIG_STRATEGIES = ("none", "single", "mixed")
 LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
@@ -69,6 +72,13 @@ class Options:
     sysfs_root: str = "/sys"
     proc_root: str = "/proc"
     health: HealthSettings = field(default_factory=HealthSettings)
+    # The config's sharing block (the core advertises the replicas; MPS is ours to run).
+    sharing: SharingConfig = field(default_factory=SharingConfig)
+    mps: MpsSettings = field(default_factory=MpsSettings)
+
+    @property
+    def uses_mps(self) -> bool:
+        return self.sharing.enabled and self.sharing.strategy == "mps"
 
     @property
     def host_dev_root(self) -> str:
@@ -161,14 +171,7 @@ FLAGS: tuple[Flag, ...] = (
         ("DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT"),
         str,
     ),
-    Flag(
-        "mpsRoot",
-        ("mps-root",),
-        ("MPS_ROOT",),
-        str,
-        "warn",
-        note="MPS sharing is not implemented (sharing.mps is refused); the path is unused",
-    ),
+    Flag("mpsRoot", ("mps-root",), ("MPS_ROOT",), str),
     Flag(
         "plugin.sharedDevicesAllocationPolicy",
         ("shared-devices-allocation-policy",),
@@ -418,6 +421,10 @@ def parse_options(
     env = {**(os.environ if environ is None else environ), **command_line}
     renames = _renames(opts.pop("resources", None), "config")
     gfd = opts.pop("gfd", None)
+    sharing = parse_sharing(opts.pop("sharing", None), "config")
+    mps_raw = opts.pop("mps", None)
+    if env.get("MPS_CONTROL_DAEMON"):  # ours, set by the chart (mps.controlDaemon)
+        mps_raw = {**(mps_raw or {}), "controlDaemon": env["MPS_CONTROL_DAEMON"]}
     if gfd:
         log.debug("flags.gfd is for GPU feature discovery; the device plugin ignores it")
     values: dict[str, Any] = {}
@@ -428,7 +435,7 @@ def parse_options(
         elif name in _OURS:
             values[name] = _convert(name, _OURS[name][1], value, "config")
         else:
-            known = sorted([*FLAG_BY_KEY, *_OURS, "gfd", "resources"])
+            known = sorted([*FLAG_BY_KEY, *_OURS, "gfd", "resources", "sharing", "mps"])
             raise ConfigError(
                 "not an option of NVIDIA's plugin v0.20 or of the hetero-dp NVIDIA backend "
                 f"(known: {', '.join(known)})",
@@ -475,6 +482,8 @@ def parse_options(
         sysfs_root=values.get("sysfsRoot", "/sys"),
         proc_root=values.get("procRoot", "/proc"),
         health=health,
+        sharing=sharing,
+        mps=parse_mps_settings(mps_raw, values.get("mpsRoot", "")),
     )
 
 
