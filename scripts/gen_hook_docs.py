@@ -76,7 +76,8 @@ def render() -> str:
     out.append("")
     for name, fn, _first in hooks:
         out.append(f"## {name}\n")
-        out.append(f"```python\n@hookimpl\n{_signature(name, fn)}: ...\n```\n")
+        # the marker: tests/kit/test_doc_blocks.py loads the signature as a backend
+        out.append(f"<!-- run: hook -->\n```python\n@hookimpl\n{_signature(name, fn)}: ...\n```\n")
         out.append(_markdown(inspect.cleandoc(fn.__doc__ or ""), names) + "\n")  # type: ignore[attr-defined]
     return "\n".join(out).rstrip() + "\n"
 

@@ -63,7 +63,63 @@ def available_backends() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def importable_name(path: Path) -> str | None:
+    """The name ``import`` would give the file at ``path`` (resolved) through the
+    current ``sys.path`` (``acme`` for ``acme.py`` in a dir on it, ``pkg.acme`` inside
+    a package there), or None when no entry reaches it under a valid name."""
+    for entry in sys.path:
+        try:
+            base = Path(entry or ".").resolve()
+            rel = path.relative_to(base)
+        except (OSError, ValueError):
+            continue
+        parts = [*rel.parts[:-1], rel.stem]
+        if not all(p.isidentifier() for p in parts):
+            continue
+        if all((base.joinpath(*parts[:i]) / "__init__.py").is_file() for i in range(1, len(parts))):
+            return ".".join(parts)
+    return None
+
+
+def _same_file(module: ModuleType, path: Path) -> bool:
+    file = getattr(module, "__file__", None)
+    try:
+        return file is not None and Path(file).resolve() == path
+    except OSError:
+        return False
+
+
+def _finds(name: str, path: Path) -> bool:
+    """Whether importing ``name`` now would load the file at ``path``."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    origin = None if spec is None else spec.origin
+    return origin is not None and Path(origin).resolve() == path
+
+
 def _load_file(path: Path) -> ModuleType:
+    """The module of the plugin file at ``path`` (resolved).
+
+    When the file is importable by a name (its dir is on ``sys.path``, as pytest
+    puts a test's dir), that is the module: the one already imported, or imported
+    now under that name, so a test that imports the plugin sees the same module
+    (its state, its globals) that the daemon runs, not a second copy. Otherwise it
+    is loaded under ``hetero_dp_file_<stem>``.
+    """
+    real = importable_name(path)
+    if real is not None:
+        module = sys.modules.get(real)
+        if module is not None and _same_file(module, path):
+            return module
+        if module is None and _finds(real, path):
+            try:
+                module = importlib.import_module(real)
+            except Exception as e:
+                raise ConfigError(f"importing {path} failed: {e!r}", field="backend") from e
+            if _same_file(module, path):
+                return module
     name = f"hetero_dp_file_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
