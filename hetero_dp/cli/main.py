@@ -352,9 +352,11 @@ def _ask_missing(values: dict[str, str | None]) -> dict[str, str | None]:
         if answers.get(key):
             continue
         default = defaults[key]
+        domain, resource = answers["vendor_domain"] or "", answers["resource"] or ""
         if key == "package_name":
-            domain, resource = answers["vendor_domain"] or "", answers["resource"] or ""
             default = scaffold.default_package(domain, resource)
+        elif key == "device_glob" and domain:  # derived from the answers so far
+            default = scaffold.default_device_glob(domain)
 
         def check(value: str, key: str = key) -> str:
             why = scaffold.problem(key, value, {k: v for k, v in answers.items() if v})

@@ -193,7 +193,7 @@ def test_prompts_on_a_terminal_and_re_asks_bad_answers(tmp_path: Path):
     term.send("npu.example.org")
     term.expect("resource [npu]:")
     term.send("")  # the default
-    term.expect("device glob [/dev/acme*]:")
+    term.expect("device glob [/dev/npu*]:")  # derived from the domain given
     term.send("/dev/accel/accel*")
     term.expect("package [npu_npu]:")
     term.send("orgnpu")
