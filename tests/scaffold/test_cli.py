@@ -141,6 +141,8 @@ def test_force_does_not_write_through_a_symlink(tmp_path: Path):
     code, out = new(*FLAGS, "--output", str(project), "--force")
     assert code == 2 and "outside" in out
     assert list(outside.iterdir()) == []
+    # every path is checked before anything is written: no Dockerfile, no module
+    assert [x.name for x in project.iterdir()] == ["tests"]
 
 
 # -- prompting on a real terminal -----------------------------------------------------
