@@ -215,18 +215,20 @@ def run(
         else:
             operations.attach(daemon)
         if trial_root is not None:
-            from hetero_dp.cli.trial import remove_dirs, serve_to_fake_kubelet
+            from hetero_dp.cli.trial import serve_to_fake_kubelet
 
-            try:
-                asyncio.run(serve_to_fake_kubelet(daemon, cfg.kubelet_dir, trial_reg, click.echo))
-            finally:
-                remove_dirs(trial_root)
+            asyncio.run(serve_to_fake_kubelet(daemon, cfg.kubelet_dir, trial_reg, click.echo))
         else:
             asyncio.run(daemon.run())
     except ConfigError as e:
         _fail_config(e)
     except PermissionError as e:
         _fail_permission(e)
+    finally:
+        if trial_root is not None:  # the fake kubelet's temp dir, also after an error
+            from hetero_dp.cli.trial import remove_dirs
+
+            remove_dirs(trial_root)
 
 
 def _fail_permission(e: PermissionError) -> None:

@@ -220,3 +220,21 @@ def test_an_unwritable_kubelet_dir_names_the_path_and_the_fix(cli_env):
         assert "Traceback" not in result.stderr
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_run_fake_kubelet_leaves_no_temp_dir_after_a_config_error(tmp_path, cli_env, hetero_dp_cmd):
+    plugin = tmp_path / "broken.py"
+    plugin.write_text(
+        "from hetero_dp import hookimpl\n\n@hookimpl\ndef discover(dev):\n    return []\n"
+    )
+    before = set(Path("/tmp").glob("hdp-try-*"))
+    result = subprocess.run(
+        [*hetero_dp_cmd, "run", str(plugin), "--fake-kubelet"],
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "argument 'dev' is not an argument of hook discover" in result.stderr
+    assert set(Path("/tmp").glob("hdp-try-*")) <= before
