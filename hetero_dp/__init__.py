@@ -25,6 +25,8 @@ from hetero_dp.model.device import (
 from hetero_dp.model.errors import AllocationError, ConfigError
 from hetero_dp.model.events import EventSink
 from hetero_dp.model.response import ContainerResponse
+from hetero_dp.model.settings import device_settings
+from hetero_dp.model.sysfs import PciFacts, pci_address_of, pci_facts
 
 hookimpl = pluggy.HookimplMarker("hetero_dp")
 
@@ -43,8 +45,12 @@ __all__ = [
     "EventSink",
     "Link",
     "Mount",
+    "PciFacts",
     "Sample",
+    "device_settings",
     "hookimpl",
     "is_replica",
+    "pci_address_of",
+    "pci_facts",
     "replica_base",
 ]

@@ -27,11 +27,33 @@ async def configured_backend(spec: str, cfg: Config) -> AsyncIterator[Backend]:
         backend.close()
 
 
-async def discover_once(spec: str, cfg: Config) -> list[Device]:
-    """Configure one backend and run its discovery once."""
+async def judged(backend: Backend, devices: list[Device]) -> list[Device]:
+    """``devices`` with the health the daemon would give them now: the backend's
+    ``check_health`` run once over them (under ``hookTimeout``, as the daemon's poll:
+    a raise or a timeout is an Unhealthy verdict naming the hook), and a slice or
+    replica of an unhealthy parent unhealthy with the parent's reason."""
+    verdicts = await backend.check_health_many(devices)
+    out = []
+    for d in devices:
+        healthy, reason = verdicts.get(d.id, (d.healthy, d.reason))
+        out.append(
+            d if (healthy, reason) == (d.healthy, d.reason) else d.with_health(healthy, reason)
+        )
+    by_id = {d.id: d for d in out}
+    for i, d in enumerate(out):
+        parent = by_id.get(d.parent) if d.parent is not None else None
+        if d.healthy and parent is not None and not parent.healthy:
+            out[i] = d.with_health(False, parent.reason)
+    return out
+
+
+async def discover_once(spec: str, cfg: Config, *, health: bool = True) -> list[Device]:
+    """Configure one backend, run its discovery once and (unless ``health`` is
+    False) its health check over what it found (:func:`judged`)."""
     async with configured_backend(spec, cfg) as backend:
         try:
-            return await backend.discover()
+            devices = await backend.discover()
+            return await judged(backend, devices) if health else devices
         except BackendError as e:
             raise ConfigError(str(e), source=f"backend {backend.name}") from None
 

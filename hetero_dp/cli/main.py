@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -120,6 +121,18 @@ def main() -> None:
 @click.option("--dra-plugins-dir", help="DRA: dir of driver sockets [/var/lib/kubelet/plugins].")
 @click.option("--api-server", help="DRA: API server URL (default: in-cluster or kubeconfig).")
 @click.option("--kubeconfig", envvar="KUBECONFIG", help="DRA: kubeconfig file.")
+@click.option(
+    "--fake-kubelet",
+    is_flag=True,
+    help="Serve to an in-process fake kubelet in a temp dir and print what it sees "
+    "(devices, health): try a plugin without a node.",
+)
+@click.option(
+    "--create-kubelet-dir",
+    is_flag=True,
+    help="Create the device-plugin dir if it does not exist (default: refuse, it is "
+    "the kubelet's own dir and a missing one is usually a typo or a missing mount).",
+)
 def run(
     backends: tuple[str, ...],
     config: str | None,
@@ -139,6 +152,8 @@ def run(
     dra_plugins_dir: str | None,
     api_server: str | None,
     kubeconfig: str | None,
+    fake_kubelet: bool,
+    create_kubelet_dir: bool,
 ) -> None:
     """Serve BACKENDS (installed names or .py files) to the kubelet until SIGTERM.
 
@@ -162,6 +177,15 @@ def run(
         flags["metrics"] = {"address": metrics_address}
     if labels_dir:
         flags["labels"] = {"enabled": True, "dir": labels_dir}
+    trial_root = None
+    if fake_kubelet:
+        from hetero_dp.cli.trial import fake_kubelet_dirs
+
+        if mode != "device-plugin":
+            _fail_config(ConfigError("--fake-kubelet serves device plugins only", field="mode"))
+        trial_root, trial_dp, trial_reg = fake_kubelet_dirs()
+        flags["kubeletDir"] = str(trial_dp)
+        flags["pluginsRegistryDir"] = str(trial_reg)
     try:
         names, backend_args = split_backend_args(backends)
         if not names:
@@ -172,6 +196,8 @@ def run(
         setup_logging(cfg.log_level, cfg.log_format)
         for b in loaded:
             b.timeout = cfg.hook_timeout
+        if mode == "device-plugin" and not fake_kubelet:
+            check_kubelet_dir(cfg, create=create_kubelet_dir)
         if mode == "dra":
             from hetero_dp.dra.cli import make_dra_daemon
 
@@ -188,9 +214,65 @@ def run(
             )
         else:
             operations.attach(daemon)
-        asyncio.run(daemon.run())
+        if trial_root is not None:
+            from hetero_dp.cli.trial import serve_to_fake_kubelet
+
+            asyncio.run(serve_to_fake_kubelet(daemon, cfg.kubelet_dir, trial_reg, click.echo))
+        else:
+            asyncio.run(daemon.run())
     except ConfigError as e:
         _fail_config(e)
+    except PermissionError as e:
+        _fail_permission(e)
+    finally:
+        if trial_root is not None:  # the fake kubelet's temp dir, also after an error
+            from hetero_dp.cli.trial import remove_dirs
+
+            remove_dirs(trial_root)
+
+
+def _fail_permission(e: PermissionError) -> None:
+    """A permission error as one line naming the path and the fix, not a traceback."""
+    path = e.filename or "a file"
+    click.echo(
+        f"hetero-dp: permission denied: {path}: run as a user who may write there (the "
+        "DaemonSets run as root), or point --kubelet-dir / the config at a dir you own",
+        err=True,
+    )
+    sys.exit(EXIT_CONFIG)
+
+
+def check_kubelet_dir(cfg: Config, *, create: bool) -> None:
+    """The device-plugin dir (and in watcher mode the registry dir) must exist and be
+    writable before anything starts; ConfigError naming the dir and the fix. With
+    ``create``, missing dirs are created."""
+    dirs = [("kubeletDir", Path(cfg.kubelet_dir))]
+    if cfg.registration == "watcher":
+        dirs.append(("pluginsRegistryDir", Path(cfg.plugins_registry_dir)))
+    for field, path in dirs:
+        if not path.exists():
+            if not create:
+                raise ConfigError(
+                    f"{path} does not exist: is it the kubelet's dir (a typo, or the host "
+                    "dir not mounted)? Pass --create-kubelet-dir to create it",
+                    field=field,
+                )
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ConfigError(
+                    f"cannot create {path}: {e.strerror}; create it as a user who may, or "
+                    "choose another dir",
+                    field=field,
+                ) from None
+        if not path.is_dir():
+            raise ConfigError(f"{path} is not a directory", field=field)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigError(
+                f"{path} is not writable by this user (uid {os.getuid()}): run as root, as "
+                "the DaemonSets do, or give this user write access to the dir",
+                field=field,
+            )
 
 
 @main.command("list")
@@ -272,9 +354,11 @@ def _ask_missing(values: dict[str, str | None]) -> dict[str, str | None]:
         if answers.get(key):
             continue
         default = defaults[key]
+        domain, resource = answers["vendor_domain"] or "", answers["resource"] or ""
         if key == "package_name":
-            domain, resource = answers["vendor_domain"] or "", answers["resource"] or ""
             default = scaffold.default_package(domain, resource)
+        elif key == "device_glob" and domain:  # derived from the answers so far
+            default = scaffold.default_device_glob(domain)
 
         def check(value: str, key: str = key) -> str:
             why = scaffold.problem(key, value, {k: v for k, v in answers.items() if v})

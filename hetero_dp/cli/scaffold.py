@@ -153,6 +153,13 @@ def validate(key: str, value: object, context: Mapping[str, str] | None = None) 
     return value
 
 
+def default_device_glob(vendor_domain: str) -> str:
+    """``acme.example.com`` -> ``/dev/acme*``: device nodes named for the vendor, the
+    usual driver convention (a guess the prompt offers, never a silent value)."""
+    label = re.sub(r"[^a-z0-9_-]+", "", vendor_domain.split(".")[0].lower())
+    return f"/dev/{label or 'accel'}*"
+
+
 def default_package(vendor_domain: str, resource: str) -> str:
     """``acme.example.com`` + ``npu`` -> ``acme_npu``."""
     base = f"{vendor_domain.split('.')[0]}_{resource}".lower()

@@ -1,10 +1,11 @@
 """Text for ``hetero-dp topo``: what the allocation engine sees, like ``nvidia-smi topo -m``.
 
 The report has three parts: a legend of devices (short label, ID, NUMA node,
-health), the device-by-device matrix whose cells read ``KIND/score`` (``X`` on
-the diagonal, ``-`` for a pair without a link, which scores 0), and, when a
-size is given, the set the engine would choose with its score and the pairs
-that make it up.
+health with an unhealthy one's reason), the device-by-device matrix whose cells
+read ``KIND/score`` (``X`` on the diagonal, ``-`` for a pair without a link, which
+scores 0), and, when a size is given, the set the engine would choose with its
+score and the pairs that make it up. A backend's devices are judged by its
+``check_health`` first, as the daemon would.
 
 A topology can also come from a file (:func:`load_topology`, YAML or JSON in the
 shape :func:`topology_document` writes), so an operator can look at a node's
@@ -84,8 +85,10 @@ def render_topology(
         group = rows[p]
         healthy = sum(1 for d in group if d.healthy)
         health = "Healthy" if healthy == len(group) else f"{len(group) - healthy} unhealthy"
+        reasons = sorted({d.reason for d in group if not d.healthy and d.reason})
+        why = f"  ({'; '.join(reasons)})" if reasons else ""
         out.append(
-            f"  {label[p]:<4} {p:<{id_width}}  {_numa(group[0]):<6} {health:<12} {len(group)}"
+            f"  {label[p]:<4} {p:<{id_width}}  {_numa(group[0]):<6} {health:<12} {len(group)}{why}"
         )
 
     cells = {
@@ -259,12 +262,13 @@ def _parse_device(item: Any, where: str, fail: Any) -> Device:
 
 
 async def backend_topology(spec: str, cfg: Config) -> tuple[list[Device], list[Link]]:
-    """Configure one backend, discover once and ask for its links (no kubelet needed)."""
-    from hetero_dp.cli.inspect import configured_backend
+    """Configure one backend, discover once, check the devices' health (as ``list``
+    does) and ask for its links (no kubelet needed)."""
+    from hetero_dp.cli.inspect import configured_backend, judged
 
     async with configured_backend(spec, cfg) as backend:
         try:
-            devices = await backend.discover()
+            devices = await judged(backend, await backend.discover())
             links = await backend.links(devices) if backend.implements("links") else []
         except BackendError as e:
             raise ConfigError(str(e), source=f"backend {backend.name}") from None

@@ -3,7 +3,8 @@
 ``fake_kubelet``: a started :class:`FakeKubelet` in a short temp dir, with a
 ``plugins_registry`` dir beside it for watcher mode.
 ``plugin_runner``: a :class:`PluginRunner` bound to that kubelet's dir;
-``await plugin_runner.start("acme.py")`` serves a plugin, stopped at teardown.
+``await plugin_runner.start("acme.py")`` serves a plugin, stopped at teardown (a
+relative path is found from the working directory or else the test file's dir).
 
 Needs pytest-asyncio (``pip install hetero-dp[testing]``).
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 import shutil
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
+
+import pytest
 
 try:
     import pytest_asyncio
@@ -41,10 +44,14 @@ if pytest_asyncio is not None:
             shutil.rmtree(root, ignore_errors=True)
 
     @pytest_asyncio.fixture
-    async def plugin_runner(fake_kubelet: FakeKubelet) -> AsyncIterator[PluginRunner]:
+    async def plugin_runner(
+        fake_kubelet: FakeKubelet, request: pytest.FixtureRequest
+    ) -> AsyncIterator[PluginRunner]:
         from hetero_dp.testing.runner import PluginRunner
 
-        runner = PluginRunner(fake_kubelet.plugin_dir, fake_kubelet.registry_dir)
+        runner = PluginRunner(
+            fake_kubelet.plugin_dir, fake_kubelet.registry_dir, base_dir=request.path.parent
+        )
         try:
             yield runner
         finally:

@@ -37,10 +37,24 @@ def test_config(
 class PluginRunner:
     """Start daemons serving backends into ``plugin_dir``; stop them all at the end."""
 
-    def __init__(self, plugin_dir: Path, registry_dir: Path | None = None) -> None:
+    def __init__(
+        self, plugin_dir: Path, registry_dir: Path | None = None, base_dir: Path | None = None
+    ) -> None:
         self.plugin_dir = Path(plugin_dir)
         self.registry_dir = registry_dir
+        # A relative plugin path not found from the working directory is looked for
+        # here (the fixture sets the test file's dir), so a test passes from any dir.
+        self.base_dir = base_dir
         self.daemons: list[Daemon] = []
+
+    def _where(self, spec: str | ModuleType | object) -> str | ModuleType | object:
+        if not isinstance(spec, str) or self.base_dir is None:
+            return spec
+        if not (spec.endswith(".py") or "/" in spec) or Path(spec).is_absolute():
+            return spec
+        if Path(spec).exists() or not (self.base_dir / spec).exists():
+            return spec
+        return str(self.base_dir / spec)
 
     async def start(
         self,
@@ -50,16 +64,25 @@ class PluginRunner:
     ) -> Daemon:
         """Load ``backends`` (names, ``.py`` paths or modules) and start a daemon.
 
+        A relative ``.py`` path is taken from the working directory, else from the
+        test file's directory (the ``plugin_runner`` fixture's ``base_dir``). A file
+        importable by name (its dir on ``sys.path``, as pytest puts a test's dir)
+        runs as that module: a test that imports it sees the daemon's module.
+        The kubelet dir is created if missing (``hetero-dp run`` refuses a missing one
+        unless given ``--create-kubelet-dir``).
+
         ``config`` is a config document as in the YAML file; ``options`` adds
         ``backends.<name>`` options. Health polling and rediscovery are off
         unless ``config`` sets their intervals, so tests drive them explicitly.
         """
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
         raw = test_config(config, options)
         raw["kubeletDir"] = str(self.plugin_dir)
         if self.registry_dir is not None:
             raw.setdefault("pluginsRegistryDir", str(self.registry_dir))
         cfg = load_config(raw=raw, env={})
-        daemon = Daemon(cfg, load_backends(backends, timeout=cfg.hook_timeout))
+        specs = [self._where(b) for b in backends]
+        daemon = Daemon(cfg, load_backends(specs, timeout=cfg.hook_timeout))
         operations.attach(daemon)  # metrics, probes and labels, as ``hetero-dp run`` has
         return await self.launch(daemon)
 

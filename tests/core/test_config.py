@@ -171,6 +171,7 @@ def test_cli_invalid_backend_resource_name_exits_2(tmp_path, cli_env, hetero_dp_
             "simulated.resource=Bad/Name",
             "--kubelet-dir",
             str(kdir),
+            "--create-kubelet-dir",  # a missing dir is refused first otherwise
         ],
         capture_output=True,
         text=True,

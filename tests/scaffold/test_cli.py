@@ -141,6 +141,8 @@ def test_force_does_not_write_through_a_symlink(tmp_path: Path):
     code, out = new(*FLAGS, "--output", str(project), "--force")
     assert code == 2 and "outside" in out
     assert list(outside.iterdir()) == []
+    # every path is checked before anything is written: no Dockerfile, no module
+    assert [x.name for x in project.iterdir()] == ["tests"]
 
 
 # -- prompting on a real terminal -----------------------------------------------------
@@ -193,7 +195,7 @@ def test_prompts_on_a_terminal_and_re_asks_bad_answers(tmp_path: Path):
     term.send("npu.example.org")
     term.expect("resource [npu]:")
     term.send("")  # the default
-    term.expect("device glob [/dev/acme*]:")
+    term.expect("device glob [/dev/npu*]:")  # derived from the domain given
     term.send("/dev/accel/accel*")
     term.expect("package [npu_npu]:")
     term.send("orgnpu")
