@@ -3,6 +3,8 @@
     python3 -m benchmarks                  # all modules, writes docs/benchmarks.md
     python3 -m benchmarks bench_core       # only the named modules
     python3 -m benchmarks --output FILE    # write elsewhere (``-`` prints only)
+    python3 -m benchmarks --quick ...      # short runs (HDP_BENCH_QUICK=1): a smoke
+                                           # test; prints, writes docs only with --output
 
 Each module runs in its own subprocess (a clean interpreter for each, so one
 module's servers and memory never colour another's figures).
@@ -217,13 +219,20 @@ def report(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m benchmarks", description=__doc__)
     parser.add_argument("modules", nargs="*", help="bench_* modules to run (default: all)")
-    parser.add_argument("--output", default=str(ROOT / "docs" / "benchmarks.md"))
+    parser.add_argument("--output", default=None, help="default: docs/benchmarks.md")
+    parser.add_argument(
+        "--quick", action="store_true", help="short runs for development and CI (not for docs)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         _child(args.child, args.result)
         return 0
+    if args.output is None:
+        args.output = "-" if args.quick else str(ROOT / "docs" / "benchmarks.md")
+    if args.quick:
+        os.environ["HDP_BENCH_QUICK"] = "1"  # the children read it
     box = machine()  # before the benchmarks load it
     names = args.modules or discover()
     unknown = sorted(set(names) - set(discover()))
