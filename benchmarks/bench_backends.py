@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import ROOT, median, percentile, row, subprocess_env
+from benchmarks import ROOT, ensure_bytecode, median, percentile, row, subprocess_env
 from benchmarks import _udev_tree as udev_tree
 from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2 as pb
 from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
@@ -128,6 +128,7 @@ class Node:
 
 
 async def make_node(root: Path) -> Node:
+    ensure_bytecode()  # every process starts from bytecode, as an installed one does
     kubelet = FakeKubelet(root / "dp")
     await kubelet.start()
     node = Node(root, kubelet, subprocess_env())
