@@ -18,7 +18,6 @@ import logging
 import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -27,6 +26,7 @@ import pluggy
 
 from hetero_dp import hookspecs
 from hetero_dp.kits.aiotools import with_timeout
+from hetero_dp.kits.entrypoints import entry_points
 from hetero_dp.model.device import Check, Device, Link, Sample
 from hetero_dp.model.errors import BackendError, ConfigError
 
