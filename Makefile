@@ -73,8 +73,9 @@ docs:
 	$(PYTHON) scripts/gen_hook_docs.py --check
 	$(PYTHON) -m mkdocs build --strict -d site
 
+# make bench [BENCH="bench_backends --quick"]: all modules into docs/benchmarks.md, or those named
 bench: install
-	$(PYTHON) -m benchmarks
+	$(PYTHON) -m benchmarks $(BENCH)
 
 # Wheels and sdists of hetero-dp and every vendors/* package, into $(DIST)/.
 dists:

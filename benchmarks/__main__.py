@@ -3,6 +3,8 @@
     python3 -m benchmarks                  # all modules, writes docs/benchmarks.md
     python3 -m benchmarks bench_core       # only the named modules
     python3 -m benchmarks --output FILE    # write elsewhere (``-`` prints only)
+    python3 -m benchmarks --quick ...      # short runs (HDP_BENCH_QUICK=1): a smoke
+                                           # test; prints, writes docs only with --output
 
 Each module runs in its own subprocess (a clean interpreter for each, so one
 module's servers and memory never colour another's figures).
@@ -20,6 +22,7 @@ import math
 import os
 import pkgutil
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -29,7 +32,7 @@ from typing import Any
 
 from . import ROOT, subprocess_env
 
-MODULE_TIMEOUT = 240.0
+MODULE_TIMEOUT = 480.0  # bench_backends takes ~2 min on a quiet 2-core machine
 
 
 def discover() -> list[str]:
@@ -140,9 +143,26 @@ def _flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [(prefix, value)]
 
 
-def section(name: str, result: dict[str, Any] | None, error: str, seconds: float) -> list[str]:
+def _footer(name: str, seconds: float, started: str) -> str:
+    return f"_Module `{name}` took {seconds:.0f} s ({started})._"
+
+
+def section(
+    name: str, result: dict[str, Any] | None, error: str, seconds: float, started: str = ""
+) -> list[str]:
     if result is None:
-        return [f"## {name}", "", f"Failed ({seconds:.0f} s):", "", "```", error.strip(), "```", ""]
+        return [
+            f"## {name}",
+            "",
+            f"Failed ({seconds:.0f} s):",
+            "",
+            "```",
+            error.strip(),
+            "```",
+            "",
+            _footer(name, seconds, started),
+            "",
+        ]
     lines = [f"## {result.get('title', name)}", ""]
     rows = result.get("rows")
     if isinstance(rows, list):
@@ -165,7 +185,7 @@ def section(name: str, result: dict[str, Any] | None, error: str, seconds: float
     if notes:
         lines.append("")
         lines += [f"- {n}" for n in notes]
-    lines += ["", f"_Module `{name}` took {seconds:.0f} s._", ""]
+    lines += ["", _footer(name, seconds, started), ""]
     return lines
 
 
@@ -190,9 +210,27 @@ RELIABILITY = [
 ]
 
 
-def report(
-    results: list[tuple[str, dict[str, Any] | None, str, float]], box: dict[str, str]
-) -> str:
+Result = tuple[str, dict[str, Any] | None, str, float, str]
+
+
+def splice(old: str, results: list[Result]) -> str:
+    """``old`` (a report) with the sections of the modules in ``results`` replaced
+    (or added before Reliability); every other section stays as it was measured."""
+    chunks = re.split(r"(?m)^(?=## )", old)
+    head, body = chunks[0], chunks[1:]
+    for name, result, error, seconds, started in results:
+        new = "\n".join(section(name, result, error, seconds, started)) + "\n"
+        mark = f"_Module `{name}` took"
+        at = next((i for i, c in enumerate(body) if mark in c), None)
+        if at is None:
+            at = next((i for i, c in enumerate(body) if c.startswith("## Reliability")), len(body))
+            body.insert(at, new)
+        else:
+            body[at] = new
+    return (head + "".join(body)).rstrip() + "\n"
+
+
+def report(results: list[Result], box: dict[str, str]) -> str:
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Benchmarks",
@@ -200,6 +238,8 @@ def report(
         "Written by `python3 -m benchmarks` (or `make bench`); do not edit by hand.",
         "Each figure is measured in the same run as its floor, the same work done without",
         "hetero-dp, where one exists: the ratio is the figure to compare across machines.",
+        "`python3 -m benchmarks MODULE...` rewrites only those modules' sections; each",
+        "section ends with when it ran and the load average (1, 5 min) at its start.",
         "",
         f"Run on {now}.",
         "",
@@ -208,8 +248,8 @@ def report(
     ]
     lines += [f"| {k} | {v} |" for k, v in box.items()]
     lines.append("")
-    for name, result, error, seconds in results:
-        lines += section(name, result, error, seconds)
+    for name, result, error, seconds, started in results:
+        lines += section(name, result, error, seconds, started)
     lines += RELIABILITY
     return "\n".join(lines).rstrip() + "\n"
 
@@ -217,13 +257,20 @@ def report(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m benchmarks", description=__doc__)
     parser.add_argument("modules", nargs="*", help="bench_* modules to run (default: all)")
-    parser.add_argument("--output", default=str(ROOT / "docs" / "benchmarks.md"))
+    parser.add_argument("--output", default=None, help="default: docs/benchmarks.md")
+    parser.add_argument(
+        "--quick", action="store_true", help="short runs for development and CI (not for docs)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         _child(args.child, args.result)
         return 0
+    if args.output is None:
+        args.output = "-" if args.quick else str(ROOT / "docs" / "benchmarks.md")
+    if args.quick:
+        os.environ["HDP_BENCH_QUICK"] = "1"  # the children read it
     box = machine()  # before the benchmarks load it
     names = args.modules or discover()
     unknown = sorted(set(names) - set(discover()))
@@ -233,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for name in names:
         print(f"running {name} ...", file=sys.stderr, flush=True)
+        load = "{:.2f}, {:.2f}".format(*os.getloadavg()[:2])
+        started = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        started = f"{started}, load average {load}"
         result, error, seconds = run_module(name)
         failed |= result is None
         if result is None:
@@ -245,8 +295,12 @@ def main(argv: list[str] | None = None) -> int:
                     f" {_ratio(r.get('ratio'))}) met={_met(r.get('ok'))}",
                     file=sys.stderr,
                 )
-        results.append((name, result, error, seconds))
-    text = report(results, box)
+        results.append((name, result, error, seconds, started))
+    existing = Path(args.output) if args.output != "-" else None
+    if args.modules and existing is not None and existing.exists():
+        text = splice(existing.read_text(), results)  # the other sections stay
+    else:
+        text = report(results, box)
     if args.output == "-":
         sys.stdout.write(text)
     else:

@@ -25,7 +25,7 @@ from typing import Any
 
 import grpc
 
-from benchmarks import ROOT, median, percentile, row, subprocess_env
+from benchmarks import ROOT, ensure_bytecode, median, percentile, row, subprocess_env
 from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2 as pb
 from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from hetero_dp.kubelet.convert import list_and_watch_response
@@ -497,6 +497,7 @@ def _log_to_file() -> None:
 
 
 async def _run(only: set[str] | None = None) -> dict[str, Any]:
+    ensure_bytecode()  # the daemons start from bytecode, as an installed one does
     _log_to_file()
     rows: list[dict[str, Any]] = []
     for name, bench in BENCHES:

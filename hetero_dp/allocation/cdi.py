@@ -13,13 +13,12 @@ import json
 import logging
 import os
 import re
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hetero_dp.kits.atomic import write_atomic
+from hetero_dp.kits.atomic import create_unique, write_atomic
 from hetero_dp.model.device import Device, DeviceNode, Mount
 from hetero_dp.model.errors import ConfigError
 
@@ -394,7 +393,7 @@ class CDIWriter:
             ) from e
         try:
             # A real file, not os.access(): root passes access() on read-only mounts.
-            fd, probe = tempfile.mkstemp(prefix=f".{SPEC_FILE_PREFIX}probe.", dir=self.dir)
+            fd, probe = create_unique(self.dir, f".{SPEC_FILE_PREFIX}probe.")
             os.close(fd)
             os.unlink(probe)
         except OSError as e:

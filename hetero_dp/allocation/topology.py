@@ -5,7 +5,9 @@ choose ``size`` indices that contain ``required`` and maximise the sum of the
 weights of every pair inside the set. This is the densest-k-subgraph problem,
 NP-hard in general, but small at the scale of one node.
 
-The heuristic comes first in every case: greedy growth (add the candidate with
+When scoring every set takes at most :data:`_ENUMERATE_WORK` pair lookups (8 free
+candidates for any size), every set is scored: exact, and cheaper than what follows.
+Otherwise the heuristic comes first: greedy growth (add the candidate with
 the best gain towards the set so far) from ``required`` and from a few seeds
 (the candidates with the best neighbourhoods; every candidate, between
 :data:`EXACT_LIMIT` and :data:`SEARCH_LIMIT`), each followed by best-improvement
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -49,6 +52,10 @@ _SMALL_SEEDS = 3
 _LARGE_SEEDS = 8
 # Above this many candidates, ranking seeds costs too much: one start only.
 _SEED_SCAN_LIMIT = 256
+# Up to this many pair lookups in all, every set is scored outright (8 candidates with
+# 2, 4 or 6 wanted: 28, 420 or 420): exact, and cheaper than the heuristic's and the
+# search's set-up, which cost 0.6 ms for 8 candidates (benchmarks/bench_backends.py).
+_ENUMERATE_WORK = 1_000
 # Swap evaluations allowed (each pass costs picks * candidates).
 _SWAP_EVALS = 2_000_000
 _NEG = float("-inf")
@@ -134,6 +141,8 @@ def solve(
         # Every choice scores the same (no links at all, or one NVSwitch): take the first.
         members = req + free[:need]
         return Solution(tuple(sorted(members)), subset_score(weights, members), True)
+    if math.comb(len(free), need) * need * (need + 1) // 2 <= _ENUMERATE_WORK:
+        return _enumerate(weights, free, gain, need, req, base_score)
     picked, score = _heuristic(weights, free, gain, need, exact_limit)
     score += base_score
     if len(free) > max(exact_limit, SEARCH_LIMIT):
@@ -146,6 +155,36 @@ def solve(
         picked = found
         score = base_score + subset_score_with_gain(weights, found, gain)
     return Solution(tuple(sorted(req + list(picked))), score, complete, nodes)
+
+
+def _enumerate(
+    weights: Weights,
+    free: list[int],
+    gain: dict[int, float],
+    need: int,
+    req: list[int],
+    base_score: float,
+) -> Solution:
+    """Score every set of ``need`` free candidates. Between equal scores the set closer
+    to the required devices wins (as the heuristic, which grows from them, finds it),
+    then the first in candidate order (as the uniform case takes the first)."""
+    best: tuple[int, ...] = ()
+    best_score = _NEG
+    best_gain = _NEG
+    count = 0
+    for combo in itertools.combinations(free, need):
+        count += 1
+        score = 0.0  # subset_score_with_gain, inlined: this loop is the whole cost
+        towards = 0.0
+        for x, a in enumerate(combo):
+            row = weights[a]
+            towards += gain[a]
+            for b in combo[x + 1 :]:
+                score += row[b]
+        score += towards
+        if score > best_score or (score == best_score and towards > best_gain):
+            best, best_score, best_gain = combo, score, towards
+    return Solution(tuple(sorted(req + list(best))), base_score + best_score, True, count)
 
 
 def subset_score_with_gain(

@@ -470,6 +470,7 @@ class Daemon:
 
         rt.backend.on_stuck_change = stuck_changed
         rt.backend.on_returned = returned
+        rt.backend.warm()
 
     # --- watch hooks -----------------------------------------------------
 

@@ -20,7 +20,6 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -30,6 +29,7 @@ import pluggy
 from hetero_dp import hookspecs
 from hetero_dp.engine.workers import PoolExhausted, WorkerPool
 from hetero_dp.kits.aiotools import with_timeout
+from hetero_dp.kits.entrypoints import entry_points
 from hetero_dp.model.device import Check, Device, Link, Sample
 from hetero_dp.model.errors import AllocationError, BackendError, ConfigError
 
@@ -299,6 +299,12 @@ class Backend:
         if inspect.isgenerator(result):  # discover may yield
             result = list(result)
         return result
+
+    def warm(self) -> None:
+        """Start the thread of the kubelet's hooks now (when the backend has any of
+        them), so the first Allocate does not pay for starting it."""
+        if any(h in self._impls for h in REQUEST_HOOKS):
+            self._request_pool.warm()
 
     def _stuck_changed(self) -> None:
         if self.on_stuck_change is not None:

@@ -107,6 +107,15 @@ class WorkerPool:
         if changed and self.on_change is not None:
             self.on_change()
 
+    def warm(self) -> None:
+        """Start one thread now, so the first call does not pay for starting it."""
+        with self._lock:
+            if self._closed or self._threads:
+                return
+            self._threads += 1
+            self._starting += 1
+            threading.Thread(target=self._work, name=f"{self.name}-1", daemon=True).start()
+
     def shutdown(self) -> None:
         """Drop queued calls and let idle threads end; stuck ones end when they return."""
         with self._lock:

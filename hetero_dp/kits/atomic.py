@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from pathlib import Path
 
 
@@ -25,7 +24,7 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, mode: int = 0o
     payload = data.encode("utf-8") if isinstance(data, str) else data
     # Hidden and ending in .tmp: spec loaders that pick files by extension
     # (CDI reads *.json and *.yaml) never see a half-written temp file.
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    fd, tmp = create_unique(target.parent, f".{target.name}.", ".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), mode)
@@ -38,6 +37,20 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, mode: int = 0o
             os.unlink(tmp)
         raise
     _fsync_dir(target.parent)
+
+
+def create_unique(directory: Path, prefix: str, suffix: str = "") -> tuple[int, str]:
+    """A new file ``<prefix><random><suffix>`` in ``directory``, opened for writing
+    with mode 0600: (fd, path). As tempfile.mkstemp, without importing tempfile (and
+    with it shutil, random, bz2, lzma) into every daemon for this one call."""
+    for _ in range(100):
+        path = os.path.join(directory, f"{prefix}{os.urandom(6).hex()}{suffix}")
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            return os.open(path, flags, 0o600), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no unused temporary file name in {directory}")
 
 
 def _fsync_dir(directory: Path) -> None:

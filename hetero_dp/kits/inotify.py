@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
@@ -39,7 +38,15 @@ Callback = Callable[[str, str], None]
 def _lib() -> ctypes.CDLL:
     global _libc
     if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # The process's own symbols (dlopen(NULL)) include libc's on glibc and musl
+        # alike; ctypes.util.find_library would import shutil, tempfile and subprocess
+        # and run `ldconfig -p` at every start (6 ms) to find the same library.
+        lib = ctypes.CDLL(None, use_errno=True)
+        if not hasattr(lib, "inotify_init1"):  # a statically odd build: ask the linker
+            from ctypes.util import find_library
+
+            lib = ctypes.CDLL(find_library("c") or "libc.so.6", use_errno=True)
+        _libc = lib
         _libc.inotify_init1.argtypes = [ctypes.c_int]
         _libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
     return _libc
