@@ -45,6 +45,7 @@ E: SUBSYSTEM=pci
 E: DRIVER=amdgpu
 A: vendor=0x1002
 A: device=0x740f
+A: class=0x038000
 A: numa_node=1
 L: driver=../../../../bus/pci/drivers/amdgpu
 

@@ -32,6 +32,7 @@ E: SUBSYSTEM=pci
 E: DRIVER=amdgpu
 A: vendor=0x1002
 A: device=0x740f
+A: class=0x038000
 A: numa_node=1
 L: driver=../../../../bus/pci/drivers/amdgpu
 
@@ -123,13 +124,13 @@ async def test_driver_unbind_marks_unhealthy_and_rebind_recovers(
         "health",
         "0000:43:00.0",
         False,
-        "driver amdgpu unbound from 0000:43:00.0",
+        "no driver bound to 0000:43:00.0 (usable: amdgpu)",
     )
     await recorder.next("rediscover")
     devices = {d.id: d for d in backend.discover()}
     # still listed (capacity kept), but no longer allocatable
     assert not devices["0000:43:00.0"].healthy
-    assert devices["0000:43:00.0"].reason == "driver amdgpu unbound from 0000:43:00.0"
+    assert devices["0000:43:00.0"].reason == "no driver bound to 0000:43:00.0 (usable: amdgpu)"
     assert devices["0000:c3:00.0"].healthy
 
     testbed.bind_driver(GPU_43, "amdgpu")
@@ -237,3 +238,31 @@ async def test_reconfigure_while_watching_follows_the_new_rules(
     testbed.set_attribute(GAUDI_33, "status", "needs reset", event=False)
     event = await recorder.next("health")  # the new rules' interval is running
     assert event[1:3] == ("0000:33:00.0", False)
+
+
+async def test_unbound_and_vfio_stay_unhealthy_until_bound_again(
+    testbed: Testbed, data: Path
+) -> None:
+    # The old bug: the bridge's pcieport was taken for the device's driver, so an
+    # unbound card "recovered" at the next discovery and vfio-pci counted as bound.
+    testbed.add_file(data / "gaudi.umockdev")
+    backend = UdevBackend()
+    backend.configure({"rules": ["gaudi"]})
+    assert [d.healthy for d in backend.discover()] == [True, True]
+    async for recorder in _watching(backend):
+        testbed.unbind_driver(GAUDI_33)
+        reason = "no driver bound to 0000:33:00.0 (usable: habanalabs)"
+        assert await recorder.next("health") == ("health", "0000:33:00.0", False, reason)
+        for _ in range(2):  # every later discovery and poll keeps the verdict
+            device = next(d for d in backend.discover() if d.id == "0000:33:00.0")
+            assert (device.healthy, device.reason) == (False, reason)
+            assert backend.check_health(device) == reason
+        testbed.bind_driver(GAUDI_33, "vfio-pci")
+        vfio = "0000:33:00.0 is bound to vfio-pci, not a usable driver (habanalabs)"
+        assert await recorder.next("health") == ("health", "0000:33:00.0", False, vfio)
+        device = next(d for d in backend.discover() if d.id == "0000:33:00.0")
+        assert (device.healthy, device.reason) == (False, vfio)
+        testbed.bind_driver(GAUDI_33, "habanalabs")
+        event = await recorder.next("health")
+        assert event[1:3] == ("0000:33:00.0", True)
+        assert all(d.healthy for d in backend.discover())

@@ -14,8 +14,11 @@ from hetero_dp import ConfigError
 def test_every_shipped_rule_set_loads() -> None:
     assert set(shipped_rule_sets()) >= {"amd-gpu", "ascend-npu", "gaudi", "xilinx-fpga", "dev-glob"}
     resources = {r.resource for name in shipped_rule_sets() for r in load_rules([name])}
-    assert {"amd.com/gpu", "huawei.com/npu", "habana.ai/gaudi", "xilinx.com/fpga"} <= resources
+    assert {"amd.com/gpu", "habana.ai/gaudi", "xilinx.com/fpga"} <= resources
+    assert {"huawei.com/Ascend910", "huawei.com/Ascend310", "huawei.com/Ascend310P"} <= resources
     assert "hetero-dp.io/serial" in resources
+    generic = {r.resource for r in load_rules(shipped_rule_sets(), names="generic")}
+    assert "huawei.com/npu" in generic and "huawei.com/Ascend910" not in generic
 
 
 def test_rules_option_forms(tmp_path: Path) -> None:

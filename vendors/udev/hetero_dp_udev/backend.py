@@ -26,7 +26,7 @@ from .rules import Rule, load_rules, shipped_rule_sets
 
 log = logging.getLogger("hetero_dp_udev")
 
-OPTION_KEYS = {"rules"}
+OPTION_KEYS = {"rules", "names"}
 HEALTH_ACTIONS = {"change", "bind", "unbind", "online", "offline"}
 MAX_SCANS = 3
 
@@ -69,7 +69,7 @@ class UdevBackend:
                 f"({', '.join(shipped_rule_sets())})",
                 field="rules",
             )
-        rules = load_rules(options["rules"])
+        rules = load_rules(options["rules"], names=_names(options))
         with self._lock:
             self.rules = rules
             self._found.clear()
@@ -292,7 +292,7 @@ class UdevBackend:
         try:
             if options.get("rules") is None:
                 raise ConfigError("required option", field="rules")
-            rules = load_rules(options["rules"])
+            rules = load_rules(options["rules"], names=_names(options))
         except ConfigError as exc:
             yield Check(
                 "udev rules",
@@ -339,6 +339,13 @@ class UdevBackend:
                 )
             else:
                 yield Check(f"{rule.resource} nodes", "pass", "every device node exists")
+
+
+def _names(options: Mapping[str, Any]) -> str:
+    names = options.get("names", "vendor")
+    if not isinstance(names, str):
+        raise ConfigError(f"must be vendor or generic, got {names!r}", field="names")
+    return names
 
 
 # The entry point names this module, so its module-level hooks are one shared backend.

@@ -111,10 +111,13 @@ class Testbed:
 
     def add(self, description: str) -> None:
         """Add devices from umockdev text (``P:``/``E:``/``A:``/``L:``/``N:`` blocks);
-        umockdev sends an ``add`` uevent for each."""
+        umockdev sends an ``add`` uevent for each. Lines starting with ``#`` are
+        comments (umockdev itself has none): the trees say there where each fact
+        comes from."""
+        text = "\n".join(line for line in description.splitlines() if not line.startswith("#"))
         err = ctypes.POINTER(_GError)()
         ok = self._lib.umockdev_testbed_add_from_string(
-            self._handle, description.encode(), ctypes.byref(err)
+            self._handle, text.lstrip("\n").encode() + b"\n", ctypes.byref(err)
         )
         if not ok:
             message = err.contents.message.decode() if err else "unknown error"
