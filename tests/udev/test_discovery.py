@@ -6,7 +6,10 @@ import logging
 from pathlib import Path
 
 import pytest
+import pyudev
 from hetero_dp_udev import UdevBackend
+from hetero_dp_udev.backend import monitor_subsystems
+from hetero_dp_udev.rules import load_rules
 from hetero_dp_udev.testing import Testbed
 
 from hetero_dp import ConfigError, Device
@@ -280,3 +283,33 @@ def test_cdi_spec_of_each_rule_set_validates(testbed: Testbed, data: Path, name:
         spec = build_spec(resource, mine)
         assert_valid_cdi_spec(spec)
         assert [d["name"] for d in spec["devices"]] == [d.id for d in mine]
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("amd-gpu", {"pci", "drm"}),
+        ("ascend-npu", {"pci"}),
+        ("gaudi", {"pci", "accel"}),
+        # the management nodes' entries name no subsystem: derived from the tree
+        ("xilinx-fpga", {"pci", "drm", "xrt_mgmt", "xrt_flash"}),
+        ("dev-glob", {"tty", "video4linux"}),
+    ],
+)
+def test_the_kernel_side_filter_is_always_set(
+    testbed: Testbed, data: Path, name: str, expected: set[str]
+) -> None:
+    testbed.add_file(data / f"{name}.umockdev")
+    subsystems, unknown = monitor_subsystems(pyudev.Context(), load_rules([name]))
+    assert (subsystems, unknown) == (expected, [])
+
+
+def test_an_entry_without_subsystem_or_devices_is_named(testbed: Testbed, data: Path) -> None:
+    testbed.add_file(data / "gaudi.umockdev")
+    rules = load_rules(["xilinx-fpga"])  # no FPGA here, so nothing to derive from
+    subsystems, unknown = monitor_subsystems(pyudev.Context(), rules)
+    assert subsystems == {"pci", "drm"}
+    assert unknown == [
+        "shipped rule set 'xilinx-fpga': resources[0] (xilinx.com/fpga) companions[1]",
+        "shipped rule set 'xilinx-fpga': resources[0] (xilinx.com/fpga) companions[2]",
+    ]

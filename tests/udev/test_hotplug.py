@@ -11,12 +11,13 @@ import pytest
 from hetero_dp_udev import UdevBackend
 from hetero_dp_udev.testing import Testbed
 
-from hetero_dp import EventSink
+from hetero_dp import Device, EventSink
 
 pytestmark = pytest.mark.umockdev
 
 TIMEOUT = 5.0
 GPU_43 = "/sys/devices/pci0000:40/0000:40:01.1/0000:43:00.0"
+GPU_C3 = "/sys/devices/pci0000:c0/0000:c0:03.1/0000:c3:00.0"
 GAUDI_33 = "/sys/devices/pci0000:30/0000:30:01.0/0000:33:00.0"
 
 NEW_GPU = """P: /devices/pci0000:80/0000:80:01.1
@@ -266,3 +267,67 @@ async def test_unbound_and_vfio_stay_unhealthy_until_bound_again(
         event = await recorder.next("health")
         assert event[1:3] == ("0000:33:00.0", True)
         assert all(d.healthy for d in backend.discover())
+
+
+def _snapshot(devices: list[Device]) -> list[tuple[object, ...]]:
+    return [(d.resource, d.id, d.healthy, d.reason, d.nodes, d.env, d.index) for d in devices]
+
+
+async def test_an_event_looks_only_at_the_device_it_names(
+    testbed: Testbed, amd: tuple[UdevBackend, Recorder]
+) -> None:
+    backend, recorder = amd
+    # A change nobody announces (no uevent) on one GPU is invisible to a discovery
+    # caused by another GPU's event: that discovery did not rescan the machine.
+    testbed.set_attribute(GPU_C3, "class", "0x040300", event=False)  # now "audio"
+    testbed.add(NEW_GPU)
+    await recorder.next("rediscover")
+    after_event = {d.id: d for d in backend.discover()}
+    assert sorted(after_event) == ["0000:43:00.0", "0000:83:00.0", "0000:c3:00.0"]
+    assert after_event["0000:c3:00.0"].healthy
+    # A discovery without events behind it (the framework's interval) scans all.
+    swept = {d.id: d for d in backend.discover()}
+    assert not swept["0000:c3:00.0"].healthy
+    assert "no longer matches" in swept["0000:c3:00.0"].reason
+
+
+async def test_incremental_discovery_equals_a_full_scan(
+    testbed: Testbed, data: Path, amd: tuple[UdevBackend, Recorder]
+) -> None:
+    backend, recorder = amd
+    testbed.add(NEW_GPU)
+    await recorder.next("rediscover")
+    incremental = backend.discover()
+    fresh = UdevBackend()
+    fresh.configure({"rules": ["amd-gpu"]})
+    assert _snapshot(incremental) == _snapshot(fresh.discover())
+    recorder.drain()
+    testbed.remove(GPU_43 + "/drm/renderD129")
+    await recorder.next("rediscover")
+    nodes = {d.id: [n.host_path for n in d.nodes] for d in backend.discover()}
+    assert "/dev/dri/renderD129" in nodes["0000:43:00.0"]  # remembered, reported gone
+    recorder.drain()
+    testbed.remove("/sys/devices/pci0000:80/0000:80:01.1/0000:83:00.0")
+    await recorder.next("rediscover")
+    assert [d.id for d in backend.discover()] == ["0000:43:00.0", "0000:c3:00.0"]
+
+
+async def test_gaudi_control_node_arriving_late_is_paired(testbed: Testbed, data: Path) -> None:
+    # The driver creates accel<N> and the parentless control node one after the
+    # other; a discovery between the two events must not keep the device short.
+    text = (data / "gaudi.umockdev").read_text()
+    blocks = text.split("\n\n")
+    late = [b for b in blocks if "accel_controlD1" in b]
+    testbed.add("\n\n".join(b for b in blocks if b not in late))
+    backend = UdevBackend()
+    backend.configure({"rules": ["gaudi"]})
+    devices = {d.id: d for d in backend.discover()}
+    assert [n.host_path for n in devices["0000:9a:00.0"].nodes] == ["/dev/accel/accel1"]
+    async for recorder in _watching(backend):
+        testbed.add(late[0])
+        await recorder.next("rediscover")
+        devices = {d.id: d for d in backend.discover()}
+        assert [n.host_path for n in devices["0000:9a:00.0"].nodes] == [
+            "/dev/accel/accel1",
+            "/dev/accel/accel_controlD1",
+        ]

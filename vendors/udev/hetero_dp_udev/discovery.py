@@ -41,6 +41,7 @@ class Found:
     attributes: dict[str, str | int]
     related: set[str] = field(default_factory=set)
     index: int | None = None
+    by_order: bool = False  # the index is the position in the rule's sorted list
 
     @property
     def key(self) -> tuple[str, str]:
@@ -237,11 +238,14 @@ def _device_id(
     )
 
 
-def _index(rule: Rule, dev: pyudev.Device, pci: pyudev.Device | None, order: int) -> int | None:
+def _index(
+    rule: Rule, dev: pyudev.Device, pci: pyudev.Device | None, order: int
+) -> tuple[int | None, bool]:
+    """The device's index and whether it came from ``order``."""
     for source in rule.index:
         raw: str | None
         if source == "order":
-            return order
+            return order, True
         if source == "sysnum":
             raw = dev.sys_number
         elif source.startswith("attribute:"):
@@ -252,10 +256,10 @@ def _index(rule: Rule, dev: pyudev.Device, pci: pyudev.Device | None, order: int
         else:
             raw = dev.properties.get(source.split(":", 1)[1])
         try:
-            return int(str(raw), 0) if raw is not None else None
+            return (int(str(raw), 0), False) if raw is not None else (None, False)
         except ValueError:
             continue
-    return None
+    return None, False
 
 
 def _child_number(dev: pyudev.Device, pci: pyudev.Device | None, subsystem: str) -> str | None:
@@ -285,6 +289,34 @@ def _product(rule: Rule, dev: pyudev.Device, pci: pyudev.Device | None) -> str:
     return dev.subsystem or "device"
 
 
+def sort_key(pci_name: str, sysname: str) -> tuple[str, tuple[object, ...]]:
+    return (pci_name, natural_key(sysname))
+
+
+def _found_sort_key(found: Found) -> tuple[str, tuple[object, ...]]:
+    return sort_key(str(found.values.get("pci", "")), str(found.values.get("sysname", "")))
+
+
+def match_device(context: pyudev.Context, rule: Rule, dev: pyudev.Device) -> Found | None:
+    """The record of one device under one rule, or None when it does not match (an
+    event's device, looked at alone: no enumeration of the rule's subsystem)."""
+    pci = pci_device(dev)
+    if not matches(dev, rule.match, pci):
+        return None
+    return _build_found(context, rule, dev, pci, order=0)
+
+
+def renumber(items: list[Found]) -> list[Found]:
+    """Sort one rule's records as a scan does and give ``order`` indices their
+    positions again (devices came or went)."""
+    items = sorted(items, key=_found_sort_key)
+    for position, item in enumerate(items):
+        if item.by_order and item.index != position:
+            item.index = position
+            item.values["index"] = position
+    return items
+
+
 def scan_rule(context: pyudev.Context, rule: Rule) -> list[Found]:
     """Every device of one rule, sorted (PCI address, then natural kernel name)."""
     hits: list[tuple[pyudev.Device, pyudev.Device | None]] = []
@@ -292,7 +324,7 @@ def scan_rule(context: pyudev.Context, rule: Rule) -> list[Found]:
         pci = pci_device(dev)
         if matches(dev, rule.match, pci):
             hits.append((dev, pci))
-    hits.sort(key=lambda h: (h[1].sys_name if h[1] is not None else "", natural_key(h[0].sys_name)))
+    hits.sort(key=lambda h: sort_key(h[1].sys_name if h[1] is not None else "", h[0].sys_name))
     out: list[Found] = []
     seen: set[str] = set()
     for dev, pci in hits:
@@ -321,7 +353,7 @@ def _build_found(
     pci: pyudev.Device | None,
     order: int,
 ) -> Found | None:
-    index = _index(rule, dev, pci, order)
+    index, by_order = _index(rule, dev, pci, order)
     owner = driver_owner(dev, pci)
     vendor, device = device_ids(dev, pci)
     values: dict[str, object] = {
@@ -400,6 +432,7 @@ def _build_found(
         attributes=attrs,
         related=related,
         index=index,
+        by_order=by_order,
     )
 
 

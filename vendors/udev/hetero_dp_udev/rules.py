@@ -137,6 +137,15 @@ class Rule:
         return tuple(names)
 
     @property
+    def order_sensitive(self) -> bool:
+        """Whether one device's arrival can change another's record beyond its
+        ``order`` index (``limit``, or the index rendered into IDs or node paths):
+        such rules are rescanned whole on events instead of device by device."""
+        return self.limit is not None or (
+            "order" in self.index and bool(self.id_template or self.node_templates)
+        )
+
+    @property
     def wants_nodes(self) -> bool:
         """Whether a device without any per-device node is incomplete (its driver is
         still creating them). A primary node is only expected when udev names one."""
