@@ -184,3 +184,194 @@ def _devname(uevent: Path) -> str | None:
         if line.startswith("DEVNAME="):
             return line.split("=", 1)[1].removeprefix("/dev/")
     return None
+
+
+# --------------------------------------------------------------------------- trees
+
+# Bus numbers of the eight OAM GPUs of an 8x MI300X server (one per PCIe switch);
+# guessed after published `lspci -tv` listings of such servers, not measured.
+MI300X_BUSES = ("05", "26", "46", "65", "85", "a6", "c6", "e5")
+
+
+def _block(path: str, lines: list[str]) -> str:
+    return "\n".join([f"P: {path}", *lines]) + "\n"
+
+
+def _switch(slot: int) -> tuple[str, str, str, int]:
+    """(root port, switch upstream port, the GPU's downstream port, root bus) of GPU
+    ``slot``: the GPU's bus is root + 3, the NIC's root + 4, the NVMe drive's root + 5
+    (the switch's internal bus root + 2 holds one downstream port for each)."""
+    root = int(MI300X_BUSES[slot], 16) - 3
+    rp = f"/devices/pci0000:{root:02x}/0000:{root:02x}:01.1"
+    up = f"{rp}/0000:{root + 1:02x}:00.0"
+    return rp, up, f"{up}/0000:{root + 2:02x}:00.0", root
+
+
+def mi300x_gpu(slot: int, card: int, render: int) -> tuple[str, str]:
+    """(umockdev text, sysfs path) of GPU ``slot`` of :func:`mi300x_tree` with its DRM
+    nodes card<card>/renderD<render>, its hwmon and its SMU i2c adapters: what
+    amdgpu creates below the PCI function (the nodes as REFERENCE.md section 3
+    says; hwmon and i2c children guessed after amdgpu's sysfs on Instinct cards)."""
+    bus = MI300X_BUSES[slot]
+    numa = 0 if slot < 4 else 1
+    gpu = f"{_switch(slot)[2]}/0000:{bus}:00.0"
+    depth = gpu.count("/")
+    blocks = [
+        _block(
+            gpu,
+            [
+                "E: SUBSYSTEM=pci",
+                "E: DRIVER=amdgpu",
+                f"E: PCI_SLOT_NAME=0000:{bus}:00.0",
+                "A: vendor=0x1002",
+                "A: device=0x74a1",  # MI300X (guessed from pci.ids listings)
+                "A: class=0x120000",  # processing accelerator (guessed likewise)
+                f"A: numa_node={numa}",
+                f"A: serial_number=0x{0x61D3A0 + slot:016x}",
+                "L: driver=" + "../" * (depth - 1) + "bus/pci/drivers/amdgpu",
+            ],
+        ),
+        _block(
+            f"{gpu}/drm/card{card}",
+            [f"N: dri/card{card}", "E: SUBSYSTEM=drm", f"E: DEVNAME=/dev/dri/card{card}"],
+        ),
+        _block(
+            f"{gpu}/drm/renderD{render}",
+            [
+                f"N: dri/renderD{render}",
+                "E: SUBSYSTEM=drm",
+                f"E: DEVNAME=/dev/dri/renderD{render}",
+            ],
+        ),
+        _block(f"{gpu}/hwmon/hwmon{render}", ["E: SUBSYSTEM=hwmon", "A: name=amdgpu"]),
+    ]
+    for i in range(2):
+        blocks.append(_block(f"{gpu}/i2c-{render * 2 + i}", ["E: SUBSYSTEM=i2c"]))
+    return "\n".join(blocks), "/sys" + gpu
+
+
+def mi300x_tree(gpus: int = 8) -> str:
+    """umockdev text of an 8x MI300X node: per GPU a root port, a PCIe switch
+    (upstream and downstream ports) that also carries a NIC and an NVMe drive, then
+    the GPU and its children; a BMC VGA on card0; /dev/kfd; a few chipset devices.
+
+    Sourced: DRM children of the PCI function, card numbering after the BMC's
+    card0, /dev/kfd a virtual device (REFERENCE.md section 3); GPUs, NICs and NVMe
+    drives sharing PCIe switches (the usual 8-GPU server design). Guessed: every
+    ID and bus number, the NIC and NVMe children, the counts of other devices."""
+    blocks = [
+        _block(
+            "/devices/pci0000:00/0000:00:07.1/0000:02:00.0",
+            [
+                "E: SUBSYSTEM=pci",
+                "E: DRIVER=ast",
+                "A: vendor=0x1a03",
+                "A: device=0x2000",
+                "A: class=0x030000",
+                "A: numa_node=0",
+                "L: driver=../../../../bus/pci/drivers/ast",
+            ],
+        ),
+        _block(
+            "/devices/pci0000:00/0000:00:07.1/0000:02:00.0/drm/card0",
+            ["N: dri/card0", "E: SUBSYSTEM=drm", "E: DEVNAME=/dev/dri/card0"],
+        ),
+        _block(
+            "/devices/virtual/kfd/kfd",
+            ["N: kfd", "E: SUBSYSTEM=kfd", "E: DEVNAME=/dev/kfd", "E: MAJOR=511", "E: MINOR=0"],
+        ),
+    ]
+    for n in range(24):  # chipset functions: SMBus, USB, SATA ... (no nodes)
+        blocks.append(
+            _block(
+                f"/devices/pci0000:00/0000:00:{n // 8 + 0x14:02x}.{n % 8}",
+                ["E: SUBSYSTEM=pci", "A: vendor=0x1022", f"A: device=0x{0x790B + n:04x}"],
+            )
+        )
+    for slot in range(gpus):
+        rp, up, down, root = _switch(slot)
+        numa = 0 if slot < 4 else 1
+        for path, dev in ((rp, "0x14ab"), (up, "0xc030"), (down, "0xc030")):
+            vendor = "0x1022" if dev == "0x14ab" else "0x1000"
+            depth = path.count("/")
+            blocks.append(
+                _block(
+                    path,
+                    [
+                        "E: SUBSYSTEM=pci",
+                        "E: DRIVER=pcieport",
+                        f"A: vendor={vendor}",
+                        f"A: device={dev}",
+                        "A: class=0x060400",
+                        f"A: numa_node={numa}",
+                        "L: driver=" + "../" * (depth - 1) + "bus/pci/drivers/pcieport",
+                    ],
+                )
+            )
+        nic = f"{up}/0000:{root + 2:02x}:01.0/0000:{root + 4:02x}:00.0"
+        nvme = f"{up}/0000:{root + 2:02x}:02.0/0000:{root + 5:02x}:00.0"
+        for port in (f"{up}/0000:{root + 2:02x}:01.0", f"{up}/0000:{root + 2:02x}:02.0"):
+            blocks.append(
+                _block(port, ["E: SUBSYSTEM=pci", "A: vendor=0x1000", "A: class=0x060400"])
+            )
+        blocks += [
+            _block(
+                nic,
+                [
+                    "E: SUBSYSTEM=pci",
+                    "E: DRIVER=mlx5_core",
+                    "A: vendor=0x15b3",
+                    "A: device=0x1021",
+                    "A: class=0x020700",
+                    f"A: numa_node={numa}",
+                ],
+            ),
+            _block(f"{nic}/net/ib{slot}", ["E: SUBSYSTEM=net", f"E: INTERFACE=ib{slot}"]),
+            _block(
+                f"{nic}/infiniband_verbs/uverbs{slot}",
+                [
+                    f"N: infiniband/uverbs{slot}",
+                    "E: SUBSYSTEM=infiniband_verbs",
+                    f"E: DEVNAME=/dev/infiniband/uverbs{slot}",
+                ],
+            ),
+            _block(
+                nvme,
+                [
+                    "E: SUBSYSTEM=pci",
+                    "E: DRIVER=nvme",
+                    "A: vendor=0x144d",
+                    "A: device=0xa80a",
+                    "A: class=0x010802",
+                    f"A: numa_node={numa}",
+                ],
+            ),
+            _block(
+                f"{nvme}/nvme/nvme{slot}",
+                [f"N: nvme{slot}", "E: SUBSYSTEM=nvme", f"E: DEVNAME=/dev/nvme{slot}"],
+            ),
+            _block(
+                f"{nvme}/nvme/nvme{slot}/nvme{slot}n1",
+                [
+                    f"N: nvme{slot}n1",
+                    "E: SUBSYSTEM=block",
+                    "E: DEVTYPE=disk",
+                    f"E: DEVNAME=/dev/nvme{slot}n1",
+                ],
+            ),
+        ]
+        blocks.append(mi300x_gpu(slot, card=slot + 1, render=128 + slot)[0])
+    return "\n".join(blocks)
+
+
+def mi300x_nvme(slot: int) -> str:
+    """The sysfs path of the NVMe drive's block device on GPU ``slot``'s switch."""
+    _, up, _, root = _switch(slot)
+    nvme = f"{up}/0000:{root + 2:02x}:02.0/0000:{root + 5:02x}:00.0"
+    return f"/sys{nvme}/nvme/nvme{slot}/nvme{slot}n1"
+
+
+def mi300x_nic(slot: int) -> str:
+    """The sysfs path of the NIC's PCI function on GPU ``slot``'s switch."""
+    _, up, _, root = _switch(slot)
+    return f"/sys{up}/0000:{root + 2:02x}:01.0/0000:{root + 4:02x}:00.0"
