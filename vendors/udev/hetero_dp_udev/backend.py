@@ -22,6 +22,7 @@ import pyudev
 from hetero_dp import Check, ConfigError, Device, EventSink, hookimpl
 
 from .discovery import Found, match_device, renumber, scan_rule, to_device
+from .doctor import unmatched_accelerators
 from .health import problems
 from .rules import Companion, Rule, load_rules, shipped_rule_sets
 
@@ -47,6 +48,7 @@ class UdevBackend:
         self._stale: set[Key] = set()  # still in sysfs but no longer matching
         self._dirty: set[str] = set()  # sysfs paths named by events since the last discovery
         self._full = True  # the next discovery scans everything
+        self._reported_empty: set[str] = set()  # rules doctor found empty (said once)
         self._known_nodes: dict[Key, list[str]] = {}
         self._last: dict[Key, str] = {}  # last reported reason; "" = healthy
         self._scanned_once = False
@@ -148,7 +150,13 @@ class UdevBackend:
         for rule in self.rules:
             hits = scan_rule(context, rule)
             if warn and not hits:
-                log.warning("%s matches no device at start-up", rule.where)
+                # doctor, which discovers right after its own checks, has said it already
+                said = rule.where in self._reported_empty
+                log.log(
+                    logging.DEBUG if said else logging.WARNING,
+                    "%s matches no device at start-up",
+                    rule.where,
+                )
             self._take(found, stale, rule, hits, previous, known)
         return found, stale
 
@@ -417,9 +425,13 @@ class UdevBackend:
         except Exception as exc:
             yield Check("libudev", "fail", f"cannot open libudev: {exc}", fix="install libudev1")
             return
+        everything: list[Found] = []
         for rule in rules:
             hits = scan_rule(context, rule)
+            everything += hits
             if not hits:
+                # said once: discovery, which doctor runs next, does not log it again
+                self._reported_empty.add(rule.where)
                 yield Check(
                     f"{rule.resource} devices",
                     "warn",
@@ -445,6 +457,25 @@ class UdevBackend:
                 )
             else:
                 yield Check(f"{rule.resource} nodes", "pass", "every device node exists")
+            short = [f"{f.id}: {m}" for f in hits for m in f.missing]
+            if short:
+                yield Check(
+                    f"{rule.resource} companions",
+                    "warn",
+                    "expected companion nodes not found: " + "; ".join(short),
+                    fix="check the driver created them (`ls -l /sys/class/<subsystem>`); a "
+                    "node without a parent device needs scope: index, one in another "
+                    "function of the card scope: slot (docs/udev.md)",
+                )
+        stray = unmatched_accelerators(context, everything)
+        if stray:
+            yield Check(
+                "unmatched accelerators",
+                "warn",
+                f"{len(stray)} accelerator(s) on the PCI bus match no rule: " + "; ".join(stray),
+                fix="add the rule set named for each, or a rule of your own; a device "
+                "without a driver needs its driver loaded first",
+            )
 
 
 def _names(options: Mapping[str, Any]) -> str:

@@ -42,6 +42,7 @@ class Found:
     related: set[str] = field(default_factory=set)
     index: int | None = None
     by_order: bool = False  # the index is the position in the rule's sorted list
+    missing: list[str] = field(default_factory=list)  # companions that found no node
 
     @property
     def key(self) -> tuple[str, str]:
@@ -196,6 +197,22 @@ def _companions(
         for cand in below.match_parent(root):  # the subtree, root included
             if cand.sys_path != dev.sys_path and _fits(cand, comp):
                 yield cand
+
+
+def describe_companion(position: int, comp: Companion, index: int | None) -> str:
+    """A companion entry in words, for doctor: what was looked for, and where."""
+    what = " ".join(
+        [f"subsystem {comp.subsystem}"] * bool(comp.subsystem)
+        + [f"name {'|'.join(comp.sysname)}"] * bool(comp.sysname)
+        + [f"node {'|'.join(comp.devnode)}"] * bool(comp.devnode)
+    )
+    where = {
+        "pci": "below the PCI function",
+        "device": "below the device",
+        "slot": "below any function of the PCI slot",
+        "index": f"anywhere, numbered {index if index is not None else '<no index>'}",
+    }[comp.scope]
+    return f"companions[{position}] ({what}, {where})"
 
 
 def _first(*values: str | None) -> str | None:
@@ -386,10 +403,13 @@ def _build_found(
         related.add(pci.sys_path)
     if rule.primary_node and dev.device_node:
         nodes.append(dev.device_node)
-    for comp in rule.companions:
+    missing: list[str] = []
+    for n, comp in enumerate(rule.companions):
         found_nodes = sorted(
             _companions(context, dev, pci, comp, index), key=lambda d: natural_key(d.device_node)
         )
+        if not found_nodes:
+            missing.append(describe_companion(n, comp, index))
         for cand in found_nodes:
             related.add(cand.sys_path)
             if cand.device_node not in nodes:
@@ -433,6 +453,7 @@ def _build_found(
         related=related,
         index=index,
         by_order=by_order,
+        missing=missing,
     )
 
 
