@@ -1,33 +1,31 @@
-"""Hotplug of the udev backend on a realistic 8-GPU node: uevent to kubelet update.
+"""Hotplug of the udev backend on realistic 8-device nodes: uevent to kubelet update.
 
-The tree is :func:`hetero_dp_udev.testing.mi300x_tree`: eight AMD MI300X GPUs, each
-behind its own PCIe switch shared with a NIC and an NVMe drive, a BMC VGA on
-card0, /dev/kfd and chipset devices (what is sourced and what is guessed is said
-there). The real daemon serves a FakeKubelet over unix sockets with the shipped
-``amd-gpu`` rule set. Measured:
+Two nodes (:mod:`hetero_dp_udev.testing` says what is sourced and what guessed):
+eight AMD MI300X GPUs, each behind its own PCIe switch shared with a NIC and an
+NVMe drive (``mi300x_tree``, rule set ``amd-gpu``), and eight Gaudi2 cards, two per
+switch (``gaudi2_tree``, rule set ``gaudi``, parentless control nodes). The real
+daemon serves a FakeKubelet over unix sockets. Measured per node:
 
 - one full scan of the tree (what every event cost before discovery became
-  incremental; it is still what start-up and the framework's interval pay);
-- a GPU unplugged (its function and children removed, remove uevents children
+  incremental; still what start-up and the framework's interval pay);
+- a device unplugged (its function and children removed, remove uevents children
   first) and plugged again: from the moment the testbed has sent the uevents
   until the FakeKubelet holds the new device list; median and p99;
 - a driver unbind and bind: until the kubelet sees Unhealthy, then Healthy;
-- the plugin's CPU for 100 unrelated uevents: NVMe block-device changes (another
-  subsystem, dropped by the kernel-side filter) and changes on a NIC's PCI
-  function (a subsystem the rules listen to, so they reach the plugin and are
-  found to concern no device). CPU is this process's CPU time (every thread)
-  around the events plus a sentinel unbind/bind round the kubelet sees, minus the
-  sentinel round alone and minus umockdev's own cost of sending the events to a
-  monitor socket that filters out everything (under umockdev sendmsg and the
-  socket filter run in this process; on a real host in the kernel); the median of
-  several repetitions.
+- the plugin's CPU for 100 unrelated uevents: NVMe changes (another subsystem,
+  dropped by the kernel-side filter) and changes on a NIC's PCI function (a
+  subsystem the rules listen to, so they reach the plugin and are found to concern
+  no device). CPU is this process's CPU time around the events plus a sentinel
+  unbind/bind round the kubelet sees, minus the sentinel round alone and minus
+  umockdev's own cost of sending the events to a monitor socket that filters out
+  everything; the median of several repetitions, an upper bound.
 
 Goals (issue 15): add and remove median <= 10 ms, p99 <= 20 ms; 100 unrelated
 events < 20 ms of plugin CPU in all.
 
-umockdev's preload library must be loaded at process start, so ``run()`` re-runs
-this file under ``umockdev-wrapper`` when it is not already; without umockdev it
-returns ``{"skipped": reason}``.
+umockdev's preload library must be loaded at process start, so ``run()`` runs each
+node in a child process under ``umockdev-wrapper``; without umockdev it returns
+``{"skipped": reason}``.
 
 Run: ``python benchmarks/bench_udev_hotplug.py`` (needs umockdev: ``apt-get install
 umockdev libumockdev0``).
@@ -55,8 +53,6 @@ PLUGS = 100  # each: one unplug and one plug
 FLIPS = 50  # each: one unbind and one bind
 UNRELATED = 100
 REPEATS = 15
-RESOURCE = "amd.com/gpu"
-TREE = "8x AMD MI300X, each behind a PCIe switch with a NIC and an NVMe drive (~190 devices)"
 
 
 def _ms(values: list[float]) -> dict[str, float]:
@@ -67,18 +63,23 @@ def _ms(values: list[float]) -> dict[str, float]:
     }
 
 
-async def _measure() -> dict[str, Any]:
+def _paths(tree: str, marker: str) -> list[str]:
+    """The sysfs paths of the tree's blocks that contain ``marker`` (a line)."""
+    return ["/sys" + b.split("\n", 1)[0][3:] for b in tree.split("\n\n") if marker in b]
+
+
+async def _scenario(sc: dict[str, Any]) -> dict[str, Any]:
+    import pyudev
     from hetero_dp_udev import UdevBackend
-    from hetero_dp_udev.testing import Testbed, mi300x_gpu, mi300x_nic, mi300x_nvme, mi300x_tree
+    from hetero_dp_udev.testing import Testbed
 
     from hetero_dp.testing import FakeKubelet, PluginRunner, short_tempdir
 
     root = short_tempdir("hdp-bench-")
-    plug_slot, flip_slot = 7, 0
-    _, plug_path = mi300x_gpu(plug_slot, 0, 0)
-    plug_id = plug_path.rsplit("/", 1)[1]
-    _, flip_path = mi300x_gpu(flip_slot, 0, 0)
-    flip_id = flip_path.rsplit("/", 1)[1]
+    resource, rules, tree = sc["resource"], sc["rules"], sc["tree"]
+    plug_id, flip_id, flip_path = sc["plug_id"], sc["flip_id"], sc["flip_path"]
+    nvme = _paths(tree, "E: SUBSYSTEM=nvme")
+    nic = _paths(tree, "A: vendor=0x15b3")
     add: list[float] = []
     remove: list[float] = []
     unbind: list[float] = []
@@ -87,9 +88,9 @@ async def _measure() -> dict[str, Any]:
     cpu: dict[str, list[float]] = {"filtered": [], "listened": []}
     try:
         with Testbed() as bed:
-            bed.add(mi300x_tree())
+            bed.add(tree)
             probe = UdevBackend()
-            probe.configure({"rules": ["amd-gpu"]})
+            probe.configure({"rules": [rules]})
             for _ in range(20):
                 begin = time.perf_counter()
                 devices = probe.discover()
@@ -99,20 +100,18 @@ async def _measure() -> dict[str, Any]:
             async def send(kind: str) -> None:
                 for n in range(UNRELATED):
                     if kind == "filtered":
-                        bed.uevent(mi300x_nvme(n % 8), "change")
+                        bed.uevent(nvme[n % len(nvme)], "change")
                     else:
-                        bed.uevent(mi300x_nic(n % 8), "change")
+                        bed.uevent(nic[n % len(nic)], "change")
                     if n % 5 == 4:
-                        # umockdev's unix socket queues 10 datagrams (max_dgram_qlen); the plugin
-                        # reads on this loop, so let it run (a real kernel would
-                        # drop them with ENOBUFS instead of failing the sender)
+                        # umockdev's unix socket queues 10 datagrams (max_dgram_qlen);
+                        # the plugin reads on this loop, so let it run (a real kernel
+                        # would drop them with ENOBUFS instead of failing the sender)
                         await asyncio.sleep(0)
 
             # umockdev's own cost of sending, to one listening socket as in the real
             # run (sendmsg and the socket filter run in this process under umockdev,
             # in the kernel on a real host), whose filter drops everything
-            import pyudev
-
             sink = pyudev.Monitor.from_netlink(pyudev.Context())
             sink.filter_by("hetero-dp-bench-none")
             sink.start()
@@ -127,97 +126,147 @@ async def _measure() -> dict[str, Any]:
             async with FakeKubelet(root / "dp") as kubelet:
                 runner = PluginRunner(kubelet.plugin_dir)
                 try:
-                    await runner.start(UdevBackend(), options={"udev": {"rules": ["amd-gpu"]}})
-                    await kubelet.wait_devices(RESOURCE, lambda d: len(d) == 8)
+                    await runner.start(UdevBackend(), options={"udev": {"rules": [rules]}})
+                    await kubelet.wait_devices(resource, lambda d: len(d) == 8)
 
-                    async def sentinel() -> None:
+                    async def flip() -> tuple[float, float]:
+                        sent = time.perf_counter()
                         bed.unbind_driver(flip_path)
                         await kubelet.wait_devices(
-                            RESOURCE, lambda d: d[flip_id].health == "Unhealthy"
+                            resource, lambda d: d[flip_id].health == "Unhealthy"
                         )
-                        bed.bind_driver(flip_path, "amdgpu")
+                        middle = time.perf_counter()
+                        bed.bind_driver(flip_path, sc["driver"])
                         await kubelet.wait_devices(
-                            RESOURCE, lambda d: d[flip_id].health == "Healthy"
+                            resource, lambda d: d[flip_id].health == "Healthy"
                         )
+                        return middle - sent, time.perf_counter() - middle
 
                     for n in range(PLUGS):
-                        begin = time.perf_counter()
-                        bed.remove(plug_path)
+                        for path in sc["unplug"](n):
+                            bed.remove(path)
                         sent = time.perf_counter()
-                        await kubelet.wait_devices(RESOURCE, lambda d: plug_id not in d)
+                        await kubelet.wait_devices(resource, lambda d: plug_id not in d)
                         remove.append(time.perf_counter() - sent)
-                        # umockdev 0.17 aborts when a /dev node name comes back after
-                        # a removal, so each plug gets fresh DRM minors
-                        text, _ = mi300x_gpu(plug_slot, card=100 + n, render=1000 + n)
-                        bed.add(text)
+                        bed.add(sc["plug"](n))
                         sent = time.perf_counter()
                         await kubelet.wait_devices(
-                            RESOURCE,
+                            resource,
                             lambda d: plug_id in d and d[plug_id].health == "Healthy",
                         )
                         add.append(time.perf_counter() - sent)
                     for _ in range(FLIPS):
-                        sent = time.perf_counter()
-                        bed.unbind_driver(flip_path)
-                        await kubelet.wait_devices(
-                            RESOURCE, lambda d: d[flip_id].health == "Unhealthy"
-                        )
-                        unbind.append(time.perf_counter() - sent)
-                        sent = time.perf_counter()
-                        bed.bind_driver(flip_path, "amdgpu")
-                        await kubelet.wait_devices(
-                            RESOURCE, lambda d: d[flip_id].health == "Healthy"
-                        )
-                        bind.append(time.perf_counter() - sent)
+                        down, up = await flip()
+                        unbind.append(down)
+                        bind.append(up)
                     for _ in range(REPEATS):
                         for kind in cpu:
                             begin = time.process_time()
-                            await sentinel()
+                            await flip()
                             alone = time.process_time() - begin
                             begin = time.process_time()
                             await send(kind)
-                            await sentinel()
+                            await flip()
                             total = time.process_time() - begin
                             cpu[kind].append(total - alone - floors[kind])
                 finally:
                     await runner.stop_all()
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    add_ms, remove_ms = _ms(add), _ms(remove)
+    label = sc["label"]
     filtered = round(median(cpu["filtered"]) * 1000, 2)
     listened = round(median(cpu["listened"]) * 1000, 2)
     return {
-        "title": "udev backend: hotplug on an 8-GPU node",
         "rows": [
-            _row("Full scan of the tree (start-up, interval; was: every event)", scans, ""),
-            _row("GPU plugged to kubelet update, median", add, "<= 10 ms", "median"),
-            _row("GPU plugged to kubelet update, p99", add, "<= 20 ms", "p99"),
-            _row("GPU unplugged to kubelet update, median", remove, "<= 10 ms", "median"),
-            _row("GPU unplugged to kubelet update, p99", remove, "<= 20 ms", "p99"),
-            _row("Driver unbind to Unhealthy at the kubelet, median", unbind, ""),
-            _row("Driver bind to Healthy at the kubelet, median", bind, ""),
+            _row(f"{label}: full scan (start-up, interval; was: every event)", scans, ""),
+            _row(f"{label}: plugged to kubelet update, median", add, "<= 10 ms", "median"),
+            _row(f"{label}: plugged to kubelet update, p99", add, "<= 20 ms", "p99"),
+            _row(f"{label}: unplugged to kubelet update, median", remove, "<= 10 ms", "median"),
+            _row(f"{label}: unplugged to kubelet update, p99", remove, "<= 20 ms", "p99"),
+            _row(f"{label}: driver unbind to Unhealthy at the kubelet, median", unbind, ""),
+            _row(f"{label}: driver bind to Healthy at the kubelet, median", bind, ""),
             {
-                "name": f"Plugin CPU for {UNRELATED} NVMe block events (kernel-filtered)",
+                "name": f"{label}: plugin CPU for {UNRELATED} NVMe events (kernel-filtered)",
                 "value": filtered,
                 "unit": "ms",
                 "goal": "< 20 ms",
                 "ok": filtered < 20,
             },
             {
-                "name": f"Plugin CPU for {UNRELATED} change events on a NIC (pci, listened to)",
+                "name": f"{label}: plugin CPU for {UNRELATED} NIC pci change events",
                 "value": listened,
                 "unit": "ms",
                 "goal": "< 20 ms",
                 "ok": listened < 20,
             },
         ],
+        "note": f"{label}: {sc['about']}",
+    }
+
+
+def _scenarios() -> list[dict[str, Any]]:
+    from hetero_dp_udev.testing import gaudi2_card, gaudi2_tree, mi300x_gpu, mi300x_tree
+
+    _, amd_plug = mi300x_gpu(7, 0, 0)
+    _, amd_flip = mi300x_gpu(0, 0, 0)
+    _, gaudi_plug, gaudi_control = gaudi2_card(7, 7)
+    _, gaudi_flip, _ = gaudi2_card(0, 0)
+    return [
+        {
+            "label": "8x MI300X",
+            "about": "eight MI300X GPUs, each behind a PCIe switch with a NIC and an NVMe "
+            "drive, a BMC VGA, /dev/kfd, chipset devices (~190 devices), rule set amd-gpu; "
+            "a GPU unplugged with its drm, hwmon and i2c children and plugged again "
+            "(fresh DRM minors each time: umockdev 0.17 aborts when a node name returns).",
+            "tree": mi300x_tree(),
+            "rules": "amd-gpu",
+            "resource": "amd.com/gpu",
+            "driver": "amdgpu",
+            "unplug": lambda n: [amd_plug],
+            "plug": lambda n: mi300x_gpu(7, card=100 + n, render=1000 + n)[0],
+            "plug_id": amd_plug.rsplit("/", 1)[1],
+            "flip_path": amd_flip,
+            "flip_id": amd_flip.rsplit("/", 1)[1],
+        },
+        {
+            "label": "8x Gaudi2",
+            "about": "eight Gaudi2 cards, two per PCIe switch with a NIC and an NVMe drive, "
+            "chipset devices (~90 devices), rule set gaudi; a card unplugged with its accel "
+            "node and its parentless control node and plugged again (fresh accel indices "
+            "each time, for the same umockdev reason).",
+            "tree": gaudi2_tree(),
+            "rules": "gaudi",
+            "resource": "habana.ai/gaudi",
+            "driver": "habanalabs",
+            # the control node is parentless: it goes with the card, by its own path
+            "unplug": lambda n: [
+                gaudi_plug,
+                gaudi_control if n == 0 else gaudi2_card(7, 99 + n)[2],
+            ],
+            "plug": lambda n: gaudi2_card(7, 100 + n)[0],
+            "plug_id": gaudi_plug.rsplit("/", 1)[1],
+            "flip_path": gaudi_flip,
+            "flip_id": gaudi_flip.rsplit("/", 1)[1],
+        },
+    ]
+
+
+def _report(results: list[dict[str, Any]]) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for result in results:
+        rows += result["rows"]
+        notes.append(result["note"])
+    return {
+        "title": "udev backend: hotplug on 8-device nodes",
+        "rows": rows,
         "notes": [
-            f"Tree: {TREE}; rule set amd-gpu; the daemon in this process (PluginRunner) "
-            "serving a FakeKubelet over unix sockets.",
-            f"Plug/unplug: GPU slot {plug_slot} with its drm, hwmon and i2c children, "
-            f"{PLUGS} times each; clock from the testbed having sent the uevents to the "
-            f"kubelet's device list. p99 of {PLUGS} samples is their second-largest. "
-            f"add {add_ms}, remove {remove_ms}.",
+            *notes,
+            "Each node runs in its own interpreter under umockdev-wrapper, the daemon in "
+            "that process (PluginRunner) serving a FakeKubelet over unix sockets. "
+            f"Plug/unplug {PLUGS} times each, driver flips {FLIPS} times; clock from the "
+            "testbed having sent the uevents to the kubelet's device list; p99 of "
+            f"{PLUGS} samples is their second-largest.",
             "CPU: process CPU time around the events plus a sentinel unbind/bind round, "
             "minus the sentinel alone, minus umockdev's cost of sending the events to "
             f"one monitor socket that filters out everything; median of {REPEATS}. "
@@ -227,7 +276,8 @@ async def _measure() -> dict[str, Any]:
             "monitor filtered to pci and drm receives 8 of 16 mixed NVMe/NIC events, so "
             "the NVMe ones never reach the plugin's code.",
             "Before this change (same harness, issue 15): every event batch rescanned "
-            "every rule, 20-54 ms per scan on 8 MI300X, add medians 45-70 ms.",
+            "every rule, 20-54 ms per scan on 8 MI300X and 9-12 ms on 8 Gaudi2, add "
+            "medians 45-70 ms.",
         ],
     }
 
@@ -241,26 +291,30 @@ def _row(name: str, values: list[float], goal: str, stat: str = "median") -> dic
 
 
 def run() -> dict[str, Any]:
-    """Measure (re-running under umockdev-wrapper when needed); returns the numbers."""
+    """Measure each node in its own process under umockdev-wrapper (a clean
+    interpreter each, as ``python -m benchmarks`` gives each module); returns the
+    numbers."""
     from hetero_dp_udev import testing
 
     if (why := testing.missing()) is not None:
         return {"skipped": why}
-    if testing.under_preload():
-        return asyncio.run(_measure())
-    proc = subprocess.run(
-        ["umockdev-wrapper", sys.executable, __file__, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"benchmark under umockdev-wrapper failed:\n{proc.stderr[-4000:]}")
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    results = []
+    for index in range(len(_scenarios())):
+        proc = subprocess.run(
+            ["umockdev-wrapper", sys.executable, __file__, "--scenario", str(index)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"benchmark under umockdev-wrapper failed:\n{proc.stderr[-4000:]}")
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return _report(results)
 
 
 if __name__ == "__main__":
-    outcome = run()
-    print(json.dumps(outcome) if "--json" in sys.argv else json.dumps(outcome, indent=2))
+    if len(sys.argv) > 2 and sys.argv[1] == "--scenario":
+        print(json.dumps(asyncio.run(_scenario(_scenarios()[int(sys.argv[2])]))))
+    else:
+        print(json.dumps(run(), indent=2))

@@ -49,6 +49,7 @@ class UdevBackend:
         self._dirty: set[str] = set()  # sysfs paths named by events since the last discovery
         self._full = True  # the next discovery scans everything
         self._reported_empty: set[str] = set()  # rules doctor found empty (said once)
+        self._batches_seen = 0  # _event_batches when the last discovery started looking
         self._known_nodes: dict[Key, list[str]] = {}
         self._last: dict[Key, str] = {}  # last reported reason; "" = healthy
         self._scanned_once = False
@@ -99,13 +100,17 @@ class UdevBackend:
             dirty, self._dirty = self._dirty, set()
             # A call with no event behind it (start-up, the framework's interval, a
             # reload) scans everything; a call after events looks only at what
-            # they name, so its cost does not grow with the machine.
-            full = first or self._full or not dirty
+            # they name, so its cost does not grow with the machine. (One batch's
+            # discovery may already have taken a later batch's paths: the later
+            # call then has nothing to look at, and must not fall back to a scan.)
+            after_events = self._event_batches != self._batches_seen
+            full = first or self._full or not after_events
             self._full = False
         # Events handled while scanning may postdate what the scan read (a driver
         # bound again half-way): look again rather than return a stale verdict.
         for _ in range(MAX_SCANS):
             seen = self._event_batches
+            self._batches_seen = seen
             if full:
                 found, stale = self._scan(context, previous, known, warn=first)
             else:
@@ -205,8 +210,13 @@ class UdevBackend:
                 continue
             for rule in self.rules:
                 if any(_pairs_with(dev, comp) for comp in rule.companions):
-                    # a parentless companion (accel_controlD<N>) came or went
-                    touched |= {k for k, item in previous.items() if item.rule is rule}
+                    # a parentless companion (accel_controlD<N>) came: it belongs to
+                    # the device of the same index N
+                    touched |= {
+                        k
+                        for k, item in previous.items()
+                        if item.rule is rule and str(item.index) == dev.sys_number
+                    }
                 if rule.match.subsystem and dev.subsystem != rule.match.subsystem:
                     continue
                 item = match_device(context, rule, dev)

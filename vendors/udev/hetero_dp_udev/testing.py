@@ -375,3 +375,105 @@ def mi300x_nic(slot: int) -> str:
     """The sysfs path of the NIC's PCI function on GPU ``slot``'s switch."""
     _, up, _, root = _switch(slot)
     return f"/sys{up}/0000:{root + 2:02x}:01.0/0000:{root + 4:02x}:00.0"
+
+
+# Bus numbers of the eight cards of an 8x Gaudi2 server (HLS-2 style, two cards
+# per PCIe switch); guessed, not measured.
+GAUDI2_BUSES = ("19", "1a", "3b", "3c", "9a", "9b", "bb", "bc")
+
+
+def _gaudi2_switch(pair: int) -> tuple[str, str, list[str], int]:
+    """(root port, switch upstream port, its four downstream ports, base bus) of the
+    switch of cards 2*pair and 2*pair+1: ports 0 and 1 lead to the cards, 2 to a
+    NIC (bus base + 5), 3 to an NVMe drive (base + 6)."""
+    base = int(GAUDI2_BUSES[2 * pair], 16) - 3
+    rp = f"/devices/pci0000:{base:02x}/0000:{base:02x}:01.0"
+    up = f"{rp}/0000:{base + 1:02x}:00.0"
+    return rp, up, [f"{up}/0000:{base + 2:02x}:{p:02x}.0" for p in range(4)], base
+
+
+def gaudi2_card(slot: int, index: int) -> tuple[str, str, str]:
+    """(umockdev text, PCI sysfs path, control node sysfs path) of card ``slot`` of
+    :func:`gaudi2_tree` with accel index ``index``: the PCI function with the
+    habanalabs attributes, its accel<index> child and the parentless control node
+    accel_controlD<index> (REFERENCE.md section 7; drivers/accel/habanalabs/
+    common/device.c and sysfs.c). Module IDs are the slot numbers reversed, so they
+    differ from accel indices (module_id is the firmware's card location)."""
+    bus = GAUDI2_BUSES[slot]
+    numa = 0 if slot < 4 else 1
+    card = f"{_gaudi2_switch(slot // 2)[2][slot % 2]}/0000:{bus}:00.0"
+    control = f"/devices/virtual/accel/accel_controlD{index}"
+    blocks = [
+        _block(
+            card,
+            [
+                "E: SUBSYSTEM=pci",
+                "E: DRIVER=habanalabs",
+                f"E: PCI_SLOT_NAME=0000:{bus}:00.0",
+                "A: vendor=0x1da3",
+                "A: device=0x1020",
+                "A: class=0x120000",
+                f"A: numa_node={numa}",
+                f"A: module_id={7 - slot}",
+                "A: status=operational",
+                "A: device_type=GAUDI2",
+                "L: driver=" + "../" * (card.count("/") - 1) + "bus/pci/drivers/habanalabs",
+            ],
+        ),
+        _block(
+            f"{card}/accel/accel{index}",
+            [
+                f"N: accel/accel{index}",
+                "E: SUBSYSTEM=accel",
+                "E: DEVTYPE=accel_minor",
+                f"E: DEVNAME=/dev/accel/accel{index}",
+                "E: MAJOR=261",
+                f"E: MINOR={index}",
+            ],
+        ),
+        _block(
+            control,
+            [
+                f"N: accel/accel_controlD{index}",
+                "E: SUBSYSTEM=accel",
+                f"E: DEVNAME=/dev/accel/accel_controlD{index}",
+                "E: MAJOR=510",
+                f"E: MINOR={index}",
+            ],
+        ),
+    ]
+    return "\n".join(blocks), "/sys" + card, "/sys" + control
+
+
+def gaudi2_tree(cards: int = 8) -> str:
+    """umockdev text of an 8x Gaudi2 node: two cards per PCIe switch, each switch
+    with a NIC and an NVMe drive too, a BMC VGA, chipset devices. Sourced and
+    guessed facts as :func:`gaudi2_card` and :func:`mi300x_tree` say."""
+    blocks = []
+    for n in range(24):
+        blocks.append(
+            _block(
+                f"/devices/pci0000:00/0000:00:{n // 8 + 0x14:02x}.{n % 8}",
+                ["E: SUBSYSTEM=pci", "A: vendor=0x8086", f"A: device=0x{0x1BC0 + n:04x}"],
+            )
+        )
+    for slot in range(0, cards, 2):
+        rp, up, ports, base = _gaudi2_switch(slot // 2)
+        for path in (rp, up, *ports):
+            blocks.append(
+                _block(path, ["E: SUBSYSTEM=pci", "E: DRIVER=pcieport", "A: class=0x060400"])
+            )
+        nic = f"{ports[2]}/0000:{base + 5:02x}:00.0"
+        nvme = f"{ports[3]}/0000:{base + 6:02x}:00.0"
+        blocks += [
+            _block(nic, ["E: SUBSYSTEM=pci", "A: vendor=0x15b3", "A: class=0x020000"]),
+            _block(f"{nic}/net/eth{slot}", ["E: SUBSYSTEM=net"]),
+            _block(nvme, ["E: SUBSYSTEM=pci", "A: vendor=0x144d", "A: class=0x010802"]),
+            _block(
+                f"{nvme}/nvme/nvme{slot}",
+                [f"N: nvme{slot}", "E: SUBSYSTEM=nvme", f"E: DEVNAME=/dev/nvme{slot}"],
+            ),
+        ]
+    for slot in range(cards):
+        blocks.append(gaudi2_card(slot, index=slot)[0])
+    return "\n".join(blocks)
