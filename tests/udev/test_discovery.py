@@ -162,6 +162,7 @@ def test_xilinx_fpga(testbed: Testbed, data: Path) -> None:
         "/dev/xfpga/flash.m55296",
     ]
     assert devices[0].numa_nodes == (1,)
+    assert {n.permissions for n in devices[0].nodes} == {"rwm"}  # as Xilinx's plugin
 
 
 def test_plain_dev_glob(testbed: Testbed, data: Path) -> None:

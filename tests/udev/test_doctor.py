@@ -86,3 +86,10 @@ def test_an_empty_rule_is_reported_once(
     said = [f.message for f in findings if "matches no device" in f.message]
     said += [r.getMessage() for r in caplog.records if "matches no device" in r.getMessage()]
     assert said == ["shipped rule set 'amd-gpu': resources[0] (amd.com/gpu) matches no device"]
+
+
+def test_an_fpga_management_function_is_part_of_its_card(testbed: Testbed, data: Path) -> None:
+    testbed.add_file(data / "xilinx-fpga.umockdev")
+    checks = _checks(UdevBackend(), ["xilinx-fpga"])
+    assert checks["xilinx.com/fpga devices"] == ("pass", "1 device(s): 0000:d8:00.1")
+    assert "unmatched accelerators" not in checks

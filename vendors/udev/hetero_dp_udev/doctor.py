@@ -35,12 +35,14 @@ def _hex(dev: pyudev.Device, name: str) -> int | None:
 def unmatched_accelerators(context: pyudev.Context, found: Iterable[Found]) -> list[str]:
     """PCI functions that look like accelerators (class processing accelerator, any
     vendor; or a function of a known accelerator vendor that is not storage,
-    network, audio, a bridge or a bus controller) which no rule matched, each with
-    the fix."""
+    network, audio, a bridge or a bus controller) which no rule matched and which
+    are not another function of a matched card, each with the fix."""
     matched = {f.pci_syspath for f in found if f.pci_syspath}
+    # another function of a matched card (an FPGA's management function) is part of it
+    slots = {path.rsplit(".", 1)[0] for path in matched}
     out = []
     for dev in context.list_devices(subsystem="pci"):
-        if dev.sys_path in matched:
+        if dev.sys_path in matched or dev.sys_path.rsplit(".", 1)[0] in slots:
             continue
         vendor, klass = _hex(dev, "vendor"), _hex(dev, "class")
         if vendor is None or klass is None:
