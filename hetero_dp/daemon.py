@@ -137,6 +137,7 @@ class Daemon:
 
     async def start(self) -> None:
         """Configure, discover, validate, then serve and register. ConfigError = bad setup."""
+        self._stop_event.clear()  # a daemon stopped before may be started again
         await self.ops.start()  # probes first: /readyz says "starting" meanwhile
         for b in self.backends:
             b.timeout = self.config.hook_timeout
@@ -449,6 +450,11 @@ class Daemon:
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(rt.rediscover_wanted.wait(), interval)
+            if self._stop_event.is_set():
+                # On 3.10/3.11 wait_for can swallow a cancel that arrives in the same
+                # loop turn as the event (REFERENCE.md section 7); stop() would then
+                # await this task forever.
+                return
             rt.rediscover_wanted.clear()
             await self._discover(rt)
             await self._publish(rt)
@@ -593,6 +599,7 @@ class Daemon:
 
     async def stop(self) -> None:
         """End streams, stop servers, remove own sockets, shut backends down."""
+        self._stop_event.set()  # loops that may have swallowed their cancel check it
         await self.ops.stop()
         for rt in self.runtimes.values():
             if rt.sink is not None:

@@ -3,6 +3,7 @@ with devices coming and going in a umockdev testbed."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -31,13 +32,40 @@ async def kubelet() -> AsyncIterator[FakeKubelet]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+STOP_TIMEOUT = 20.0
+
+
+def _tasks() -> str:
+    """Every pending task and the chain of awaits it hangs in, for a stop that does
+    not return (print_stack trips over grpc's Cython frames)."""
+    lines = []
+    for task in asyncio.all_tasks():
+        if task is asyncio.current_task():
+            continue
+        chain: list[str] = []
+        coro: object = task.get_coro()
+        while coro is not None and len(chain) < 12:
+            chain.append(getattr(coro, "__qualname__", type(coro).__name__))
+            coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+        lines.append(f"{task.get_name()}: " + " -> ".join(chain))
+    return "\n".join(sorted(lines))
+
+
 @pytest.fixture
 async def runner(kubelet: FakeKubelet) -> AsyncIterator[PluginRunner]:
     plugins = PluginRunner(kubelet.plugin_dir)
     try:
         yield plugins
     finally:
-        await plugins.stop_all()
+        # Seen once in about ten runs on a loaded machine: the daemon's shutdown
+        # waited forever here (the loop idle, no worker busy). Fail with the
+        # pending tasks instead of hanging the whole child run.
+        stop = asyncio.ensure_future(plugins.stop_all())
+        done, _ = await asyncio.wait({stop}, timeout=STOP_TIMEOUT)
+        if not done:
+            pytest.fail(
+                f"PluginRunner.stop_all() still running after {STOP_TIMEOUT} s:\n{_tasks()}"
+            )
 
 
 def _health(devices: dict[str, FakeDevice]) -> dict[str, str]:
