@@ -447,13 +447,13 @@ class Daemon:
 
     async def _rediscover_loop(self, rt: BackendRuntime) -> None:
         interval = self.config.rediscover_interval or None
-        while True:
+        # On 3.10/3.11 a wait_for here or in a hook call can swallow the cancel that
+        # arrives in the same loop turn (REFERENCE.md section 7); stop() would then
+        # await this task forever, so the stop event is checked after every wait.
+        while not self._stop_event.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(rt.rediscover_wanted.wait(), interval)
             if self._stop_event.is_set():
-                # On 3.10/3.11 wait_for can swallow a cancel that arrives in the same
-                # loop turn as the event (REFERENCE.md section 7); stop() would then
-                # await this task forever.
                 return
             rt.rediscover_wanted.clear()
             await self._discover(rt)
