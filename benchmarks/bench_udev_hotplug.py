@@ -1,15 +1,31 @@
-"""Hotplug latency of the udev backend: uevent to kubelet-visible ListAndWatch update.
+"""Hotplug of the udev backend on realistic 8-device nodes: uevent to kubelet update.
 
-A umockdev testbed adds (and then removes) an AMD GPU with its DRM nodes; the
-clock runs from the moment the testbed has sent the uevents until a FakeKubelet,
-connected to the real daemon over unix sockets, holds a device list with (or
-without) the GPU. Then a driver unbind/bind turns another GPU Unhealthy and
-Healthy again. Median and p99 over many events. Goal: median under 20 ms
-(squat's generic-device-plugin rescans /dev every 5 s: 2.5 s on average).
+Two nodes (:mod:`hetero_dp_udev.testing` says what is sourced and what guessed):
+eight AMD MI300X GPUs, each behind its own PCIe switch shared with a NIC and an
+NVMe drive (``mi300x_tree``, rule set ``amd-gpu``), and eight Gaudi2 cards, two per
+switch (``gaudi2_tree``, rule set ``gaudi``, parentless control nodes). The real
+daemon serves a FakeKubelet over unix sockets. Measured per node:
 
-umockdev's preload library must be loaded at process start, so ``run()`` re-runs
-this file under ``umockdev-wrapper`` when it is not already; without umockdev it
-returns ``{"skipped": reason}``.
+- one full scan of the tree (what every event cost before discovery became
+  incremental; still what start-up and the framework's interval pay);
+- a device unplugged (its function and children removed, remove uevents children
+  first) and plugged again: from the moment the testbed has sent the uevents
+  until the FakeKubelet holds the new device list; median and p99;
+- a driver unbind and bind: until the kubelet sees Unhealthy, then Healthy;
+- the plugin's CPU for 100 unrelated uevents: NVMe changes (another subsystem,
+  dropped by the kernel-side filter) and changes on a NIC's PCI function (a
+  subsystem the rules listen to, so they reach the plugin and are found to concern
+  no device). CPU is this process's CPU time around the events plus a sentinel
+  unbind/bind round the kubelet sees, minus the sentinel round alone and minus
+  umockdev's own cost of sending the events to a monitor socket that filters out
+  everything; the median of several repetitions, an upper bound.
+
+Goals (issue 15): add and remove median <= 10 ms, p99 <= 20 ms; 100 unrelated
+events < 20 ms of plugin CPU in all.
+
+umockdev's preload library must be loaded at process start, so ``run()`` runs each
+node in a child process under ``umockdev-wrapper``; without umockdev it returns
+``{"skipped": reason}``.
 
 Run: ``python benchmarks/bench_udev_hotplug.py`` (needs umockdev: ``apt-get install
 umockdev libumockdev0``).
@@ -33,149 +49,272 @@ for _path in (ROOT, ROOT / "vendors" / "udev"):
 
 from benchmarks import median, percentile  # noqa: E402
 
-EVENTS = 200
-RESOURCE = "amd.com/gpu"
-DATA = ROOT / "tests" / "udev" / "data" / "amd-gpu.umockdev"
-GPU_PATH = "/sys/devices/pci0000:80/0000:80:01.1/0000:83:00.0"
-GPU_ID = "0000:83:00.0"
-BOUND_PATH = "/sys/devices/pci0000:40/0000:40:01.1/0000:43:00.0"
-BOUND_ID = "0000:43:00.0"
-NEW_GPU = """P: /devices/pci0000:80/0000:80:01.1/0000:83:00.0
-E: SUBSYSTEM=pci
-E: DRIVER=amdgpu
-A: vendor=0x1002
-A: device=0x740f
-A: numa_node=1
-L: driver=../../../../bus/pci/drivers/amdgpu
-
-P: /devices/pci0000:80/0000:80:01.1/0000:83:00.0/drm/card{card}
-N: dri/card{card}
-E: SUBSYSTEM=drm
-E: DEVNAME=/dev/dri/card{card}
-
-P: /devices/pci0000:80/0000:80:01.1/0000:83:00.0/drm/renderD{render}
-N: dri/renderD{render}
-E: SUBSYSTEM=drm
-E: DEVNAME=/dev/dri/renderD{render}
-"""
-BRIDGE = """P: /devices/pci0000:80/0000:80:01.1
-E: SUBSYSTEM=pci
-E: DRIVER=pcieport
-A: vendor=0x1022
-A: device=0x1483
-A: numa_node=1
-L: driver=../../../bus/pci/drivers/pcieport
-"""
+PLUGS = 100  # each: one unplug and one plug
+FLIPS = 50  # each: one unbind and one bind
+UNRELATED = 100
+REPEATS = 15
 
 
 def _ms(values: list[float]) -> dict[str, float]:
     return {
         "median_ms": round(median(values) * 1000, 3),
         "p99_ms": round(percentile(values, 99.0) * 1000, 3),
-        "max_ms": round(max(values) * 1000, 3),
+        "n": len(values),
     }
 
 
-async def _measure(events: int) -> dict[str, Any]:
+def _paths(tree: str, marker: str) -> list[str]:
+    """The sysfs paths of the tree's blocks that contain ``marker`` (a line)."""
+    return ["/sys" + b.split("\n", 1)[0][3:] for b in tree.split("\n\n") if marker in b]
+
+
+async def _scenario(sc: dict[str, Any]) -> dict[str, Any]:
+    import pyudev
     from hetero_dp_udev import UdevBackend
     from hetero_dp_udev.testing import Testbed
 
     from hetero_dp.testing import FakeKubelet, PluginRunner, short_tempdir
 
     root = short_tempdir("hdp-bench-")
-    add: list[float] = []  # from the last uevent sent to kubelet-visible
+    resource, rules, tree = sc["resource"], sc["rules"], sc["tree"]
+    plug_id, flip_id, flip_path = sc["plug_id"], sc["flip_id"], sc["flip_path"]
+    nvme = _paths(tree, "E: SUBSYSTEM=nvme")
+    nic = _paths(tree, "A: vendor=0x15b3")
+    add: list[float] = []
     remove: list[float] = []
-    add_total: list[float] = []  # the same, plus umockdev building the sysfs tree
-    remove_total: list[float] = []
-    unbind: list[float] = []  # driver unbound -> device Unhealthy at the kubelet
-    bind: list[float] = []  # bound again -> Healthy
+    unbind: list[float] = []
+    bind: list[float] = []
+    scans: list[float] = []
+    cpu: dict[str, list[float]] = {"filtered": [], "listened": []}
     try:
         with Testbed() as bed:
-            bed.add_file(DATA)
-            bed.add(BRIDGE)
+            bed.add(tree)
+            probe = UdevBackend()
+            probe.configure({"rules": [rules]})
+            for _ in range(20):
+                begin = time.perf_counter()
+                devices = probe.discover()
+                scans.append(time.perf_counter() - begin)
+            assert len(devices) == 8, devices
+
+            async def send(kind: str) -> None:
+                for n in range(UNRELATED):
+                    if kind == "filtered":
+                        bed.uevent(nvme[n % len(nvme)], "change")
+                    else:
+                        bed.uevent(nic[n % len(nic)], "change")
+                    if n % 5 == 4:
+                        # umockdev's unix socket queues 10 datagrams (max_dgram_qlen);
+                        # the plugin reads on this loop, so let it run (a real kernel
+                        # would drop them with ENOBUFS instead of failing the sender)
+                        await asyncio.sleep(0)
+
+            # umockdev's own cost of sending, to one listening socket as in the real
+            # run (sendmsg and the socket filter run in this process under umockdev,
+            # in the kernel on a real host), whose filter drops everything
+            sink = pyudev.Monitor.from_netlink(pyudev.Context())
+            sink.filter_by("hetero-dp-bench-none")
+            sink.start()
+            floors: dict[str, float] = {}
+            for kind in cpu:
+                begin = time.process_time()
+                for _ in range(REPEATS):
+                    await send(kind)
+                floors[kind] = (time.process_time() - begin) / REPEATS
+            del sink
+
             async with FakeKubelet(root / "dp") as kubelet:
                 runner = PluginRunner(kubelet.plugin_dir)
                 try:
-                    await runner.start(UdevBackend(), options={"udev": {"rules": ["amd-gpu"]}})
-                    await kubelet.wait_devices(RESOURCE, lambda d: len(d) == 2)
-                    for n in range(events):
-                        # umockdev 0.17 aborts when a /dev node name comes back after
-                        # a removal, so each plug gets fresh DRM minors
-                        text = NEW_GPU.format(card=10 + n, render=1000 + n)
-                        # The testbed runs on this thread, so the backend cannot see
-                        # any uevent before the call returns: the clock that counts
-                        # starts then; the total also counts umockdev's own work.
-                        begin = time.perf_counter()
-                        bed.add(text)
+                    await runner.start(UdevBackend(), options={"udev": {"rules": [rules]}})
+                    await kubelet.wait_devices(resource, lambda d: len(d) == 8)
+
+                    async def flip() -> tuple[float, float]:
+                        sent = time.perf_counter()
+                        bed.unbind_driver(flip_path)
+                        await kubelet.wait_devices(
+                            resource, lambda d: d[flip_id].health == "Unhealthy"
+                        )
+                        middle = time.perf_counter()
+                        bed.bind_driver(flip_path, sc["driver"])
+                        await kubelet.wait_devices(
+                            resource, lambda d: d[flip_id].health == "Healthy"
+                        )
+                        return middle - sent, time.perf_counter() - middle
+
+                    for n in range(PLUGS):
+                        for path in sc["unplug"](n):
+                            bed.remove(path)
+                        sent = time.perf_counter()
+                        await kubelet.wait_devices(resource, lambda d: plug_id not in d)
+                        remove.append(time.perf_counter() - sent)
+                        bed.add(sc["plug"](n))
                         sent = time.perf_counter()
                         await kubelet.wait_devices(
-                            RESOURCE,
-                            lambda d: GPU_ID in d and d[GPU_ID].health == "Healthy",
+                            resource,
+                            lambda d: plug_id in d and d[plug_id].health == "Healthy",
                         )
-                        done = time.perf_counter()
-                        add.append(done - sent)
-                        add_total.append(done - begin)
-                        begin = time.perf_counter()
-                        bed.remove(GPU_PATH)
-                        sent = time.perf_counter()
-                        await kubelet.wait_devices(RESOURCE, lambda d: GPU_ID not in d)
-                        done = time.perf_counter()
-                        remove.append(done - sent)
-                        remove_total.append(done - begin)
-                    for _ in range(events // 2):
-                        sent = time.perf_counter()
-                        bed.unbind_driver(BOUND_PATH)
-                        await kubelet.wait_devices(
-                            RESOURCE, lambda d: d[BOUND_ID].health == "Unhealthy"
-                        )
-                        unbind.append(time.perf_counter() - sent)
-                        sent = time.perf_counter()
-                        bed.bind_driver(BOUND_PATH, "amdgpu")
-                        await kubelet.wait_devices(
-                            RESOURCE, lambda d: d[BOUND_ID].health == "Healthy"
-                        )
-                        bind.append(time.perf_counter() - sent)
+                        add.append(time.perf_counter() - sent)
+                    for _ in range(FLIPS):
+                        down, up = await flip()
+                        unbind.append(down)
+                        bind.append(up)
+                    for _ in range(REPEATS):
+                        for kind in cpu:
+                            begin = time.process_time()
+                            await flip()
+                            alone = time.process_time() - begin
+                            begin = time.process_time()
+                            await send(kind)
+                            await flip()
+                            total = time.process_time() - begin
+                            cpu[kind].append(total - alone - floors[kind])
                 finally:
                     await runner.stop_all()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    label = sc["label"]
+    filtered = round(median(cpu["filtered"]) * 1000, 2)
+    listened = round(median(cpu["listened"]) * 1000, 2)
     return {
-        "benchmark": "udev hotplug: uevent -> kubelet-visible ListAndWatch update",
-        "events": len(add) + len(remove),
-        "add": _ms(add),
-        "remove": _ms(remove),
-        "all": _ms(add + remove),
-        "unbind_to_unhealthy": _ms(unbind),
-        "bind_to_healthy": _ms(bind),
-        "add_including_testbed": _ms(add_total),
-        "remove_including_testbed": _ms(remove_total),
-        "goal_median_ms": 20.0,
-        "baseline": "squat generic-device-plugin rescans every 5 s (mean wait 2500 ms)",
+        "rows": [
+            _row(f"{label}: full scan (start-up, interval; was: every event)", scans, ""),
+            _row(f"{label}: plugged to kubelet update, median", add, "<= 10 ms", "median"),
+            _row(f"{label}: plugged to kubelet update, p99", add, "<= 20 ms", "p99"),
+            _row(f"{label}: unplugged to kubelet update, median", remove, "<= 10 ms", "median"),
+            _row(f"{label}: unplugged to kubelet update, p99", remove, "<= 20 ms", "p99"),
+            _row(f"{label}: driver unbind to Unhealthy at the kubelet, median", unbind, ""),
+            _row(f"{label}: driver bind to Healthy at the kubelet, median", bind, ""),
+            {
+                "name": f"{label}: plugin CPU for {UNRELATED} NVMe events (kernel-filtered)",
+                "value": filtered,
+                "unit": "ms",
+                "goal": "< 20 ms",
+                "ok": filtered < 20,
+            },
+            {
+                "name": f"{label}: plugin CPU for {UNRELATED} NIC pci change events",
+                "value": listened,
+                "unit": "ms",
+                "goal": "< 20 ms",
+                "ok": listened < 20,
+            },
+        ],
+        "note": f"{label}: {sc['about']}",
     }
 
 
-def run(events: int = EVENTS) -> dict[str, Any]:
-    """Measure (re-running under umockdev-wrapper when needed); returns the numbers."""
+def _scenarios() -> list[dict[str, Any]]:
+    from hetero_dp_udev.testing import gaudi2_card, gaudi2_tree, mi300x_gpu, mi300x_tree
+
+    _, amd_plug = mi300x_gpu(7, 0, 0)
+    _, amd_flip = mi300x_gpu(0, 0, 0)
+    _, gaudi_plug, gaudi_control = gaudi2_card(7, 7)
+    _, gaudi_flip, _ = gaudi2_card(0, 0)
+    return [
+        {
+            "label": "8x MI300X",
+            "about": "eight MI300X GPUs, each behind a PCIe switch with a NIC and an NVMe "
+            "drive, a BMC VGA, /dev/kfd, chipset devices (~190 devices), rule set amd-gpu; "
+            "a GPU unplugged with its drm, hwmon and i2c children and plugged again "
+            "(fresh DRM minors each time: umockdev 0.17 aborts when a node name returns).",
+            "tree": mi300x_tree(),
+            "rules": "amd-gpu",
+            "resource": "amd.com/gpu",
+            "driver": "amdgpu",
+            "unplug": lambda n: [amd_plug],
+            "plug": lambda n: mi300x_gpu(7, card=100 + n, render=1000 + n)[0],
+            "plug_id": amd_plug.rsplit("/", 1)[1],
+            "flip_path": amd_flip,
+            "flip_id": amd_flip.rsplit("/", 1)[1],
+        },
+        {
+            "label": "8x Gaudi2",
+            "about": "eight Gaudi2 cards, two per PCIe switch with a NIC and an NVMe drive, "
+            "chipset devices (~90 devices), rule set gaudi; a card unplugged with its accel "
+            "node and its parentless control node and plugged again (fresh accel indices "
+            "each time, for the same umockdev reason).",
+            "tree": gaudi2_tree(),
+            "rules": "gaudi",
+            "resource": "habana.ai/gaudi",
+            "driver": "habanalabs",
+            # the control node is parentless: it goes with the card, by its own path
+            "unplug": lambda n: [
+                gaudi_plug,
+                gaudi_control if n == 0 else gaudi2_card(7, 99 + n)[2],
+            ],
+            "plug": lambda n: gaudi2_card(7, 100 + n)[0],
+            "plug_id": gaudi_plug.rsplit("/", 1)[1],
+            "flip_path": gaudi_flip,
+            "flip_id": gaudi_flip.rsplit("/", 1)[1],
+        },
+    ]
+
+
+def _report(results: list[dict[str, Any]]) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for result in results:
+        rows += result["rows"]
+        notes.append(result["note"])
+    return {
+        "title": "udev backend: hotplug on 8-device nodes",
+        "rows": rows,
+        "notes": [
+            *notes,
+            "Each node runs in its own interpreter under umockdev-wrapper, the daemon in "
+            "that process (PluginRunner) serving a FakeKubelet over unix sockets. "
+            f"Plug/unplug {PLUGS} times each, driver flips {FLIPS} times; clock from the "
+            "testbed having sent the uevents to the kubelet's device list; p99 of "
+            f"{PLUGS} samples is their second-largest.",
+            "CPU: process CPU time around the events plus a sentinel unbind/bind round, "
+            "minus the sentinel alone, minus umockdev's cost of sending the events to "
+            f"one monitor socket that filters out everything; median of {REPEATS}. "
+            "Plugin and testbed share this process, so the figures are upper bounds: "
+            "they still hold umockdev's in-process delivery to the plugin's socket and "
+            "the sentinel's variance (a few ms). Checked separately: under umockdev a "
+            "monitor filtered to pci and drm receives 8 of 16 mixed NVMe/NIC events, so "
+            "the NVMe ones never reach the plugin's code.",
+            "Before this change (same harness, issue 15): every event batch rescanned "
+            "every rule, 20-54 ms per scan on 8 MI300X and 9-12 ms on 8 Gaudi2, add "
+            "medians 45-70 ms.",
+        ],
+    }
+
+
+def _row(name: str, values: list[float], goal: str, stat: str = "median") -> dict[str, Any]:
+    value = (median(values) if stat == "median" else percentile(values, 99.0)) * 1000
+    out: dict[str, Any] = {"name": name, "value": round(value, 3), "unit": "ms", "goal": goal}
+    if goal:
+        out["ok"] = value <= float(goal.split()[1])
+    return out
+
+
+def run() -> dict[str, Any]:
+    """Measure each node in its own process under umockdev-wrapper (a clean
+    interpreter each, as ``python -m benchmarks`` gives each module); returns the
+    numbers."""
     from hetero_dp_udev import testing
 
     if (why := testing.missing()) is not None:
         return {"skipped": why}
-    if testing.under_preload():
-        return asyncio.run(_measure(events))
-    proc = subprocess.run(
-        ["umockdev-wrapper", sys.executable, __file__, "--json", str(events)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"benchmark under umockdev-wrapper failed:\n{proc.stderr[-4000:]}")
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    results = []
+    for index in range(len(_scenarios())):
+        proc = subprocess.run(
+            ["umockdev-wrapper", sys.executable, __file__, "--scenario", str(index)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"benchmark under umockdev-wrapper failed:\n{proc.stderr[-4000:]}")
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return _report(results)
 
 
 if __name__ == "__main__":
-    count = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[1] == "--json" else EVENTS
-    outcome = run(count)
-    print(json.dumps(outcome) if "--json" in sys.argv else json.dumps(outcome, indent=2))
+    if len(sys.argv) > 2 and sys.argv[1] == "--scenario":
+        print(json.dumps(asyncio.run(_scenario(_scenarios()[int(sys.argv[2])]))))
+    else:
+        print(json.dumps(run(), indent=2))

@@ -35,7 +35,7 @@ from hetero_dp.engine.resource import Resource
 from hetero_dp.engine.runtime import BackendRuntime
 from hetero_dp.engine.watching import HookWatch
 from hetero_dp.kits import observe
-from hetero_dp.kits.aiotools import wait_event
+from hetero_dp.kits.aiotools import cancel_and_wait, wait_event
 from hetero_dp.kubelet.dirwatch import KubeletDirWatch
 from hetero_dp.kubelet.endpoint import PluginEndpoint
 from hetero_dp.model.device import Device
@@ -44,6 +44,8 @@ from hetero_dp.model.events import EventSink
 from hetero_dp.model.names import resource_name_problem
 
 log = logging.getLogger(__name__)
+
+STOP_TIMEOUT = 3.0  # how long stop() waits for the loops it cancelled
 
 Publisher = Callable[[BackendRuntime], Any]
 
@@ -521,11 +523,9 @@ class Daemon:
                 rt.sink.stopping.set()
             if rt.watch_task is not None:
                 rt.watch_task.cancel()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        left = await cancel_and_wait(self._tasks, STOP_TIMEOUT)
+        if left:  # they end at their next stop check; shutdown goes on meanwhile
+            log.error("tasks %s did not end within %.0fs of stopping", left, STOP_TIMEOUT)
         self._tasks.clear()
         if self._dir_watch is not None:
             self._dir_watch.close()

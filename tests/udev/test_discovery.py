@@ -6,13 +6,20 @@ import logging
 from pathlib import Path
 
 import pytest
+import pyudev
 from hetero_dp_udev import UdevBackend
+from hetero_dp_udev.backend import monitor_subsystems
+from hetero_dp_udev.rules import load_rules
 from hetero_dp_udev.testing import Testbed
 
-from hetero_dp import Device
+from hetero_dp import ConfigError, Device
 from hetero_dp.ops.labels import generic_labels
 
 pytestmark = pytest.mark.umockdev
+
+GAUDI_9A = "/sys/devices/pci0000:97/0000:97:01.0/0000:9a:00.0"
+AMD_C3 = "/sys/devices/pci0000:c0/0000:c0:03.1/0000:c3:00.0"
+ASCEND_82 = "/sys/devices/pci0000:80/0000:80:00.0/0000:82:00.0"
 
 
 def _discover(testbed: Testbed, data: Path, name: str, rules: object = None) -> list[Device]:
@@ -47,10 +54,13 @@ def test_amd_gpu(testbed: Testbed, data: Path) -> None:
     assert first.attributes["product"] == "Aldebaran/MI200 [Instinct MI210]"
 
 
-def test_ascend_npu(testbed: Testbed, data: Path) -> None:
+def test_ascend_npu_has_the_vendor_plugins_names(testbed: Testbed, data: Path) -> None:
     devices = _discover(testbed, data, "ascend-npu")
-    # the Huawei NIC (class 0x0200) is not an NPU
-    assert [d.id for d in devices] == ["0000:81:00.0", "0000:82:00.0"]
+    # the Huawei NIC (class 0x0200) is not an NPU; names as Huawei's plugin gives them
+    assert [(d.resource, d.id) for d in devices] == [
+        ("huawei.com/Ascend910", "Ascend910-1"),
+        ("huawei.com/Ascend910", "Ascend910-0"),
+    ]
     # the davinci index comes from the driver's dev_id, not from PCI order
     assert [_per_device(d) for d in devices] == [["/dev/davinci1"], ["/dev/davinci0"]]
     assert [d.env for d in devices] == [
@@ -58,24 +68,89 @@ def test_ascend_npu(testbed: Testbed, data: Path) -> None:
         {"ASCEND_VISIBLE_DEVICES": "0"},
     ]
     assert [d.index for d in devices] == [1, 0]
+    assert [d.attributes["pci"] for d in devices] == ["0000:81:00.0", "0000:82:00.0"]
     shared = ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
     assert all(_shared(d) == shared for d in devices)
     assert [d.numa_nodes for d in devices] == [(1,), (1,)]
     assert all(d.healthy for d in devices)
 
 
-def test_gaudi_accel(testbed: Testbed, data: Path) -> None:
+def test_ascend_npu_generic_names_switch(testbed: Testbed, data: Path) -> None:
+    testbed.add_file(data / "ascend-npu.umockdev")
+    backend = UdevBackend()
+    backend.configure({"rules": ["ascend-npu"], "names": "generic"})
+    devices = backend.discover()
+    assert [(d.resource, d.id) for d in devices] == [
+        ("huawei.com/npu", "0000:81:00.0"),
+        ("huawei.com/npu", "0000:82:00.0"),
+    ]
+    assert [d.env for d in devices] == [
+        {"ASCEND_VISIBLE_DEVICES": "1"},
+        {"ASCEND_VISIBLE_DEVICES": "0"},
+    ]
+
+
+def test_names_option_is_checked(testbed: Testbed) -> None:
+    with pytest.raises(ConfigError, match=r"names.*vendor, generic"):
+        UdevBackend().configure({"rules": ["gaudi"], "names": "habana"})
+
+
+def test_gaudi_every_node_and_env_of_habanas_plugin(testbed: Testbed, data: Path) -> None:
     devices = _discover(testbed, data, "gaudi")
     # the Intel NPU on the same accel subsystem has another vendor
     assert [d.id for d in devices] == ["0000:33:00.0", "0000:9a:00.0"]
+    # the control node has no parent (/sys/devices/virtual/accel): paired by index
     assert _per_device(devices[0]) == ["/dev/accel/accel0", "/dev/accel/accel_controlD0"]
     assert _per_device(devices[1]) == ["/dev/accel/accel1", "/dev/accel/accel_controlD1"]
+    # module IDs (the PCI function's module_id) are not the accel indices
     assert [d.env for d in devices] == [
-        {"HABANA_VISIBLE_DEVICES": "0"},
-        {"HABANA_VISIBLE_DEVICES": "1"},
+        {
+            "HABANA_VISIBLE_DEVICES": "0",
+            "HABANA_VISIBLE_MODULES": "2",
+            "HL_VISIBLE_DEVICES": "/dev/accel/accel0",
+        },
+        {
+            "HABANA_VISIBLE_DEVICES": "1",
+            "HABANA_VISIBLE_MODULES": "5",
+            "HL_VISIBLE_DEVICES": "/dev/accel/accel1",
+        },
     ]
     assert [d.numa_nodes for d in devices] == [(0,), (1,)]
     assert devices[0].attributes["driver"] == "habanalabs"
+    assert all(d.healthy for d in devices)
+
+
+@pytest.mark.parametrize(
+    ("name", "syspath", "device_id"),
+    [
+        ("gaudi", GAUDI_9A, "0000:9a:00.0"),
+        ("amd-gpu", AMD_C3, "0000:c3:00.0"),
+        ("ascend-npu", ASCEND_82, "Ascend910-0"),
+    ],
+)
+@pytest.mark.parametrize("driver", [None, "vfio-pci"])
+def test_unusable_driver_at_start_up_is_listed_unhealthy(
+    testbed: Testbed, data: Path, name: str, syspath: str, device_id: str, driver: str | None
+) -> None:
+    # REFERENCE.md section 7: after an unbind the function has no driver link, its
+    # bridge still has pcieport; bound to vfio-pci it is not usable by containers.
+    testbed.add_file(data / f"{name}.umockdev")
+    if driver is None:
+        testbed.unbind_driver(syspath)
+    else:
+        testbed.bind_driver(syspath, driver)
+    backend = UdevBackend()
+    backend.configure({"rules": [name]})
+    devices = {d.id: d for d in backend.discover()}
+    sick = devices[device_id]
+    bdf = syspath.rsplit("/", 1)[1]
+    usable = {"gaudi": "habanalabs", "amd-gpu": "amdgpu", "ascend-npu": "devdrv_device_driver"}
+    if driver is None:
+        assert sick.reason == f"no driver bound to {bdf} (usable: {usable[name]})"
+    else:
+        assert sick.reason == f"{bdf} is bound to vfio-pci, not a usable driver ({usable[name]})"
+    assert not sick.healthy
+    assert [d.healthy for i, d in devices.items() if i != device_id] == [True]
 
 
 def test_xilinx_fpga(testbed: Testbed, data: Path) -> None:
@@ -87,6 +162,7 @@ def test_xilinx_fpga(testbed: Testbed, data: Path) -> None:
         "/dev/xfpga/flash.m55296",
     ]
     assert devices[0].numa_nodes == (1,)
+    assert {n.permissions for n in devices[0].nodes} == {"rwm"}  # as Xilinx's plugin
 
 
 def test_plain_dev_glob(testbed: Testbed, data: Path) -> None:
@@ -164,15 +240,19 @@ def test_missing_shared_node_makes_devices_unhealthy_and_doctor_fails(
     assert [d.healthy for d in devices] == [False, False]
     assert devices[0].reason == "shared node /dev/hisi_hdc is missing"
     checks = {c.name: c for c in backend.doctor({"rules": ["ascend-npu"]})}
-    assert checks["huawei.com/npu devices"].status == "pass"
-    assert checks["huawei.com/npu nodes"].status == "fail"
-    assert "/dev/hisi_hdc" in checks["huawei.com/npu nodes"].message
+    assert checks["huawei.com/Ascend910 devices"].status == "pass"
+    assert checks["huawei.com/Ascend910 nodes"].status == "fail"
+    assert "/dev/hisi_hdc" in checks["huawei.com/Ascend910 nodes"].message
 
 
 def test_doctor_warns_on_a_rule_without_devices(testbed: Testbed, data: Path) -> None:
     testbed.add_file(data / "gaudi.umockdev")
     checks = UdevBackend().doctor({"rules": ["xilinx-fpga"]})
-    assert [c.status for c in checks] == ["pass", "warn"]
+    assert [(c.name, c.status) for c in checks] == [
+        ("udev rules", "pass"),
+        ("xilinx.com/fpga devices", "warn"),
+        ("unmatched accelerators", "warn"),  # the Gaudis and the Intel NPU
+    ]
     assert "matches no device" in checks[1].message
 
 
@@ -208,3 +288,33 @@ def test_cdi_spec_of_each_rule_set_validates(testbed: Testbed, data: Path, name:
         spec = build_spec(resource, mine)
         assert_valid_cdi_spec(spec)
         assert [d["name"] for d in spec["devices"]] == [d.id for d in mine]
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("amd-gpu", {"pci", "drm"}),
+        ("ascend-npu", {"pci"}),
+        ("gaudi", {"pci", "accel"}),
+        # the management nodes' entries name no subsystem: derived from the tree
+        ("xilinx-fpga", {"pci", "drm", "xrt_mgmt", "xrt_flash"}),
+        ("dev-glob", {"tty", "video4linux"}),
+    ],
+)
+def test_the_kernel_side_filter_is_always_set(
+    testbed: Testbed, data: Path, name: str, expected: set[str]
+) -> None:
+    testbed.add_file(data / f"{name}.umockdev")
+    subsystems, unknown = monitor_subsystems(pyudev.Context(), load_rules([name]))
+    assert (subsystems, unknown) == (expected, [])
+
+
+def test_an_entry_without_subsystem_or_devices_is_named(testbed: Testbed, data: Path) -> None:
+    testbed.add_file(data / "gaudi.umockdev")
+    rules = load_rules(["xilinx-fpga"])  # no FPGA here, so nothing to derive from
+    subsystems, unknown = monitor_subsystems(pyudev.Context(), rules)
+    assert subsystems == {"pci", "drm"}
+    assert unknown == [
+        "shipped rule set 'xilinx-fpga': resources[0] (xilinx.com/fpga) companions[1]",
+        "shipped rule set 'xilinx-fpga': resources[0] (xilinx.com/fpga) companions[2]",
+    ]

@@ -11,12 +11,13 @@ import pytest
 from hetero_dp_udev import UdevBackend
 from hetero_dp_udev.testing import Testbed
 
-from hetero_dp import EventSink
+from hetero_dp import Device, EventSink
 
 pytestmark = pytest.mark.umockdev
 
 TIMEOUT = 5.0
 GPU_43 = "/sys/devices/pci0000:40/0000:40:01.1/0000:43:00.0"
+GPU_C3 = "/sys/devices/pci0000:c0/0000:c0:03.1/0000:c3:00.0"
 GAUDI_33 = "/sys/devices/pci0000:30/0000:30:01.0/0000:33:00.0"
 
 NEW_GPU = """P: /devices/pci0000:80/0000:80:01.1
@@ -32,6 +33,7 @@ E: SUBSYSTEM=pci
 E: DRIVER=amdgpu
 A: vendor=0x1002
 A: device=0x740f
+A: class=0x038000
 A: numa_node=1
 L: driver=../../../../bus/pci/drivers/amdgpu
 
@@ -123,13 +125,13 @@ async def test_driver_unbind_marks_unhealthy_and_rebind_recovers(
         "health",
         "0000:43:00.0",
         False,
-        "driver amdgpu unbound from 0000:43:00.0",
+        "no driver bound to 0000:43:00.0 (usable: amdgpu)",
     )
     await recorder.next("rediscover")
     devices = {d.id: d for d in backend.discover()}
     # still listed (capacity kept), but no longer allocatable
     assert not devices["0000:43:00.0"].healthy
-    assert devices["0000:43:00.0"].reason == "driver amdgpu unbound from 0000:43:00.0"
+    assert devices["0000:43:00.0"].reason == "no driver bound to 0000:43:00.0 (usable: amdgpu)"
     assert devices["0000:c3:00.0"].healthy
 
     testbed.bind_driver(GPU_43, "amdgpu")
@@ -237,3 +239,95 @@ async def test_reconfigure_while_watching_follows_the_new_rules(
     testbed.set_attribute(GAUDI_33, "status", "needs reset", event=False)
     event = await recorder.next("health")  # the new rules' interval is running
     assert event[1:3] == ("0000:33:00.0", False)
+
+
+async def test_unbound_and_vfio_stay_unhealthy_until_bound_again(
+    testbed: Testbed, data: Path
+) -> None:
+    # The old bug: the bridge's pcieport was taken for the device's driver, so an
+    # unbound card "recovered" at the next discovery and vfio-pci counted as bound.
+    testbed.add_file(data / "gaudi.umockdev")
+    backend = UdevBackend()
+    backend.configure({"rules": ["gaudi"]})
+    assert [d.healthy for d in backend.discover()] == [True, True]
+    async for recorder in _watching(backend):
+        testbed.unbind_driver(GAUDI_33)
+        reason = "no driver bound to 0000:33:00.0 (usable: habanalabs)"
+        assert await recorder.next("health") == ("health", "0000:33:00.0", False, reason)
+        for _ in range(2):  # every later discovery and poll keeps the verdict
+            device = next(d for d in backend.discover() if d.id == "0000:33:00.0")
+            assert (device.healthy, device.reason) == (False, reason)
+            assert backend.check_health(device) == reason
+        testbed.bind_driver(GAUDI_33, "vfio-pci")
+        vfio = "0000:33:00.0 is bound to vfio-pci, not a usable driver (habanalabs)"
+        assert await recorder.next("health") == ("health", "0000:33:00.0", False, vfio)
+        device = next(d for d in backend.discover() if d.id == "0000:33:00.0")
+        assert (device.healthy, device.reason) == (False, vfio)
+        testbed.bind_driver(GAUDI_33, "habanalabs")
+        event = await recorder.next("health")
+        assert event[1:3] == ("0000:33:00.0", True)
+        assert all(d.healthy for d in backend.discover())
+
+
+def _snapshot(devices: list[Device]) -> list[tuple[object, ...]]:
+    return [(d.resource, d.id, d.healthy, d.reason, d.nodes, d.env, d.index) for d in devices]
+
+
+async def test_an_event_looks_only_at_the_device_it_names(
+    testbed: Testbed, amd: tuple[UdevBackend, Recorder]
+) -> None:
+    backend, recorder = amd
+    # A change nobody announces (no uevent) on one GPU is invisible to a discovery
+    # caused by another GPU's event: that discovery did not rescan the machine.
+    testbed.set_attribute(GPU_C3, "class", "0x040300", event=False)  # now "audio"
+    testbed.add(NEW_GPU)
+    await recorder.next("rediscover")
+    after_event = {d.id: d for d in backend.discover()}
+    assert sorted(after_event) == ["0000:43:00.0", "0000:83:00.0", "0000:c3:00.0"]
+    assert after_event["0000:c3:00.0"].healthy
+    # A discovery without events behind it (the framework's interval) scans all.
+    swept = {d.id: d for d in backend.discover()}
+    assert not swept["0000:c3:00.0"].healthy
+    assert "no longer matches" in swept["0000:c3:00.0"].reason
+
+
+async def test_incremental_discovery_equals_a_full_scan(
+    testbed: Testbed, data: Path, amd: tuple[UdevBackend, Recorder]
+) -> None:
+    backend, recorder = amd
+    testbed.add(NEW_GPU)
+    await recorder.next("rediscover")
+    incremental = backend.discover()
+    fresh = UdevBackend()
+    fresh.configure({"rules": ["amd-gpu"]})
+    assert _snapshot(incremental) == _snapshot(fresh.discover())
+    recorder.drain()
+    testbed.remove(GPU_43 + "/drm/renderD129")
+    await recorder.next("rediscover")
+    nodes = {d.id: [n.host_path for n in d.nodes] for d in backend.discover()}
+    assert "/dev/dri/renderD129" in nodes["0000:43:00.0"]  # remembered, reported gone
+    recorder.drain()
+    testbed.remove("/sys/devices/pci0000:80/0000:80:01.1/0000:83:00.0")
+    await recorder.next("rediscover")
+    assert [d.id for d in backend.discover()] == ["0000:43:00.0", "0000:c3:00.0"]
+
+
+async def test_gaudi_control_node_arriving_late_is_paired(testbed: Testbed, data: Path) -> None:
+    # The driver creates accel<N> and the parentless control node one after the
+    # other; a discovery between the two events must not keep the device short.
+    text = (data / "gaudi.umockdev").read_text()
+    blocks = text.split("\n\n")
+    late = [b for b in blocks if "accel_controlD1" in b]
+    testbed.add("\n\n".join(b for b in blocks if b not in late))
+    backend = UdevBackend()
+    backend.configure({"rules": ["gaudi"]})
+    devices = {d.id: d for d in backend.discover()}
+    assert [n.host_path for n in devices["0000:9a:00.0"].nodes] == ["/dev/accel/accel1"]
+    async for recorder in _watching(backend):
+        testbed.add(late[0])
+        await recorder.next("rediscover")
+        devices = {d.id: d for d in backend.discover()}
+        assert [n.host_path for n in devices["0000:9a:00.0"].nodes] == [
+            "/dev/accel/accel1",
+            "/dev/accel/accel_controlD1",
+        ]

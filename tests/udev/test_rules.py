@@ -14,8 +14,11 @@ from hetero_dp import ConfigError
 def test_every_shipped_rule_set_loads() -> None:
     assert set(shipped_rule_sets()) >= {"amd-gpu", "ascend-npu", "gaudi", "xilinx-fpga", "dev-glob"}
     resources = {r.resource for name in shipped_rule_sets() for r in load_rules([name])}
-    assert {"amd.com/gpu", "huawei.com/npu", "habana.ai/gaudi", "xilinx.com/fpga"} <= resources
+    assert {"amd.com/gpu", "habana.ai/gaudi", "xilinx.com/fpga"} <= resources
+    assert {"huawei.com/Ascend910", "huawei.com/Ascend310", "huawei.com/Ascend310P"} <= resources
     assert "hetero-dp.io/serial" in resources
+    generic = {r.resource for r in load_rules(shipped_rule_sets(), names="generic")}
+    assert "huawei.com/npu" in generic and "huawei.com/Ascend910" not in generic
 
 
 def test_rules_option_forms(tmp_path: Path) -> None:
@@ -111,6 +114,23 @@ GOOD = "  - name: example.com/good\n    match: {subsystem: pci}\n"
             "    companions: [{subsystem: drm, scope: board}]\n",
             ["resources[1].companions[0].scope"],
         ),
+        (
+            "  - name: example.com/x\n    match: {subsystem: pci}\n"
+            "    companions: [{sysname: 'accel_controlD*', scope: index}]\n",
+            ["resources[1].companions[0]", "scope: index needs subsystem and sysname"],
+        ),
+        (
+            "  - name: example.com/x\n    match: {subsystem: pci}\n    id: 'npu-{slot}'\n",
+            ["resources[1].id", "unknown placeholder {slot}"],
+        ),
+        (
+            "  - name: example.com/x\n    match: {subsystem: pci}\n    drivers: [1]\n",
+            ["resources[1].drivers", "glob string"],
+        ),
+        (
+            "  - name: example.com/x\n    match: {subsystem: pci}\n    index: 'child:'\n",
+            ["resources[1].index", "child:<subsystem>"],
+        ),
         ("  - name: example.com/x\n", ["resources[1].match", "is required"]),
         ("  - name: example.com/good\n    match: {subsystem: usb}\n", ["defined twice"]),
     ],
@@ -121,6 +141,42 @@ def test_bad_entry_names_file_entry_and_field(
     message = _error(tmp_path, "resources:\n" + GOOD + entry)
     for part in expected:
         assert part in message, message
+
+
+def test_generic_list_is_checked_whichever_names_are_used(tmp_path: Path) -> None:
+    text = "resources:\n" + GOOD + "generic:\n  - name: example.com/x\n    match: {colour: red}\n"
+    message = _error(tmp_path, text)
+    assert "generic[0].match.colour" in message, message
+    assert "non-empty list" in _error(tmp_path, "resources:\n" + GOOD + "generic: []\n")
+
+
+def test_generic_names_and_templates(tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text(
+        "resources:\n"
+        "  - name: example.com/Card\n"
+        "    match: {subsystem: pci}\n"
+        "    id: 'Card-{index}'\n"
+        "    env: {MODULES: '{attribute:module_id}', DEV: '{index}'}\n"
+        "generic:\n"
+        "  - name: example.com/card\n"
+        "    match: {subsystem: pci}\n"
+    )
+    (vendor,) = load_rules(str(path))
+    (generic,) = load_rules(str(path), names="generic")
+    assert (vendor.resource, vendor.id_kind, vendor.id_template) == (
+        "example.com/Card",
+        "template",
+        "Card-{index}",
+    )
+    assert vendor.template_attributes == ("module_id",)
+    assert (generic.resource, generic.id_kind, generic.where) == (
+        "example.com/card",
+        "pci",
+        f"{path}: generic[0] (example.com/card)",
+    )
+    with pytest.raises(ConfigError, match=r"names.*vendor, generic"):
+        load_rules(str(path), names="both")
 
 
 def test_bad_documents(tmp_path: Path) -> None:

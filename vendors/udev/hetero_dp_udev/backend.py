@@ -14,19 +14,21 @@ import os
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
+from fnmatch import fnmatchcase
 from typing import Any
 
 import pyudev
 
 from hetero_dp import Check, ConfigError, Device, EventSink, hookimpl
 
-from .discovery import Found, scan_rule, to_device
+from .discovery import Found, match_device, renumber, scan_rule, to_device
+from .doctor import unmatched_accelerators
 from .health import problems
-from .rules import Rule, load_rules, shipped_rule_sets
+from .rules import Companion, Rule, load_rules, shipped_rule_sets
 
 log = logging.getLogger("hetero_dp_udev")
 
-OPTION_KEYS = {"rules"}
+OPTION_KEYS = {"rules", "names"}
 HEALTH_ACTIONS = {"change", "bind", "unbind", "online", "offline"}
 MAX_SCANS = 3
 
@@ -43,6 +45,11 @@ class UdevBackend:
         self._local = threading.local()  # libudev contexts are not thread-safe: one per thread
         self._lock = threading.Lock()
         self._found: dict[Key, Found] = {}
+        self._stale: set[Key] = set()  # still in sysfs but no longer matching
+        self._dirty: set[str] = set()  # sysfs paths named by events since the last discovery
+        self._full = True  # the next discovery scans everything
+        self._reported_empty: set[str] = set()  # rules doctor found empty (said once)
+        self._batches_seen = 0  # _event_batches when the last discovery started looking
         self._known_nodes: dict[Key, list[str]] = {}
         self._last: dict[Key, str] = {}  # last reported reason; "" = healthy
         self._scanned_once = False
@@ -69,10 +76,13 @@ class UdevBackend:
                 f"({', '.join(shipped_rule_sets())})",
                 field="rules",
             )
-        rules = load_rules(options["rules"])
+        rules = load_rules(options["rules"], names=_names(options))
         with self._lock:
             self.rules = rules
             self._found.clear()
+            self._stale.clear()
+            self._dirty.clear()
+            self._full = True
             self._known_nodes.clear()
             self._last.clear()
             self._scanned_once = False
@@ -85,18 +95,40 @@ class UdevBackend:
         with self._lock:
             previous = dict(self._found)
             known = dict(self._known_nodes)
+            stale = set(self._stale)
             first = not self._scanned_once
+            dirty, self._dirty = self._dirty, set()
+            # A call with no event behind it (start-up, the framework's interval, a
+            # reload) scans everything; a call after events looks only at what
+            # they name, so its cost does not grow with the machine. (One batch's
+            # discovery may already have taken a later batch's paths: the later
+            # call then has nothing to look at, and must not fall back to a scan.)
+            after_events = self._event_batches != self._batches_seen
+            full = first or self._full or not after_events
+            self._full = False
         # Events handled while scanning may postdate what the scan read (a driver
-        # bound again half-way): scan again rather than return a stale verdict.
+        # bound again half-way): look again rather than return a stale verdict.
         for _ in range(MAX_SCANS):
             seen = self._event_batches
-            found, devices = self._scan(context, previous, known, warn=first)
+            self._batches_seen = seen
+            if full:
+                found, stale = self._scan(context, previous, known, warn=first)
+            else:
+                found, stale = self._update(context, previous, stale, known, dirty)
             first = False
             if self._event_batches == seen:
                 break
+            with self._lock:
+                dirty, self._dirty = self._dirty, set()
+                full, self._full = full or self._full, False
+            previous, known = found, {k: list(f.nodes) for k, f in found.items()}
+            if not full and not dirty:
+                break
+        devices = self._verdicts(context, found, stale)
         with self._lock:
             before = self._last
             self._found = found
+            self._stale = stale
             self._known_nodes = {k: list(f.nodes) for k, f in found.items()}
             self._last = {(d.resource, d.id): "" if d.healthy else d.reason for d in devices}
             self._scanned_once = True
@@ -116,32 +148,124 @@ class UdevBackend:
         previous: Mapping[Key, Found],
         known: Mapping[Key, list[str]],
         warn: bool,
-    ) -> tuple[dict[Key, Found], list[Device]]:
+    ) -> tuple[dict[Key, Found], set[Key]]:
+        """Every rule, every device: (records, keys of those that stopped matching)."""
         found: dict[Key, Found] = {}
-        devices: list[Device] = []
+        stale: set[Key] = set()
         for rule in self.rules:
             hits = scan_rule(context, rule)
             if warn and not hits:
-                log.warning("%s matches no device at start-up", rule.where)
-            for item in hits:
-                # A node seen before and gone now makes the device Unhealthy rather
-                # than silently smaller.
+                # doctor, which discovers right after its own checks, has said it already
+                said = rule.where in self._reported_empty
+                log.log(
+                    logging.DEBUG if said else logging.WARNING,
+                    "%s matches no device at start-up",
+                    rule.where,
+                )
+            self._take(found, stale, rule, hits, previous, known)
+        return found, stale
+
+    def _take(
+        self,
+        found: dict[Key, Found],
+        stale: set[Key],
+        rule: Rule,
+        hits: Iterable[Found],
+        previous: Mapping[Key, Found],
+        known: Mapping[Key, list[str]],
+    ) -> None:
+        """Put one rule's fresh records in ``found``, plus its earlier ones that still
+        exist but stopped matching (kept, Unhealthy, so capacity does not silently
+        drop; one that left sysfs is removed)."""
+        fresh = set()
+        for item in hits:
+            # A node seen before and gone now makes the device Unhealthy rather
+            # than silently smaller.
+            item.nodes += [n for n in known.get(item.key, []) if n not in item.nodes]
+            found[item.key] = item
+            fresh.add(item.key)
+        for key, item in previous.items():
+            if item.rule is rule and key not in fresh and os.path.exists(item.syspath):
+                found[key] = item
+                stale.add(key)
+
+    def _update(
+        self,
+        context: pyudev.Context,
+        previous: Mapping[Key, Found],
+        stale_before: set[Key],
+        known: Mapping[Key, list[str]],
+        dirty: Iterable[str],
+    ) -> tuple[dict[Key, Found], set[Key]]:
+        """Apply events: only the devices they name, and the records those belong to,
+        are looked at again; nothing is enumerated unless a rule is order-sensitive."""
+        found = dict(previous)
+        stale = set(stale_before)
+        touched: set[Key] = set()
+        whole: list[Rule] = []
+        for path in dirty:
+            touched |= {k for k, item in previous.items() if _concerns(path, item)}
+            dev = _device_at(context, path)
+            if dev is None:
+                continue
+            for rule in self.rules:
+                if any(_pairs_with(dev, comp) for comp in rule.companions):
+                    # a parentless companion (accel_controlD<N>) came: it belongs to
+                    # the device of the same index N
+                    touched |= {
+                        k
+                        for k, item in previous.items()
+                        if item.rule is rule and str(item.index) == dev.sys_number
+                    }
+                if rule.match.subsystem and dev.subsystem != rule.match.subsystem:
+                    continue
+                item = match_device(context, rule, dev)
+                if item is None or item.key in previous:
+                    continue
+                if rule.order_sensitive:
+                    whole.append(rule)
+                    continue
                 item.nodes += [n for n in known.get(item.key, []) if n not in item.nodes]
                 found[item.key] = item
-        # A device that still exists but stopped matching (its driver unbound, say)
-        # stays, Unhealthy with the reason; one that left sysfs is removed.
-        fresh = set(found)
-        for key, item in previous.items():
-            if key not in found and os.path.exists(item.syspath):
+                stale.discard(item.key)
+        for key in touched:
+            item = previous[key]
+            if item.rule.order_sensitive:
+                whole.append(item.rule)
+                continue
+            found.pop(key, None)
+            stale.discard(key)
+            dev = _device_at(context, item.syspath)
+            if dev is None:
+                continue  # left sysfs
+            again = match_device(context, item.rule, dev)
+            if again is None:
                 found[key] = item
-        for key, item in found.items():
-            reasons = problems(context, item)
-            if key not in fresh and not reasons:
-                reasons = [f"{item.syspath} no longer matches {item.rule.where}"]
-            if item.rule.wants_nodes and not item.nodes:
-                reasons.append("no device nodes found (driver still loading?)")
-            devices.append(to_device(item, reasons))
-        return found, devices
+                stale.add(key)
+                continue
+            again.nodes += [n for n in known.get(again.key, []) if n not in again.nodes]
+            found[again.key] = again
+        for rule in {id(r): r for r in whole}.values():
+            for key in [k for k, item in found.items() if item.rule is rule]:
+                del found[key]
+                stale.discard(key)
+            self._take(found, stale, rule, scan_rule(context, rule), previous, known)
+        return found, stale
+
+    def _verdicts(
+        self, context: pyudev.Context, found: dict[Key, Found], stale: set[Key]
+    ) -> list[Device]:
+        devices: list[Device] = []
+        for rule in self.rules:
+            mine = renumber([item for item in found.values() if item.rule is rule])
+            for item in mine:
+                reasons = problems(context, item)
+                if item.key in stale and not reasons:
+                    reasons = [f"{item.syspath} no longer matches {item.rule.where}"]
+                if item.rule.wants_nodes and not item.nodes:
+                    reasons.append("no device nodes found (driver still loading?)")
+                devices.append(to_device(item, reasons))
+        return devices
 
     @hookimpl
     def check_health(self, device: Device) -> bool | str:
@@ -174,8 +298,19 @@ class UdevBackend:
         """Put a monitor for the current rules on the loop and start their health
         timers; returns what undoes both."""
         try:
-            monitor = pyudev.Monitor.from_netlink(self._context())
-            for subsystem in sorted(self._subsystems() or ()):
+            context = self._context()
+            subsystems, unknown = monitor_subsystems(context, self.rules)
+            for where in unknown:
+                log.warning(
+                    "%s names no subsystem and none could be derived from the devices "
+                    "present: its hotplug is seen only by the framework's "
+                    "rediscoverInterval (name match.subsystem / companions[].subsystem)",
+                    where,
+                )
+            monitor = pyudev.Monitor.from_netlink(context)
+            # Never unfiltered: the kernel drops every other subsystem's events
+            # (a socket filter), so a storm of NVMe events costs nothing here.
+            for subsystem in sorted(subsystems):
                 monitor.filter_by(subsystem)
             monitor.start()
         except OSError as exc:
@@ -213,21 +348,6 @@ class UdevBackend:
 
     # ------------------------------------------------------------------ events
 
-    def _subsystems(self) -> set[str] | None:
-        """Subsystems worth hearing about, or None for all (a rule without one)."""
-        wanted: set[str] = set()
-        for rule in self.rules:
-            if not rule.match.subsystem:
-                return None
-            wanted.add(rule.match.subsystem)
-            if rule.match.vendor or rule.match.device or rule.match.driver:
-                wanted.add("pci")
-            for comp in rule.companions:
-                if not comp.subsystem:
-                    return None
-                wanted.add(comp.subsystem)
-        return wanted
-
     def _on_readable(self, monitor: pyudev.Monitor, events: EventSink) -> None:
         batch = False
         while True:
@@ -237,9 +357,13 @@ class UdevBackend:
                 log.warning("udev monitor: %s; rediscovering", exc)
                 dev = None
                 batch = self._new_batch(batch)
+                with self._lock:
+                    self._full = True
             if dev is None:
                 break
             batch = self._new_batch(batch)
+            with self._lock:
+                self._dirty.add(dev.sys_path)
             if dev.action in HEALTH_ACTIONS:
                 self._recheck(dev.sys_path, events)
         # Every batch also asks for a discovery, even one of change events only: the
@@ -292,7 +416,7 @@ class UdevBackend:
         try:
             if options.get("rules") is None:
                 raise ConfigError("required option", field="rules")
-            rules = load_rules(options["rules"])
+            rules = load_rules(options["rules"], names=_names(options))
         except ConfigError as exc:
             yield Check(
                 "udev rules",
@@ -311,9 +435,13 @@ class UdevBackend:
         except Exception as exc:
             yield Check("libudev", "fail", f"cannot open libudev: {exc}", fix="install libudev1")
             return
+        everything: list[Found] = []
         for rule in rules:
             hits = scan_rule(context, rule)
+            everything += hits
             if not hits:
+                # said once: discovery, which doctor runs next, does not log it again
+                self._reported_empty.add(rule.where)
                 yield Check(
                     f"{rule.resource} devices",
                     "warn",
@@ -339,6 +467,114 @@ class UdevBackend:
                 )
             else:
                 yield Check(f"{rule.resource} nodes", "pass", "every device node exists")
+            short = [f"{f.id}: {m}" for f in hits for m in f.missing]
+            if short:
+                yield Check(
+                    f"{rule.resource} companions",
+                    "warn",
+                    "expected companion nodes not found: " + "; ".join(short),
+                    fix="check the driver created them (`ls -l /sys/class/<subsystem>`); a "
+                    "node without a parent device needs scope: index, one in another "
+                    "function of the card scope: slot (docs/udev.md)",
+                )
+        stray = unmatched_accelerators(context, everything)
+        if stray:
+            yield Check(
+                "unmatched accelerators",
+                "warn",
+                f"{len(stray)} accelerator(s) on the PCI bus match no rule: " + "; ".join(stray),
+                fix="add the rule set named for each, or a rule of your own; a device "
+                "without a driver needs its driver loaded first",
+            )
+
+
+def _names(options: Mapping[str, Any]) -> str:
+    names = options.get("names", "vendor")
+    if not isinstance(names, str):
+        raise ConfigError(f"must be vendor or generic, got {names!r}", field="names")
+    return names
+
+
+def monitor_subsystems(
+    context: pyudev.Context, rules: Iterable[Rule]
+) -> tuple[set[str], list[str]]:
+    """The subsystems whose uevents can change the rules' devices, and where an
+    entry names none and none is derived. A missing subsystem is derived from the
+    devices present whose node or kernel name fits the entry's globs."""
+    wanted: set[str] = set()
+    unknown: list[str] = []
+    everything: list[pyudev.Device] | None = None
+
+    def derive(devnode: tuple[str, ...], sysname: tuple[str, ...]) -> set[str]:
+        nonlocal everything
+        if not (devnode or sysname):
+            return set()
+        if everything is None:
+            everything = list(context.list_devices())
+        return {
+            str(d.subsystem)
+            for d in everything
+            if d.subsystem
+            and (not devnode or any(fnmatchcase(d.device_node or "", g) for g in devnode))
+            and (not sysname or any(fnmatchcase(d.sys_name, g) for g in sysname))
+        }
+
+    for rule in rules:
+        match = rule.match
+        if match.subsystem:
+            wanted.add(match.subsystem)
+        elif derived := derive(match.devnode, match.sysname):
+            wanted |= derived
+        else:
+            unknown.append(rule.where)
+        if match.vendor or match.device or rule.usable_drivers:
+            wanted.add("pci")  # bind/unbind and hotplug of the PCI function
+        for n, comp in enumerate(rule.companions):
+            if comp.subsystem:
+                wanted.add(comp.subsystem)
+            elif derived := derive(comp.devnode, comp.sysname):
+                wanted |= derived
+            else:
+                unknown.append(f"{rule.where} companions[{n}]")
+            if comp.scope == "slot":
+                wanted.add("pci")
+    return wanted, unknown
+
+
+def _device_at(context: pyudev.Context, syspath: str) -> pyudev.Device | None:
+    try:
+        return pyudev.Devices.from_sys_path(context, syspath)
+    except pyudev.DeviceNotFoundError:
+        return None
+
+
+def _below(path: str, root: str) -> bool:
+    return path == root or path.startswith(root + "/")
+
+
+def _concerns(path: str, item: Found) -> bool:
+    """Whether an event at ``path`` may change ``item``: the device, its PCI
+    function, anything below them (a drm child), a companion found earlier, or
+    another function of the same slot for slot-scoped companions."""
+    if path in item.related or _below(path, item.syspath):
+        return True
+    pci = item.pci_syspath
+    if pci is None:
+        return False
+    if _below(path, pci):
+        return True
+    if any(c.scope == "slot" for c in item.rule.companions):
+        return path.startswith(pci.rsplit(".", 1)[0] + ".")
+    return False
+
+
+def _pairs_with(dev: pyudev.Device, comp: Companion) -> bool:
+    """Whether ``dev`` could be a parentless companion paired by index."""
+    return (
+        comp.everywhere
+        and dev.subsystem == comp.subsystem
+        and any(fnmatchcase(dev.sys_name, g) for g in comp.sysname)
+    )
 
 
 # The entry point names this module, so its module-level hooks are one shared backend.

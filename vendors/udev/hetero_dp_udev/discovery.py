@@ -17,7 +17,7 @@ import pyudev
 
 from hetero_dp import Device, DeviceNode
 
-from .rules import Companion, Match, Rule, render
+from .rules import Companion, Match, Rule, render, template_fields
 
 log = logging.getLogger("hetero_dp_udev")
 
@@ -41,6 +41,8 @@ class Found:
     attributes: dict[str, str | int]
     related: set[str] = field(default_factory=set)
     index: int | None = None
+    by_order: bool = False  # the index is the position in the rule's sorted list
+    missing: list[str] = field(default_factory=list)  # companions that found no node
 
     @property
     def key(self) -> tuple[str, str]:
@@ -98,17 +100,16 @@ def device_ids(dev: pyudev.Device, pci: pyudev.Device | None) -> tuple[int | Non
     return _hex_id(pci, "vendor"), _hex_id(pci, "device")
 
 
-def _driver_holder(dev: pyudev.Device, match: Match) -> pyudev.Device | None:
-    """The device whose driver counts: the nearest one (self or ancestor) with a driver,
-    or with a driver matching the rule's globs when the rule names drivers (like udev's
-    ``DRIVERS==``)."""
-    node: pyudev.Device | None = dev
-    while node is not None:
-        driver = node.driver
-        if driver and (not match.driver or any(fnmatchcase(driver, g) for g in match.driver)):
-            return node
-        node = node.parent
-    return None
+def driver_owner(dev: pyudev.Device, pci: pyudev.Device | None) -> pyudev.Device:
+    """The device whose driver counts: the PCI function when there is one (an accel or
+    drm node's driver is its PCI function's), else the device itself. Never an
+    ancestor further up: after an unbind the function has no ``driver`` link while
+    its bridge still has one (``pcieport``), REFERENCE.md section 7."""
+    return pci if pci is not None else dev
+
+
+def _driver_ok(driver: str | None, globs: frozenset[str]) -> bool:
+    return bool(driver) and any(fnmatchcase(str(driver), g) for g in globs)
 
 
 def matches(dev: pyudev.Device, match: Match, pci: pyudev.Device | None) -> bool:
@@ -127,7 +128,7 @@ def matches(dev: pyudev.Device, match: Match, pci: pyudev.Device | None) -> bool
             return False
         if match.device and device not in match.device:
             return False
-    if match.driver and _driver_holder(dev, match) is None:
+    if match.driver and not _driver_ok(driver_owner(dev, pci).driver, match.driver):
         return False
     for name, pattern in match.attributes.items():
         if not pattern.matches(attribute(dev, name)):
@@ -159,9 +160,34 @@ def _companion_roots(
     return [d for d in context.list_devices(subsystem="pci") if d.sys_name.startswith(slot)]
 
 
+def _fits(cand: pyudev.Device, comp: Companion) -> bool:
+    if not cand.device_node:
+        return False
+    if comp.subsystem and cand.subsystem != comp.subsystem:
+        return False
+    if comp.sysname and not any(fnmatchcase(cand.sys_name, g) for g in comp.sysname):
+        return False
+    return not comp.devnode or any(fnmatchcase(cand.device_node, g) for g in comp.devnode)
+
+
 def _companions(
-    context: pyudev.Context, dev: pyudev.Device, pci: pyudev.Device | None, comp: Companion
+    context: pyudev.Context,
+    dev: pyudev.Device,
+    pci: pyudev.Device | None,
+    comp: Companion,
+    index: int | None,
 ) -> Iterator[pyudev.Device]:
+    if comp.everywhere:
+        # A virtual device without a parent (Gaudi's accel_controlD<N>): looked up in
+        # its subsystem and paired by the number in its name with the device's index.
+        if index is None:
+            return
+        for glob in comp.sysname:
+            below = context.list_devices(subsystem=comp.subsystem).match_sys_name(glob)
+            for cand in below:
+                if cand.sys_number == str(index) and _fits(cand, comp):
+                    yield cand
+        return
     # Found through the sysfs tree (the PCI device's drm children ...), never by
     # guessing names: card<N> numbering shifts with BMC VGA devices and nvidia-drm.
     for root in _companion_roots(context, dev, pci, comp.scope):
@@ -169,15 +195,24 @@ def _companions(
         if comp.subsystem:  # let libudev filter while it walks the subtree
             below = below.match_subsystem(comp.subsystem)
         for cand in below.match_parent(root):  # the subtree, root included
-            if cand.sys_path == dev.sys_path or not cand.device_node:
-                continue
-            if comp.subsystem and cand.subsystem != comp.subsystem:
-                continue
-            if comp.sysname and not any(fnmatchcase(cand.sys_name, g) for g in comp.sysname):
-                continue
-            if comp.devnode and not any(fnmatchcase(cand.device_node, g) for g in comp.devnode):
-                continue
-            yield cand
+            if cand.sys_path != dev.sys_path and _fits(cand, comp):
+                yield cand
+
+
+def describe_companion(position: int, comp: Companion, index: int | None) -> str:
+    """A companion entry in words, for doctor: what was looked for, and where."""
+    what = " ".join(
+        [f"subsystem {comp.subsystem}"] * bool(comp.subsystem)
+        + [f"name {'|'.join(comp.sysname)}"] * bool(comp.sysname)
+        + [f"node {'|'.join(comp.devnode)}"] * bool(comp.devnode)
+    )
+    where = {
+        "pci": "below the PCI function",
+        "device": "below the device",
+        "slot": "below any function of the PCI slot",
+        "index": f"anywhere, numbered {index if index is not None else '<no index>'}",
+    }[comp.scope]
+    return f"companions[{position}] ({what}, {where})"
 
 
 def _first(*values: str | None) -> str | None:
@@ -197,7 +232,14 @@ def _serial(dev: pyudev.Device, pci: pyudev.Device | None) -> str | None:
     return None
 
 
-def _device_id(rule: Rule, dev: pyudev.Device, pci: pyudev.Device | None) -> str | None:
+def _device_id(
+    rule: Rule, dev: pyudev.Device, pci: pyudev.Device | None, values: dict[str, object]
+) -> str | None:
+    if rule.id_kind == "template":
+        assert rule.id_template is not None
+        if any(values.get(f) in ("", None) for f in template_fields(rule.id_template)):
+            return None  # a placeholder without a value would make IDs collide
+        return render(rule.id_template, values)
     if rule.id_kind == "pci":
         return pci.sys_name if pci is not None else None
     if rule.id_kind == "node":
@@ -213,23 +255,37 @@ def _device_id(rule: Rule, dev: pyudev.Device, pci: pyudev.Device | None) -> str
     )
 
 
-def _index(rule: Rule, dev: pyudev.Device, pci: pyudev.Device | None, order: int) -> int | None:
+def _index(
+    rule: Rule, dev: pyudev.Device, pci: pyudev.Device | None, order: int
+) -> tuple[int | None, bool]:
+    """The device's index and whether it came from ``order``."""
     for source in rule.index:
         raw: str | None
         if source == "order":
-            return order
+            return order, True
         if source == "sysnum":
             raw = dev.sys_number
         elif source.startswith("attribute:"):
             name = source.split(":", 1)[1]
             raw = _first(attribute(dev, name), attribute(pci, name) if pci is not None else None)
+        elif source.startswith("child:"):
+            raw = _child_number(dev, pci, source.split(":", 1)[1])
         else:
             raw = dev.properties.get(source.split(":", 1)[1])
         try:
-            return int(str(raw), 0) if raw is not None else None
+            return (int(str(raw), 0), False) if raw is not None else (None, False)
         except ValueError:
             continue
-    return None
+    return None, False
+
+
+def _child_number(dev: pyudev.Device, pci: pyudev.Device | None, subsystem: str) -> str | None:
+    """The number in the kernel name of the first device of ``subsystem`` below the
+    PCI device (a Gaudi's ``accel<N>``), or None when the driver created none."""
+    root = pci if pci is not None else dev
+    below = root.context.list_devices().match_subsystem(subsystem).match_parent(root)
+    numbers = sorted(int(c.sys_number) for c in below if c.sys_number and c.device_node)
+    return str(numbers[0]) if numbers else None
 
 
 def _product(rule: Rule, dev: pyudev.Device, pci: pyudev.Device | None) -> str:
@@ -250,6 +306,34 @@ def _product(rule: Rule, dev: pyudev.Device, pci: pyudev.Device | None) -> str:
     return dev.subsystem or "device"
 
 
+def sort_key(pci_name: str, sysname: str) -> tuple[str, tuple[object, ...]]:
+    return (pci_name, natural_key(sysname))
+
+
+def _found_sort_key(found: Found) -> tuple[str, tuple[object, ...]]:
+    return sort_key(str(found.values.get("pci", "")), str(found.values.get("sysname", "")))
+
+
+def match_device(context: pyudev.Context, rule: Rule, dev: pyudev.Device) -> Found | None:
+    """The record of one device under one rule, or None when it does not match (an
+    event's device, looked at alone: no enumeration of the rule's subsystem)."""
+    pci = pci_device(dev)
+    if not matches(dev, rule.match, pci):
+        return None
+    return _build_found(context, rule, dev, pci, order=0)
+
+
+def renumber(items: list[Found]) -> list[Found]:
+    """Sort one rule's records as a scan does and give ``order`` indices their
+    positions again (devices came or went)."""
+    items = sorted(items, key=_found_sort_key)
+    for position, item in enumerate(items):
+        if item.by_order and item.index != position:
+            item.index = position
+            item.values["index"] = position
+    return items
+
+
 def scan_rule(context: pyudev.Context, rule: Rule) -> list[Found]:
     """Every device of one rule, sorted (PCI address, then natural kernel name)."""
     hits: list[tuple[pyudev.Device, pyudev.Device | None]] = []
@@ -257,7 +341,7 @@ def scan_rule(context: pyudev.Context, rule: Rule) -> list[Found]:
         pci = pci_device(dev)
         if matches(dev, rule.match, pci):
             hits.append((dev, pci))
-    hits.sort(key=lambda h: (h[1].sys_name if h[1] is not None else "", natural_key(h[0].sys_name)))
+    hits.sort(key=lambda h: sort_key(h[1].sys_name if h[1] is not None else "", h[0].sys_name))
     out: list[Found] = []
     seen: set[str] = set()
     for dev, pci in hits:
@@ -286,35 +370,11 @@ def _build_found(
     pci: pyudev.Device | None,
     order: int,
 ) -> Found | None:
-    device_id = _device_id(rule, dev, pci)
-    if not device_id:
-        log.warning(
-            "%s: device %s has no %s for its ID; skipped",
-            rule.where,
-            dev.sys_path,
-            rule.id_attribute or rule.id_kind,
-        )
-        return None
-    index = _index(rule, dev, pci, order)
-    nodes: list[str] = []
-    related = {dev.sys_path}
-    if pci is not None:
-        related.add(pci.sys_path)
-    if rule.primary_node and dev.device_node:
-        nodes.append(dev.device_node)
-    for comp in rule.companions:
-        found_nodes = sorted(
-            _companions(context, dev, pci, comp), key=lambda d: natural_key(d.device_node)
-        )
-        for cand in found_nodes:
-            related.add(cand.sys_path)
-            if cand.device_node not in nodes:
-                nodes.append(cand.device_node)
-    holder = _driver_holder(dev, rule.match)
+    index, by_order = _index(rule, dev, pci, order)
+    owner = driver_owner(dev, pci)
     vendor, device = device_ids(dev, pci)
     values: dict[str, object] = {
         "index": "" if index is None else index,
-        "id": device_id,
         "pci": pci.sys_name if pci is not None else "",
         "sysname": dev.sys_name,
         "sysnum": dev.sys_number or "",
@@ -323,6 +383,37 @@ def _build_found(
         "vendor": f"0x{vendor:04x}" if vendor is not None else "",
         "device": f"0x{device:04x}" if device is not None else "",
     }
+    for name in rule.template_attributes:
+        values[f"attribute:{name}"] = (
+            _first(attribute(dev, name), attribute(pci, name) if pci is not None else None) or ""
+        )
+    device_id = _device_id(rule, dev, pci, values)
+    if not device_id:
+        log.warning(
+            "%s: device %s has no %s for its ID; skipped",
+            rule.where,
+            dev.sys_path,
+            rule.id_template or rule.id_attribute or rule.id_kind,
+        )
+        return None
+    values["id"] = device_id
+    nodes: list[str] = []
+    related = {dev.sys_path}
+    if pci is not None:
+        related.add(pci.sys_path)
+    if rule.primary_node and dev.device_node:
+        nodes.append(dev.device_node)
+    missing: list[str] = []
+    for n, comp in enumerate(rule.companions):
+        found_nodes = sorted(
+            _companions(context, dev, pci, comp, index), key=lambda d: natural_key(d.device_node)
+        )
+        if not found_nodes:
+            missing.append(describe_companion(n, comp, index))
+        for cand in found_nodes:
+            related.add(cand.sys_path)
+            if cand.device_node not in nodes:
+                nodes.append(cand.device_node)
     for template in rule.node_templates:
         path = render(template, values)
         if path not in nodes:
@@ -343,8 +434,9 @@ def _build_found(
         attrs["vendor"] = str(values["vendor"])
     if device is not None:
         attrs["device"] = str(values["device"])
-    if holder is not None and holder.driver:
-        attrs["driver"] = holder.driver
+    driver = owner.driver or None
+    if driver:
+        attrs["driver"] = driver
     if values["serial"]:
         attrs["serial"] = str(values["serial"])
     return Found(
@@ -352,14 +444,16 @@ def _build_found(
         id=device_id,
         syspath=dev.sys_path,
         pci_syspath=pci.sys_path if pci is not None else None,
-        driver=holder.driver if holder is not None else None,
-        driver_syspath=holder.sys_path if holder is not None else None,
+        driver=driver,
+        driver_syspath=owner.sys_path,
         nodes=nodes,
         values=values,
         numa=numa if numa is not None and numa >= 0 else None,
         attributes=attrs,
         related=related,
         index=index,
+        by_order=by_order,
+        missing=missing,
     )
 
 

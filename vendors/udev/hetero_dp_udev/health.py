@@ -8,6 +8,7 @@ nodes: microseconds, so the watcher runs it on the event loop directly.
 from __future__ import annotations
 
 import os
+from fnmatch import fnmatchcase
 
 import pyudev
 
@@ -21,6 +22,23 @@ def _device(context: pyudev.Context, syspath: str) -> pyudev.Device | None:
         return None
 
 
+def driver_problems(context: pyudev.Context, found: Found) -> list[str]:
+    """Whether the device's own driver (its PCI function's, never a bridge's) is one
+    the rule calls usable. Rules naming no driver are not checked."""
+    usable = found.rule.usable_drivers
+    if not usable or not found.driver_syspath:
+        return []
+    owner = _device(context, found.driver_syspath)
+    bound = owner.driver if owner is not None else None
+    name = os.path.basename(found.driver_syspath)
+    wanted = ", ".join(sorted(usable))
+    if not bound:
+        return [f"no driver bound to {name} (usable: {wanted})"]
+    if not any(fnmatchcase(bound, g) for g in usable):
+        return [f"{name} is bound to {bound}, not a usable driver ({wanted})"]
+    return []
+
+
 def problems(context: pyudev.Context, found: Found, nodes: list[str] | None = None) -> list[str]:
     """Why the device is unhealthy; an empty list means healthy.
 
@@ -31,14 +49,7 @@ def problems(context: pyudev.Context, found: Found, nodes: list[str] | None = No
     dev = _device(context, found.syspath)
     if dev is None:
         return [f"device {found.syspath} is gone"]
-    if found.driver_syspath and found.driver:
-        holder = _device(context, found.driver_syspath)
-        bound = holder.driver if holder is not None else None
-        name = os.path.basename(found.driver_syspath)
-        if not bound:
-            out.append(f"driver {found.driver} unbound from {name}")
-        elif bound != found.driver:
-            out.append(f"{name} is now bound to {bound}, not {found.driver}")
+    out += driver_problems(context, found)
     for node in nodes if nodes is not None else found.nodes:
         if not os.path.exists(node):
             out.append(f"device node {node} is gone")

@@ -23,9 +23,10 @@ from hetero_dp.model.names import resource_name_problem
 SHIPPED_PACKAGE = "hetero_dp_udev.rulesets"
 
 ID_KINDS = ("pci", "node", "sysname", "serial")
-SCOPES = ("pci", "device", "slot")
+SCOPES = ("pci", "device", "slot", "index")
 TEMPLATE_KEYS = ("index", "id", "pci", "sysname", "sysnum", "node", "serial", "vendor", "device")
 TARGETS = ("device", "pci")
+NAMES = ("vendor", "generic")
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,12 @@ class Companion:
     devnode: tuple[str, ...] = ()
     scope: str = "pci"
 
+    @property
+    def everywhere(self) -> bool:
+        """Whether the node may live outside the device's own subtree (``scope: index``:
+        a virtual device without a parent, paired with the device by its number)."""
+        return self.scope == "index"
+
 
 @dataclass(frozen=True)
 class HealthRule:
@@ -88,6 +95,8 @@ class Rule:
     match: Match
     id_kind: str = "pci"
     id_attribute: str | None = None
+    id_template: str | None = None
+    drivers: frozenset[str] = frozenset()
     index: tuple[str, ...] = ("order",)
     primary_node: bool = True
     companions: tuple[Companion, ...] = ()
@@ -100,11 +109,41 @@ class Rule:
     limit: int | None = None
     product: str | None = None
     health: HealthRule | None = None
+    section: str = "resources"
 
     @property
     def where(self) -> str:
         """Where the rule came from, for messages."""
-        return f"{self.source}: resources[{self.position}] ({self.resource})"
+        return f"{self.source}: {self.section}[{self.position}] ({self.resource})"
+
+    @property
+    def usable_drivers(self) -> frozenset[str]:
+        """Globs of the drivers a usable device is bound to (``drivers``, else
+        ``match.driver``); empty: the driver is not checked."""
+        return self.drivers or self.match.driver
+
+    @property
+    def template_attributes(self) -> tuple[str, ...]:
+        """Attributes named by ``{attribute:<name>}`` placeholders in env, annotations,
+        node templates and the ID template."""
+        names: list[str] = []
+        texts = [*self.env.values(), *self.annotations.values(), *self.node_templates]
+        if self.id_template:
+            texts.append(self.id_template)
+        for text in texts:
+            for _, name, spec, _ in string.Formatter().parse(text):
+                if name == "attribute" and spec and spec not in names:
+                    names.append(spec)
+        return tuple(names)
+
+    @property
+    def order_sensitive(self) -> bool:
+        """Whether one device's arrival can change another's record beyond its
+        ``order`` index (``limit``, or the index rendered into IDs or node paths):
+        such rules are rescanned whole on events instead of device by device."""
+        return self.limit is not None or (
+            "order" in self.index and bool(self.id_template or self.node_templates)
+        )
 
     @property
     def wants_nodes(self) -> bool:
@@ -122,9 +161,12 @@ def shipped_rule_sets() -> list[str]:
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
-def load_rules(spec: object) -> list[Rule]:
+def load_rules(spec: object, names: str = "vendor") -> list[Rule]:
     """Load rules from ``spec``: a path, a list of shipped names and/or paths, or a
-    comma-separated string of shipped names."""
+    comma-separated string of shipped names. ``names`` picks a file's ``generic``
+    resources instead of its ``resources`` where it has them (``generic``)."""
+    if names not in NAMES:
+        raise ConfigError(f"must be one of {', '.join(NAMES)}, got {names!r}", field="names")
     if isinstance(spec, (str, Path)):
         text = str(spec)
         items: list[str] = (
@@ -150,21 +192,23 @@ def load_rules(spec: object) -> list[Rule]:
                 text = path.read_text(encoding="utf-8")
             except OSError as exc:
                 raise ConfigError(f"cannot read rules file: {exc.strerror}", source=item) from exc
-            rules.extend(parse_rules(text, source=item))
+            rules.extend(parse_rules(text, source=item, names=names))
         else:
-            rules.extend(load_shipped(item))
+            rules.extend(load_shipped(item, names=names))
     _check_unique(rules)
     return rules
 
 
-def load_shipped(name: str) -> list[Rule]:
+def load_shipped(name: str, names: str = "vendor") -> list[Rule]:
     known = shipped_rule_sets()
     if name not in known:
         raise ConfigError(
             f"unknown shipped rule set {name!r}; shipped: {', '.join(known)}", field="rules"
         )
     resource = resources.files(SHIPPED_PACKAGE).joinpath(f"{name}.yaml")
-    return parse_rules(resource.read_text(encoding="utf-8"), source=f"shipped rule set {name!r}")
+    return parse_rules(
+        resource.read_text(encoding="utf-8"), source=f"shipped rule set {name!r}", names=names
+    )
 
 
 def _looks_like_path(text: str) -> bool:
@@ -183,23 +227,32 @@ def _check_unique(rules: Iterable[Rule]) -> None:
         seen[rule.resource] = rule
 
 
-def parse_rules(text: str, source: str) -> list[Rule]:
-    """Parse one rules document; ``source`` names it in error messages."""
+def parse_rules(text: str, source: str, names: str = "vendor") -> list[Rule]:
+    """Parse one rules document; ``source`` names it in error messages. With
+    ``names="generic"`` its ``generic`` list (if any) replaces ``resources``."""
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"not valid YAML: {exc}", source=source) from exc
     if not isinstance(doc, dict):
         raise ConfigError("must be a mapping with a 'resources' list", source=source)
-    _no_unknown(doc, {"version", "resources"}, source, "")
+    _no_unknown(doc, {"version", "resources", "generic"}, source, "")
     if doc.get("version", 1) != 1:
         raise ConfigError(
             f"unsupported version {doc['version']!r} (1)", field="version", source=source
         )
+    if "generic" in doc and (not isinstance(doc["generic"], list) or not doc["generic"]):
+        raise ConfigError("must be a non-empty list", field="generic", source=source)
     entries = doc.get("resources")
     if not isinstance(entries, list) or not entries:
         raise ConfigError("must be a non-empty list", field="resources", source=source)
+    # Both lists are checked, whichever is used, so a mistake never waits for the switch.
     rules = [_parse_entry(entry, source, i) for i, entry in enumerate(entries)]
+    if "generic" in doc:
+        generic = [_parse_entry(e, source, i, "generic") for i, e in enumerate(doc["generic"])]
+        _check_unique(generic)
+        if names == "generic":
+            return generic
     _check_unique(rules)
     return rules
 
@@ -207,13 +260,14 @@ def parse_rules(text: str, source: str) -> list[Rule]:
 class _Entry:
     """Error helper: names the file, the entry and the field."""
 
-    def __init__(self, source: str, position: int, name: str) -> None:
+    def __init__(self, source: str, position: int, name: str, section: str = "resources") -> None:
         self.source = source
         self.position = position
         self.name = name
+        self.section = section
 
     def error(self, fld: str, reason: str) -> ConfigError:
-        label = f"resources[{self.position}]" + (f".{fld}" if fld else "")
+        label = f"{self.section}[{self.position}]" + (f".{fld}" if fld else "")
         who = f"entry {self.name!r}: " if self.name else ""
         return ConfigError(f"{who}{reason}", field=label, source=self.source)
 
@@ -228,6 +282,7 @@ ENTRY_KEYS = {
     "name",
     "match",
     "id",
+    "drivers",
     "index",
     "primaryNode",
     "companions",
@@ -262,9 +317,9 @@ def _no_unknown(obj: Mapping[str, Any], allowed: set[str], source: str, fld: str
         raise ConfigError(unknown[1], field=fld or "(top level)", source=source)
 
 
-def _parse_entry(raw: object, source: str, position: int) -> Rule:
+def _parse_entry(raw: object, source: str, position: int, section: str = "resources") -> Rule:
     name = raw.get("name") if isinstance(raw, dict) else None
-    ctx = _Entry(source, position, name if isinstance(name, str) else "")
+    ctx = _Entry(source, position, name if isinstance(name, str) else "", section)
     if not isinstance(raw, dict):
         raise ctx.error("", "each entry must be a mapping")
     ctx.no_unknown(raw, ENTRY_KEYS)
@@ -276,7 +331,8 @@ def _parse_entry(raw: object, source: str, position: int) -> Rule:
         raise ctx.error("match", "is required")
     match = _parse_match(raw["match"], ctx)
 
-    id_kind, id_attribute = _parse_id(raw.get("id", "pci"), ctx)
+    id_kind, id_attribute, id_template = _parse_id(raw.get("id", "pci"), ctx)
+    drivers = frozenset(_globs(raw.get("drivers", []), ctx, "drivers"))
     index = _parse_index(raw.get("index", "order"), ctx)
     primary = raw.get("primaryNode", True)
     if not isinstance(primary, bool):
@@ -316,6 +372,8 @@ def _parse_entry(raw: object, source: str, position: int) -> Rule:
         match=match,
         id_kind=id_kind,
         id_attribute=id_attribute,
+        id_template=id_template,
+        drivers=drivers,
         index=index,
         primary_node=primary,
         companions=companions,
@@ -328,6 +386,7 @@ def _parse_entry(raw: object, source: str, position: int) -> Rule:
         limit=limit,
         product=product,
         health=health,
+        section=section,
     )
 
 
@@ -416,12 +475,18 @@ def _patterns(raw: object, ctx: _Entry, fld: str) -> dict[str, Pattern]:
     return {str(k): _pattern(v, ctx, f"{fld}.{k}") for k, v in raw.items()}
 
 
-def _parse_id(raw: object, ctx: _Entry) -> tuple[str, str | None]:
+def _parse_id(raw: object, ctx: _Entry) -> tuple[str, str | None, str | None]:
     if isinstance(raw, str) and raw in ID_KINDS:
-        return raw, None
+        return raw, None, None
+    if isinstance(raw, str) and "{" in raw:  # a template: Ascend910-{index}
+        return "template", None, _template(raw, ctx, "id")
     if isinstance(raw, str) and raw.startswith("attribute:") and raw[10:]:
-        return "attribute", raw[10:]
-    raise ctx.error("id", f"must be one of {', '.join(ID_KINDS)} or attribute:<name>, got {raw!r}")
+        return "attribute", raw[10:], None
+    raise ctx.error(
+        "id",
+        f"must be one of {', '.join(ID_KINDS)}, attribute:<name> or a template "
+        f"such as 'Ascend910-{{index}}', got {raw!r}",
+    )
 
 
 def _parse_index(raw: object, ctx: _Entry) -> tuple[str, ...]:
@@ -429,14 +494,14 @@ def _parse_index(raw: object, ctx: _Entry) -> tuple[str, ...]:
     for item in items:
         ok = item in ("order", "sysnum") or (
             isinstance(item, str)
-            and item.startswith(("attribute:", "property:"))
+            and item.startswith(("attribute:", "property:", "child:"))
             and item.split(":", 1)[1]
         )
         if not ok:
             raise ctx.error(
                 "index",
-                "each source must be order, sysnum, attribute:<name> or property:<name>, "
-                f"got {item!r}",
+                "each source must be order, sysnum, attribute:<name>, property:<name> or "
+                f"child:<subsystem>, got {item!r}",
             )
     if not items:
         raise ctx.error("index", "must name at least one source")
@@ -461,19 +526,29 @@ def _parse_companion(raw: object, ctx: _Entry, fld: str) -> Companion:
     )
     if not (comp.subsystem or comp.sysname or comp.devnode):
         raise ctx.error(fld, "needs at least one of subsystem, sysname, devnode")
+    if comp.everywhere and not (comp.subsystem and comp.sysname):
+        raise ctx.error(
+            fld,
+            "scope: index needs subsystem and sysname (the node is looked up by them "
+            "anywhere in sysfs and paired by the number in its name)",
+        )
     return comp
 
 
-def _template_fields(text: str) -> list[str]:
+def template_fields(text: str) -> list[str]:
     fields = []
     for _, name, spec, conv in string.Formatter().parse(text):
         if name is None:
+            continue
+        if name == "attribute" and spec and not conv:
+            fields.append(f"attribute:{spec}")
             continue
         if spec or conv or name not in TEMPLATE_KEYS:
             raise ValueError(
                 f"unknown placeholder {{{name}{'!' + conv if conv else ''}"
                 f"{':' + spec if spec else ''}}}; known: "
                 + ", ".join("{" + k + "}" for k in TEMPLATE_KEYS)
+                + ", {attribute:<name>}"
             )
         fields.append(name)
     return fields
@@ -483,7 +558,7 @@ def _template(value: object, ctx: _Entry, fld: str, node: bool = False) -> str:
     if not isinstance(value, str):
         raise ctx.error(fld, f"must be a string, got {value!r}")
     try:
-        _template_fields(value)
+        template_fields(value)
     except ValueError as exc:
         raise ctx.error(fld, f"bad template {value!r}: {exc}") from None
     if node and not value.startswith("/dev/"):
@@ -558,5 +633,13 @@ def _parse_health(raw: object, ctx: _Entry) -> HealthRule:
 
 
 def render(template: str, values: Mapping[str, object]) -> str:
-    """Fill a template checked at load time; missing values render empty."""
-    return template.format_map({k: values.get(k, "") for k in TEMPLATE_KEYS})
+    """Fill a template checked at load time; missing values render empty.
+    ``{attribute:<name>}`` reads ``values["attribute:<name>"]``."""
+    out: list[str] = []
+    for literal, name, spec, _ in string.Formatter().parse(template):
+        out.append(literal)
+        if name is None:
+            continue
+        key = f"attribute:{spec}" if name == "attribute" else name
+        out.append(str(values.get(key, "")))
+    return "".join(out)

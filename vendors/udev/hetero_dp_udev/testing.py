@@ -111,10 +111,13 @@ class Testbed:
 
     def add(self, description: str) -> None:
         """Add devices from umockdev text (``P:``/``E:``/``A:``/``L:``/``N:`` blocks);
-        umockdev sends an ``add`` uevent for each."""
+        umockdev sends an ``add`` uevent for each. Lines starting with ``#`` are
+        comments (umockdev itself has none): the trees say there where each fact
+        comes from."""
+        text = "\n".join(line for line in description.splitlines() if not line.startswith("#"))
         err = ctypes.POINTER(_GError)()
         ok = self._lib.umockdev_testbed_add_from_string(
-            self._handle, description.encode(), ctypes.byref(err)
+            self._handle, text.lstrip("\n").encode() + b"\n", ctypes.byref(err)
         )
         if not ok:
             message = err.contents.message.decode() if err else "unknown error"
@@ -181,3 +184,296 @@ def _devname(uevent: Path) -> str | None:
         if line.startswith("DEVNAME="):
             return line.split("=", 1)[1].removeprefix("/dev/")
     return None
+
+
+# --------------------------------------------------------------------------- trees
+
+# Bus numbers of the eight OAM GPUs of an 8x MI300X server (one per PCIe switch);
+# guessed after published `lspci -tv` listings of such servers, not measured.
+MI300X_BUSES = ("05", "26", "46", "65", "85", "a6", "c6", "e5")
+
+
+def _block(path: str, lines: list[str]) -> str:
+    return "\n".join([f"P: {path}", *lines]) + "\n"
+
+
+def _switch(slot: int) -> tuple[str, str, str, int]:
+    """(root port, switch upstream port, the GPU's downstream port, root bus) of GPU
+    ``slot``: the GPU's bus is root + 3, the NIC's root + 4, the NVMe drive's root + 5
+    (the switch's internal bus root + 2 holds one downstream port for each)."""
+    root = int(MI300X_BUSES[slot], 16) - 3
+    rp = f"/devices/pci0000:{root:02x}/0000:{root:02x}:01.1"
+    up = f"{rp}/0000:{root + 1:02x}:00.0"
+    return rp, up, f"{up}/0000:{root + 2:02x}:00.0", root
+
+
+def mi300x_gpu(slot: int, card: int, render: int) -> tuple[str, str]:
+    """(umockdev text, sysfs path) of GPU ``slot`` of :func:`mi300x_tree` with its DRM
+    nodes card<card>/renderD<render>, its hwmon and its SMU i2c adapters: what
+    amdgpu creates below the PCI function (the nodes as REFERENCE.md section 3
+    says; hwmon and i2c children guessed after amdgpu's sysfs on Instinct cards)."""
+    bus = MI300X_BUSES[slot]
+    numa = 0 if slot < 4 else 1
+    gpu = f"{_switch(slot)[2]}/0000:{bus}:00.0"
+    depth = gpu.count("/")
+    blocks = [
+        _block(
+            gpu,
+            [
+                "E: SUBSYSTEM=pci",
+                "E: DRIVER=amdgpu",
+                f"E: PCI_SLOT_NAME=0000:{bus}:00.0",
+                "A: vendor=0x1002",
+                "A: device=0x74a1",  # MI300X (guessed from pci.ids listings)
+                "A: class=0x120000",  # processing accelerator (guessed likewise)
+                f"A: numa_node={numa}",
+                f"A: serial_number=0x{0x61D3A0 + slot:016x}",
+                "L: driver=" + "../" * (depth - 1) + "bus/pci/drivers/amdgpu",
+            ],
+        ),
+        _block(
+            f"{gpu}/drm/card{card}",
+            [f"N: dri/card{card}", "E: SUBSYSTEM=drm", f"E: DEVNAME=/dev/dri/card{card}"],
+        ),
+        _block(
+            f"{gpu}/drm/renderD{render}",
+            [
+                f"N: dri/renderD{render}",
+                "E: SUBSYSTEM=drm",
+                f"E: DEVNAME=/dev/dri/renderD{render}",
+            ],
+        ),
+        _block(f"{gpu}/hwmon/hwmon{render}", ["E: SUBSYSTEM=hwmon", "A: name=amdgpu"]),
+    ]
+    for i in range(2):
+        blocks.append(_block(f"{gpu}/i2c-{render * 2 + i}", ["E: SUBSYSTEM=i2c"]))
+    return "\n".join(blocks), "/sys" + gpu
+
+
+def mi300x_tree(gpus: int = 8) -> str:
+    """umockdev text of an 8x MI300X node: per GPU a root port, a PCIe switch
+    (upstream and downstream ports) that also carries a NIC and an NVMe drive, then
+    the GPU and its children; a BMC VGA on card0; /dev/kfd; a few chipset devices.
+
+    Sourced: DRM children of the PCI function, card numbering after the BMC's
+    card0, /dev/kfd a virtual device (REFERENCE.md section 3); GPUs, NICs and NVMe
+    drives sharing PCIe switches (the usual 8-GPU server design). Guessed: every
+    ID and bus number, the NIC and NVMe children, the counts of other devices."""
+    blocks = [
+        _block(
+            "/devices/pci0000:00/0000:00:07.1/0000:02:00.0",
+            [
+                "E: SUBSYSTEM=pci",
+                "E: DRIVER=ast",
+                "A: vendor=0x1a03",
+                "A: device=0x2000",
+                "A: class=0x030000",
+                "A: numa_node=0",
+                "L: driver=../../../../bus/pci/drivers/ast",
+            ],
+        ),
+        _block(
+            "/devices/pci0000:00/0000:00:07.1/0000:02:00.0/drm/card0",
+            ["N: dri/card0", "E: SUBSYSTEM=drm", "E: DEVNAME=/dev/dri/card0"],
+        ),
+        _block(
+            "/devices/virtual/kfd/kfd",
+            ["N: kfd", "E: SUBSYSTEM=kfd", "E: DEVNAME=/dev/kfd", "E: MAJOR=511", "E: MINOR=0"],
+        ),
+    ]
+    for n in range(24):  # chipset functions: SMBus, USB, SATA ... (no nodes)
+        blocks.append(
+            _block(
+                f"/devices/pci0000:00/0000:00:{n // 8 + 0x14:02x}.{n % 8}",
+                ["E: SUBSYSTEM=pci", "A: vendor=0x1022", f"A: device=0x{0x790B + n:04x}"],
+            )
+        )
+    for slot in range(gpus):
+        rp, up, down, root = _switch(slot)
+        numa = 0 if slot < 4 else 1
+        for path, dev in ((rp, "0x14ab"), (up, "0xc030"), (down, "0xc030")):
+            vendor = "0x1022" if dev == "0x14ab" else "0x1000"
+            depth = path.count("/")
+            blocks.append(
+                _block(
+                    path,
+                    [
+                        "E: SUBSYSTEM=pci",
+                        "E: DRIVER=pcieport",
+                        f"A: vendor={vendor}",
+                        f"A: device={dev}",
+                        "A: class=0x060400",
+                        f"A: numa_node={numa}",
+                        "L: driver=" + "../" * (depth - 1) + "bus/pci/drivers/pcieport",
+                    ],
+                )
+            )
+        nic = f"{up}/0000:{root + 2:02x}:01.0/0000:{root + 4:02x}:00.0"
+        nvme = f"{up}/0000:{root + 2:02x}:02.0/0000:{root + 5:02x}:00.0"
+        for port in (f"{up}/0000:{root + 2:02x}:01.0", f"{up}/0000:{root + 2:02x}:02.0"):
+            blocks.append(
+                _block(port, ["E: SUBSYSTEM=pci", "A: vendor=0x1000", "A: class=0x060400"])
+            )
+        blocks += [
+            _block(
+                nic,
+                [
+                    "E: SUBSYSTEM=pci",
+                    "E: DRIVER=mlx5_core",
+                    "A: vendor=0x15b3",
+                    "A: device=0x1021",
+                    "A: class=0x020700",
+                    f"A: numa_node={numa}",
+                ],
+            ),
+            _block(f"{nic}/net/ib{slot}", ["E: SUBSYSTEM=net", f"E: INTERFACE=ib{slot}"]),
+            _block(
+                f"{nic}/infiniband_verbs/uverbs{slot}",
+                [
+                    f"N: infiniband/uverbs{slot}",
+                    "E: SUBSYSTEM=infiniband_verbs",
+                    f"E: DEVNAME=/dev/infiniband/uverbs{slot}",
+                ],
+            ),
+            _block(
+                nvme,
+                [
+                    "E: SUBSYSTEM=pci",
+                    "E: DRIVER=nvme",
+                    "A: vendor=0x144d",
+                    "A: device=0xa80a",
+                    "A: class=0x010802",
+                    f"A: numa_node={numa}",
+                ],
+            ),
+            _block(
+                f"{nvme}/nvme/nvme{slot}",
+                [f"N: nvme{slot}", "E: SUBSYSTEM=nvme", f"E: DEVNAME=/dev/nvme{slot}"],
+            ),
+            _block(
+                f"{nvme}/nvme/nvme{slot}/nvme{slot}n1",
+                [
+                    f"N: nvme{slot}n1",
+                    "E: SUBSYSTEM=block",
+                    "E: DEVTYPE=disk",
+                    f"E: DEVNAME=/dev/nvme{slot}n1",
+                ],
+            ),
+        ]
+        blocks.append(mi300x_gpu(slot, card=slot + 1, render=128 + slot)[0])
+    return "\n".join(blocks)
+
+
+def mi300x_nvme(slot: int) -> str:
+    """The sysfs path of the NVMe drive's block device on GPU ``slot``'s switch."""
+    _, up, _, root = _switch(slot)
+    nvme = f"{up}/0000:{root + 2:02x}:02.0/0000:{root + 5:02x}:00.0"
+    return f"/sys{nvme}/nvme/nvme{slot}/nvme{slot}n1"
+
+
+def mi300x_nic(slot: int) -> str:
+    """The sysfs path of the NIC's PCI function on GPU ``slot``'s switch."""
+    _, up, _, root = _switch(slot)
+    return f"/sys{up}/0000:{root + 2:02x}:01.0/0000:{root + 4:02x}:00.0"
+
+
+# Bus numbers of the eight cards of an 8x Gaudi2 server (HLS-2 style, two cards
+# per PCIe switch); guessed, not measured.
+GAUDI2_BUSES = ("19", "1a", "3b", "3c", "9a", "9b", "bb", "bc")
+
+
+def _gaudi2_switch(pair: int) -> tuple[str, str, list[str], int]:
+    """(root port, switch upstream port, its four downstream ports, base bus) of the
+    switch of cards 2*pair and 2*pair+1: ports 0 and 1 lead to the cards, 2 to a
+    NIC (bus base + 5), 3 to an NVMe drive (base + 6)."""
+    base = int(GAUDI2_BUSES[2 * pair], 16) - 3
+    rp = f"/devices/pci0000:{base:02x}/0000:{base:02x}:01.0"
+    up = f"{rp}/0000:{base + 1:02x}:00.0"
+    return rp, up, [f"{up}/0000:{base + 2:02x}:{p:02x}.0" for p in range(4)], base
+
+
+def gaudi2_card(slot: int, index: int) -> tuple[str, str, str]:
+    """(umockdev text, PCI sysfs path, control node sysfs path) of card ``slot`` of
+    :func:`gaudi2_tree` with accel index ``index``: the PCI function with the
+    habanalabs attributes, its accel<index> child and the parentless control node
+    accel_controlD<index> (REFERENCE.md section 7; drivers/accel/habanalabs/
+    common/device.c and sysfs.c). Module IDs are the slot numbers reversed, so they
+    differ from accel indices (module_id is the firmware's card location)."""
+    bus = GAUDI2_BUSES[slot]
+    numa = 0 if slot < 4 else 1
+    card = f"{_gaudi2_switch(slot // 2)[2][slot % 2]}/0000:{bus}:00.0"
+    control = f"/devices/virtual/accel/accel_controlD{index}"
+    blocks = [
+        _block(
+            card,
+            [
+                "E: SUBSYSTEM=pci",
+                "E: DRIVER=habanalabs",
+                f"E: PCI_SLOT_NAME=0000:{bus}:00.0",
+                "A: vendor=0x1da3",
+                "A: device=0x1020",
+                "A: class=0x120000",
+                f"A: numa_node={numa}",
+                f"A: module_id={7 - slot}",
+                "A: status=operational",
+                "A: device_type=GAUDI2",
+                "L: driver=" + "../" * (card.count("/") - 1) + "bus/pci/drivers/habanalabs",
+            ],
+        ),
+        _block(
+            f"{card}/accel/accel{index}",
+            [
+                f"N: accel/accel{index}",
+                "E: SUBSYSTEM=accel",
+                "E: DEVTYPE=accel_minor",
+                f"E: DEVNAME=/dev/accel/accel{index}",
+                "E: MAJOR=261",
+                f"E: MINOR={index}",
+            ],
+        ),
+        _block(
+            control,
+            [
+                f"N: accel/accel_controlD{index}",
+                "E: SUBSYSTEM=accel",
+                f"E: DEVNAME=/dev/accel/accel_controlD{index}",
+                "E: MAJOR=510",
+                f"E: MINOR={index}",
+            ],
+        ),
+    ]
+    return "\n".join(blocks), "/sys" + card, "/sys" + control
+
+
+def gaudi2_tree(cards: int = 8) -> str:
+    """umockdev text of an 8x Gaudi2 node: two cards per PCIe switch, each switch
+    with a NIC and an NVMe drive too, a BMC VGA, chipset devices. Sourced and
+    guessed facts as :func:`gaudi2_card` and :func:`mi300x_tree` say."""
+    blocks = []
+    for n in range(24):
+        blocks.append(
+            _block(
+                f"/devices/pci0000:00/0000:00:{n // 8 + 0x14:02x}.{n % 8}",
+                ["E: SUBSYSTEM=pci", "A: vendor=0x8086", f"A: device=0x{0x1BC0 + n:04x}"],
+            )
+        )
+    for slot in range(0, cards, 2):
+        rp, up, ports, base = _gaudi2_switch(slot // 2)
+        for path in (rp, up, *ports):
+            blocks.append(
+                _block(path, ["E: SUBSYSTEM=pci", "E: DRIVER=pcieport", "A: class=0x060400"])
+            )
+        nic = f"{ports[2]}/0000:{base + 5:02x}:00.0"
+        nvme = f"{ports[3]}/0000:{base + 6:02x}:00.0"
+        blocks += [
+            _block(nic, ["E: SUBSYSTEM=pci", "A: vendor=0x15b3", "A: class=0x020000"]),
+            _block(f"{nic}/net/eth{slot}", ["E: SUBSYSTEM=net"]),
+            _block(nvme, ["E: SUBSYSTEM=pci", "A: vendor=0x144d", "A: class=0x010802"]),
+            _block(
+                f"{nvme}/nvme/nvme{slot}",
+                [f"N: nvme{slot}", "E: SUBSYSTEM=nvme", f"E: DEVNAME=/dev/nvme{slot}"],
+            ),
+        ]
+    for slot in range(cards):
+        blocks.append(gaudi2_card(slot, index=slot)[0])
+    return "\n".join(blocks)
