@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,3 +130,35 @@ def faulty() -> Any:
     backend = Faulty()
     yield backend
     backend.release()  # let hung hook threads finish
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def daemon_env(cli_env):
+    """Environment for ``python -m hetero_dp run simulated`` from this checkout."""
+    paths = [str(ROOT), str(ROOT / "vendors" / "simulated"), cli_env.get("PYTHONPATH", "")]
+    cli_env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    return cli_env
+
+
+async def spawn_simulated(
+    kubelet_dir: Path, env: dict[str, str], log: Path, count: int = 3
+) -> asyncio.subprocess.Process:
+    """``hetero-dp run simulated`` as its own process, stderr appended to ``log``."""
+    with open(log, "ab") as err:
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "hetero_dp",
+            "run",
+            "simulated",
+            "--kubelet-dir",
+            str(kubelet_dir),
+            "-o",
+            f"simulated.count={count}",
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stderr=err,
+        )

@@ -4,44 +4,12 @@ left behind is cleaned up and it registers again; SIGTERM leaves nothing behind.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import stat
-import sys
-from pathlib import Path
-
-import pytest
 
 from hetero_dp.model.names import socket_name
 
-from .conftest import SIM
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def daemon_env(cli_env):
-    paths = [str(ROOT), str(ROOT / "vendors" / "simulated"), cli_env.get("PYTHONPATH", "")]
-    cli_env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    return cli_env
-
-
-async def _spawn(kubelet_dir: Path, env, log: Path) -> asyncio.subprocess.Process:
-    with open(log, "ab") as err:
-        return await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "hetero_dp",
-            "run",
-            "simulated",
-            "--kubelet-dir",
-            str(kubelet_dir),
-            "-o",
-            "simulated.count=3",
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stderr=err,
-        )
+from .conftest import SIM, spawn_simulated
 
 
 async def _reap(proc: asyncio.subprocess.Process) -> None:
@@ -53,7 +21,7 @@ async def _reap(proc: asyncio.subprocess.Process) -> None:
 async def test_sigkill_then_restart_cleans_stale_socket(fake_kubelet, daemon_env, tmp_path):
     sock = fake_kubelet.plugin_dir / socket_name("hetero-dp", SIM)
     log = tmp_path / "daemon.log"
-    first = await _spawn(fake_kubelet.plugin_dir, daemon_env, log)
+    first = await spawn_simulated(fake_kubelet.plugin_dir, daemon_env, log, 3)
     try:
         res = await fake_kubelet.wait_registered(SIM, timeout=30)
         assert res.capacity == 3
@@ -66,7 +34,7 @@ async def test_sigkill_then_restart_cleans_stale_socket(fake_kubelet, daemon_env
         await _reap(first)
     assert stat.S_ISSOCK(sock.lstat().st_mode), "a killed process leaves its socket behind"
 
-    second = await _spawn(fake_kubelet.plugin_dir, daemon_env, log)
+    second = await spawn_simulated(fake_kubelet.plugin_dir, daemon_env, log, 3)
     try:
         await fake_kubelet.wait_registered(SIM, after=1, timeout=30)
         await fake_kubelet.wait_devices(

@@ -8,16 +8,11 @@ leave the plugin unregistered for good, and SIGTERM hanging."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
-from pathlib import Path
 
 import pytest
 
-from .conftest import SIM, simulated
-
-ROOT = Path(__file__).resolve().parents[2]
+from .conftest import SIM, simulated, spawn_simulated
 
 # Downtimes from none to 5 s: each lands at a different point of the plugin's
 # registration backoff (50 ms doubling to 5 s), so some land mid-wait, some
@@ -66,37 +61,12 @@ async def test_restart_storm_with_downtime(fake_kubelet, plugin_runner, mode):
     await asyncio.wait_for(plugin_runner.stop(daemon), 5)
 
 
-@pytest.fixture
-def daemon_env(cli_env):
-    paths = [str(ROOT), str(ROOT / "vendors" / "simulated"), cli_env.get("PYTHONPATH", "")]
-    cli_env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    return cli_env
-
-
-async def _spawn(kubelet_dir: Path, env, log: Path) -> asyncio.subprocess.Process:
-    with open(log, "ab") as err:
-        return await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "hetero_dp",
-            "run",
-            "simulated",
-            "--kubelet-dir",
-            str(kubelet_dir),
-            "-o",
-            "simulated.count=2",
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stderr=err,
-        )
-
-
 @pytest.mark.parametrize("phase", ["down", "backoff", "just-back"])
 async def test_sigterm_during_a_restart_ends_within_5s(fake_kubelet, daemon_env, tmp_path, phase):
     """SIGTERM while the kubelet is down (the plugin retrying), while a restart lands
     in the plugin's backoff, or right as the kubelet comes back: exit 0 within 5 s."""
     log = tmp_path / "daemon.log"
-    proc = await _spawn(fake_kubelet.plugin_dir, daemon_env, log)
+    proc = await spawn_simulated(fake_kubelet.plugin_dir, daemon_env, log, 2)
     try:
         await fake_kubelet.wait_registered(SIM, timeout=30)
         before = fake_kubelet.registration_count(SIM)
