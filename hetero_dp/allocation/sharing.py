@@ -289,7 +289,7 @@ def _parse_entry(item: Any, where: str, fail: Any) -> ReplicatedResource:
         or not 2 <= replicas <= MAX_REPLICAS
     ):
         raise fail(
-            f"must be a whole number from 2 to {MAX_REPLICAS}, got {replicas!r}",
+            f"must be a whole number of at least 2 and at most {MAX_REPLICAS}, got {replicas!r}",
             f"{where}.replicas",
         )
     rename = item.get("rename") or ""

@@ -83,7 +83,7 @@ def test_huge_replicas_exit_2_at_once_naming_the_field(kdir, run_env, tmp_path):
     out = run_cli(["simulated", "-c", str(path)], run_env)
     assert out.returncode == 2, out.stderr
     assert "sharing.timeSlicing.resources[0].replicas" in out.stderr
-    assert "from 2 to 1024" in out.stderr and "Traceback" not in out.stderr
+    assert "at most 1024" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_replicas_past_the_kubelets_4_mib_exit_2_naming_the_size(kdir, run_env, tmp_path):
