@@ -18,7 +18,8 @@ _held: list[int] = []
 
 
 def _record(signum: int, frame: FrameType | None) -> None:
-    _held.append(signum)
+    if signum not in _held:  # once is enough; a SIGHUP never taken cannot pile up
+        _held.append(signum)
 
 
 def hold_signals() -> None:
