@@ -9,7 +9,7 @@ The configuration is NVIDIA's ``sharing.timeSlicing`` block, unchanged (its
         failRequestsGreaterThanOne: false
         resources:
         - name: nvidia.com/gpu          # or a bare name part: gpu
-          replicas: 4                   # >= 2
+          replicas: 4                   # 2 .. MAX_REPLICAS
           rename: gpu.shared            # optional; bare names keep the prefix
           devices: all                  # all | <count> | [IDs or indices]
 
@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hetero_dp.kubelet.convert import MAX_LIST_AND_WATCH_BYTES, device_entry_size, replicas_size
 from hetero_dp.model.device import REPLICA_SEPARATOR, Device, is_replica, replica_base
 from hetero_dp.model.errors import AllocationError, ConfigError
 from hetero_dp.model.names import resource_name_problem
@@ -50,6 +51,10 @@ TIME_SLICING = "time-slicing"
 MPS = "mps"
 #: Strategy -> the config block that holds it (NVIDIA's key names).
 STRATEGY_BLOCKS = {TIME_SLICING: "sharing.timeSlicing", MPS: "sharing.mps"}
+#: The most replicas of one device: far more than time-slicing is good for (NVIDIA's
+#: examples use 2 to 10), and small enough that a typo (``replicas: 100000000``) is
+#: refused before anything is built from it.
+MAX_REPLICAS = 1024
 
 
 # --- replica IDs -------------------------------------------------------------------------
@@ -315,8 +320,15 @@ def _parse_entry(item: Any, where: str, fail: Any) -> ReplicatedResource:
     if "replicas" not in item:
         raise fail("is required", f"{where}.replicas")
     replicas = item["replicas"]
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 2:
-        raise fail(f"must be a whole number of at least 2, got {replicas!r}", f"{where}.replicas")
+    if (
+        isinstance(replicas, bool)
+        or not isinstance(replicas, int)
+        or not 2 <= replicas <= MAX_REPLICAS
+    ):
+        raise fail(
+            f"must be a whole number of at least 2 and at most {MAX_REPLICAS}, got {replicas!r}",
+            f"{where}.replicas",
+        )
     rename = item.get("rename") or ""
     if rename:
         rename = _check_name(rename, f"{where}.rename", fail)
@@ -365,8 +377,9 @@ def validate_sharing(config: SharingConfig, physical: Sequence[Device]) -> None:
 
     Refused: a listed device ID or index that no device of the resource has, a
     count larger than the resource's devices, a shared device whose ID already
-    contains ``::``, a rename that makes an invalid resource name, and under MPS
-    a device carved from another (a MIG slice: NVIDIA's plugin refuses them too,
+    contains ``::``, a rename that makes an invalid resource name, replicas that
+    would make a ListAndWatch message larger than the kubelet receives, and under
+    MPS a device carved from another (a MIG slice: NVIDIA's plugin refuses them too,
     "sharing using MPS is not supported for MIG devices").
     """
 
@@ -414,6 +427,37 @@ def validate_sharing(config: SharingConfig, physical: Sequence[Device]) -> None:
                         "IDs use; it cannot be shared",
                         f"{entry.field}.devices",
                     )
+    _check_sizes(config, by_resource, fail)
+
+
+def _check_sizes(
+    config: SharingConfig, by_resource: Mapping[str, Sequence[Device]], fail: Any
+) -> None:
+    """Every advertised resource's ListAndWatch message within the kubelet's limit,
+    computed from ID lengths and replica counts, before any replica is built."""
+    sizes: dict[str, int] = {}
+    cause: dict[str, ReplicatedResource] = {}
+    for resource, group in by_resource.items():
+        entry = config.entry_for(resource)
+        chosen = {id(d) for d in entry.devices.select(group)} if entry else set()
+        for d in group:
+            if id(d) in chosen:
+                assert entry is not None
+                name = config.shared_name(resource)
+                size = replicas_size(len(d.id.encode()), d.numa_nodes, entry.replicas)
+                cause[name] = entry
+            else:
+                name, size = resource, device_entry_size(len(d.id.encode()), d.numa_nodes)
+            sizes[name] = sizes.get(name, 0) + size
+    for name, size in sorted(sizes.items()):
+        entry = cause.get(name)
+        if entry is not None and size > MAX_LIST_AND_WATCH_BYTES:
+            raise fail(
+                f"{entry.replicas} replicas would make the ListAndWatch message of {name} "
+                f"{size} bytes; the kubelet receives at most {MAX_LIST_AND_WATCH_BYTES} "
+                "(4 MiB): use fewer replicas or share fewer devices",
+                f"{entry.field}.replicas",
+            )
 
 
 def _describe(devices: Sequence[Device]) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from hetero_dp.engine.config import Config, load_config, set_option
+from hetero_dp.engine.config import Config, check_backend_names, load_config, set_option
 from hetero_dp.model.errors import ConfigError
 
 EXIT_CONFIG = 2
@@ -160,6 +160,9 @@ def run(
     Flags after the backend names that this command does not know go to the
     backend (NVIDIA: its plugin's own flags, e.g. --mig-strategy mixed).
     With --config, SIGHUP or a change of the file reloads it in place."""
+    from hetero_dp.kits.signals import hold_signals
+
+    hold_signals()  # first: a signal during start-up must not kill the daemon halfway
     from hetero_dp.engine.daemon import Daemon
     from hetero_dp.engine.plugins import load_backends
     from hetero_dp.kits.logs import setup_logging
@@ -192,7 +195,13 @@ def run(
             raise ConfigError("name at least one backend before its flags", source="command line")
         loaded = load_backends(names)
         from_flags = backend_flag_options(loaded, backend_args)
-        cfg = _config(config, options, from_flags, **flags)
+
+        def read_config() -> Config:  # at start-up, and again for each reload
+            cfg = _config(config, options, from_flags, **flags)
+            check_backend_names(cfg, [b.name for b in loaded])
+            return cfg
+
+        cfg = read_config()
         setup_logging(cfg.log_level, cfg.log_format)
         for b in loaded:
             b.timeout = cfg.hook_timeout
@@ -209,9 +218,7 @@ def run(
         from hetero_dp.ops import operations
 
         if config:  # hot reload (hetero_dp/ops/reload.py): the same sources, read again
-            operations.attach(
-                daemon, Path(config), lambda: _config(config, options, from_flags, **flags)
-            )
+            operations.attach(daemon, Path(config), read_config)
         else:
             operations.attach(daemon)
         if trial_root is not None:

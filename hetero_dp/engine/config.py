@@ -11,8 +11,10 @@ the options of the backend named ``nvidia``.
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,8 @@ from hetero_dp.model.errors import ConfigError
 from hetero_dp.model.names import (
     DEFAULT_DEVICE_PLUGIN_DIR,
     DEFAULT_PLUGINS_REGISTRY_DIR,
+    KUBELET_SOCKET,
+    MAX_UNIX_PATH,
     validate_resource_name,
 )
 
@@ -55,6 +59,17 @@ RESOURCE_KEYS = {
     "replicaPolicy",
     "preferredAllocation",
 }
+# Intervals and timeouts in seconds. The largest values are a day for a loop and an
+# hour for one wait: beyond that a value is a typo (or ``.inf``) rather than a choice.
+BOUNDS: dict[str, tuple[float, float, bool]] = {
+    # key: (smallest non-zero value, largest value, whether 0 means "off")
+    "healthInterval": (0.01, 86_400.0, True),
+    "rediscoverInterval": (0.01, 86_400.0, True),
+    "hookTimeout": (0.01, 3_600.0, False),
+    "streamTimeout": (0.01, 3_600.0, False),
+}
+# A socket prefix is part of a file name: it must not leave its dir.
+SOCKET_PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 CHOICES = {
     "registration": ("classic", "watcher"),
     "logLevel": ("debug", "info", "warning", "error"),
@@ -99,6 +114,9 @@ class Config:
     labels: dict[str, Any] = field(default_factory=lambda: _section_defaults("labels"))
     metrics: dict[str, Any] = field(default_factory=lambda: _section_defaults("metrics"))
     raw: dict[str, Any] = field(default_factory=dict)
+    # backend name -> where its options were given (``file, field 'backends.x'``,
+    # ``flag -o x.key``), for refusing options of a backend that is not loaded
+    backend_origins: dict[str, str] = field(default_factory=dict)
 
     def backend_options(self, name: str) -> dict[str, Any]:
         return dict(self.backends.get(name, {}))
@@ -133,6 +151,65 @@ def _coerce(value: Any, typ: type, *, field: str, source: str) -> Any:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"expected a non-empty string, got {value!r}", field=field, source=source)
     return value
+
+
+def _check_bounds(value: float, key: str, source: str) -> None:
+    low, high, zero_is_off = BOUNDS[key]
+    if not math.isfinite(value):
+        raise ConfigError(
+            f"must be a finite number of seconds, got {value!r}", field=key, source=source
+        )
+    if value == 0 and zero_is_off:
+        return
+    if not low <= value <= high:
+        off = " (or 0: off)" if zero_is_off else ""
+        raise ConfigError(
+            f"must be from {low:g} to {high:g} seconds{off}, got {value:g}",
+            field=key,
+            source=source,
+        )
+
+
+def _check_paths(cfg: Config, sources: Mapping[str, str]) -> None:
+    """``socketPrefix`` stays a file name; the kubelet's socket and ours fit a unix
+    socket path (108 bytes with the NUL), or the error names the dir that is too long."""
+    if not SOCKET_PREFIX.match(cfg.socket_prefix):
+        raise ConfigError(
+            "must be 1 to 63 letters, digits, '-', '_' or '.', starting with a letter or "
+            f"digit (it is part of a socket file name), got {cfg.socket_prefix!r}",
+            field="socketPrefix",
+            source=sources["socketPrefix"],
+        )
+    shortest = f"{cfg.socket_prefix}-x.sock"
+    for key, directory, name in (
+        ("kubeletDir", cfg.kubelet_dir, KUBELET_SOCKET),
+        ("kubeletDir", cfg.kubelet_dir, shortest),
+        ("pluginsRegistryDir", cfg.plugins_registry_dir, shortest),
+    ):
+        if key == "pluginsRegistryDir" and cfg.registration != "watcher":
+            continue
+        size = len(os.fsencode(directory / name))
+        if size > MAX_UNIX_PATH:
+            raise ConfigError(
+                f"{directory} is too long: a socket in it ({name}) would have a path of "
+                f"{size} bytes; unix sockets allow {MAX_UNIX_PATH}",
+                field=key,
+                source=sources[key],
+            )
+
+
+def check_backend_names(cfg: Config, loaded: Iterable[str]) -> None:
+    """Refuse options (``-o``, ``backends.<name>``) for a backend that is not loaded: a
+    typo there would otherwise be ignored in silence."""
+    names = sorted(set(loaded))
+    for name, origin in sorted(cfg.backend_origins.items()):
+        if name not in names:
+            raise ConfigError(
+                f"options for backend {name!r}, which is not loaded "
+                f"(loaded: {', '.join(names) or 'none'})",
+                field=f"backends.{name}",
+                source=origin,
+            )
 
 
 def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -233,6 +310,7 @@ def load_config(
         )
 
     flags = dict(overrides or {})
+    sources: dict[str, str] = {}
     for key, (typ, default) in SCALARS.items():
         value, where = default, "defaults"
         if key in raw:
@@ -242,6 +320,9 @@ def load_config(
         if flags.get(key) is not None:
             value, where = flags[key], f"flag --{key}"
         value = _coerce(value, typ, field=key, source=where)
+        sources[key] = where
+        if key in BOUNDS:
+            _check_bounds(value, key, where)
         if key in CHOICES and value not in CHOICES[key]:
             raise ConfigError(
                 f"must be one of {', '.join(CHOICES[key])}, got {value!r}", field=key, source=where
@@ -249,8 +330,9 @@ def load_config(
         attr = "".join("_" + c.lower() if c.isupper() else c for c in key)
         setattr(cfg, attr, Path(value) if key.endswith("Dir") else value)
 
+    _check_paths(cfg, sources)
     cfg.sharing = parse_sharing(raw.get("sharing"), source)
-    cfg.backends = _backends(raw, flags, source)
+    cfg.backends, cfg.backend_origins = _backends(raw, flags, source)
     cfg.resources = _resources(raw.get("resources"), source)
     for section in SECTION_KEYS:
         value = _section(section, raw.get(section), source)
@@ -280,8 +362,13 @@ def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _backends(raw: Mapping[str, Any], flags: Mapping[str, Any], source: str) -> dict[str, Any]:
+def _backends(
+    raw: Mapping[str, Any], flags: Mapping[str, Any], source: str
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The options of each backend, and where each backend's were given (``flags``,
+    NVIDIA's section, is not counted: its file is shared with GPU feature discovery)."""
     backends: dict[str, dict[str, Any]] = {}
+    origins: dict[str, str] = {}
     nvidia_flags = dict(_mapping(raw.get("flags"), "flags", source))
     resources = _mapping(raw.get("resources"), "resources", source)
     renames = {k: resources[k] for k in NVIDIA_RESOURCE_KEYS if k in resources}
@@ -299,9 +386,11 @@ def _backends(raw: Mapping[str, Any], flags: Mapping[str, Any], source: str) -> 
     for name, options in _mapping(raw.get("backends"), "backends", source).items():
         opts = _mapping(options, f"backends.{name}", source)
         backends[name] = _merge(backends.get(name, {}), opts)
+        origins.setdefault(str(name), source)
     for name, options in _mapping(flags.get("backends"), "backends", "flag -o").items():
         backends[name] = _merge(backends.get(name, {}), options)
-    return backends
+        origins[str(name)] = f"flag -o {name}.{next(iter(options), '')}".rstrip(".")
+    return backends, origins
 
 
 def _resources(value: Any, source: str) -> dict[str, dict[str, Any]]:

@@ -36,6 +36,7 @@ from hetero_dp.engine.runtime import BackendRuntime
 from hetero_dp.engine.watching import HookWatch
 from hetero_dp.kits import observe
 from hetero_dp.kits.aiotools import cancel_and_wait, wait_event
+from hetero_dp.kits.signals import held
 from hetero_dp.kubelet.dirwatch import KubeletDirWatch
 from hetero_dp.kubelet.endpoint import PluginEndpoint
 from hetero_dp.model.device import Device
@@ -176,18 +177,27 @@ class Daemon:
             self.publishers.remove(publisher)
 
     def _check_startup_names(self) -> None:
+        """A resource name the kubelet would refuse costs only its own devices (each
+        publish leaves them out and logs them); the rest serve. ConfigError only when
+        such names leave nothing to serve."""
+        refused: list[ConfigError] = []
+        physical: list[Device] = []
         for rt in self.runtimes.values():
+            bad: dict[object, str] = {}
             for d in rt.discovered.values():
                 problem = resource_name_problem(d.resource)
-                if problem:
-                    raise ConfigError(
-                        f"device {d.id!r}: {problem}",
-                        field="resource",
-                        source=f"backend {rt.backend.name}",
-                    )
+                if problem is None:
+                    physical.append(d)
+                elif d.resource not in bad:
+                    bad[d.resource] = f"device {d.id!r}: {problem}"
+            for reason in bad.values():
+                e = ConfigError(reason, field="resource", source=f"backend {rt.backend.name}")
+                log.error("refused: %s; the other resources are served", e)
+                refused.append(e)
+        if refused and not physical:
+            raise refused[0]
         check = getattr(self.config.sharing, "validate_devices", None)
         if check is not None:
-            physical = [d for rt in self.runtimes.values() for d in rt.discovered.values()]
             check(physical)
 
     # --- resources -------------------------------------------------------
@@ -544,11 +554,24 @@ class Daemon:
             rt.backend.close()
         self.ready.clear()
 
+    def _take_held_signals(self) -> None:
+        """Act on signals :func:`hetero_dp.kits.signals.hold_signals` recorded before the
+        loop ran: SIGTERM or SIGINT stops (after start-up, which is not interrupted
+        halfway); a SIGHUP is only logged, the config just read being the newest."""
+        for sig in held():
+            name = signal.Signals(sig).name
+            if sig == signal.SIGHUP:
+                log.info("%s during start-up: the config read at start-up is applied", name)
+            else:
+                log.info("%s during start-up: stopping once started", name)
+                self.request_stop()
+
     async def run(self) -> None:
         """Start, serve until SIGTERM/SIGINT, then stop cleanly."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
+        self._take_held_signals()
         try:
             await self.start()
             log.info("serving %s", ", ".join(sorted(self.resources)) or "no resources yet")

@@ -11,9 +11,11 @@ from hetero_dp.allocation.sharing import SharingConfig, advertise
 from hetero_dp.engine.runtime import BackendRuntime
 from hetero_dp.kits import observe
 from hetero_dp.model.device import Device
-from hetero_dp.model.names import resource_name_problem
+from hetero_dp.model.names import device_id_problem, resource_name_problem
 
 log = logging.getLogger("hetero_dp.engine.daemon")  # transitions read as the daemon's
+
+LISTED = 8  # bad IDs named in one log line
 
 # physical resource -> (its devices by ID, advertised name -> the devices it advertises)
 Plan = dict[str, tuple[dict[str, Device], dict[str, list[Device]]]]
@@ -26,8 +28,12 @@ def plan(
     and the devices left out for an invalid resource name."""
     by_resource: dict[str, list[Device]] = {}
     invalid = []
+    bad_ids: list[str] = []
     for d in effective:
-        if resource_name_problem(d.resource):
+        problem = device_id_problem(d.id)
+        if problem:
+            bad_ids.append(f"{d.id!r}: {problem}")
+        elif resource_name_problem(d.resource):
             invalid.append(d)
         else:
             by_resource.setdefault(d.resource, []).append(d)
@@ -39,6 +45,14 @@ def plan(
         for d in advertise(devices, sharing):
             grouped.setdefault(d.resource, []).append(d)
         out[phys] = ({d.id: d for d in devices}, grouped)
+    if bad_ids:
+        log.error(
+            "backend %r: %d devices left out for IDs the kubelet cannot take: %s",
+            rt.backend.name,
+            len(bad_ids),
+            "; ".join(bad_ids[:LISTED]) + ("; ..." if len(bad_ids) > LISTED else ""),
+            extra={"backend": rt.backend.name},
+        )
     return out, invalid
 
 

@@ -1,5 +1,12 @@
 """Structured logs: text for people, JSON lines for machines, with resource and
-device IDs as fields (pass them as ``extra={"resource": ..., "device": ...}``)."""
+device IDs as fields (pass them as ``extra={"resource": ..., "device": ...}``).
+
+Every line is bounded, whatever a request or a backend hands in: a field is clipped
+to :data:`MAX_FIELD` characters, an ID list shows its count and its first
+:data:`LISTED_IDS` IDs, the message to :data:`MAX_MESSAGE` and a traceback to
+:data:`MAX_EXCEPTION` characters. One Allocate with 100,000 unknown IDs once wrote
+a line of a million characters.
+"""
 
 from __future__ import annotations
 
@@ -10,18 +17,70 @@ import time
 
 FIELDS = ("resource", "device", "devices", "backend", "hook", "kind", "reason")
 
+MAX_FIELD = 256  # characters of one field's value
+LISTED_IDS = 8  # IDs of a list that are shown; the count says how many there were
+MAX_MESSAGE = 2048  # characters of the message
+MAX_EXCEPTION = 8192  # characters of a traceback (its last part, where the error is)
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to about ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def clip_tail(text: str, limit: int) -> str:
+    """Like :func:`clip`, keeping the end (a traceback's last lines name the error)."""
+    if len(text) <= limit:
+        return text
+    return f"({len(text) - limit} characters left out) ...{text[-limit:]}"
+
+
+def clip_traceback(text: str) -> str:
+    """Each line of a traceback clipped (an error's message can be huge), then its
+    end kept, where the error is named."""
+    lines = "\n".join(clip(line, MAX_MESSAGE) for line in text.splitlines())
+    return clip_tail(lines, MAX_EXCEPTION)
+
+
+def field_value(value: object) -> object:
+    """A field as it is logged: strings clipped, lists as ``<count> [first few]``."""
+    if isinstance(value, list | tuple | set | frozenset):
+        items = list(value) if not isinstance(value, set | frozenset) else sorted(value, key=str)
+        shown = [clip(str(v), MAX_FIELD) for v in items[:LISTED_IDS]]
+        if len(items) <= LISTED_IDS:
+            return shown
+        return {"count": len(items), "first": shown}
+    if isinstance(value, str | int | float | bool):
+        return clip(value, MAX_FIELD) if isinstance(value, str) else value
+    return clip(str(value), MAX_FIELD)
+
+
+def _text_value(value: object) -> str:
+    shown = field_value(value)
+    if isinstance(shown, dict):
+        return f"{shown['count']}:{','.join(shown['first'])},..."
+    if isinstance(shown, list):
+        return ",".join(shown)
+    return str(shown)
+
+
+def _message(record: logging.LogRecord) -> str:
+    return clip(record.getMessage(), MAX_MESSAGE)
+
 
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        base = f"{self.formatTime(record, '%H:%M:%S')} {record.levelname:<7} {record.getMessage()}"
+        base = f"{self.formatTime(record, '%H:%M:%S')} {record.levelname:<7} {_message(record)}"
         extras = " ".join(
-            f"{k}={getattr(record, k)}"
+            f"{k}={_text_value(getattr(record, k))}"
             for k in FIELDS
             if getattr(record, k, None) not in (None, "")
         )
         line = f"{base}  [{extras}]" if extras else base
         if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
+            line += "\n" + clip_traceback(self.formatException(record.exc_info))
         return line
 
 
@@ -32,14 +91,14 @@ class JsonFormatter(logging.Formatter):
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": _message(record),
         }
         for k in FIELDS:
             v = getattr(record, k, None)
             if v not in (None, ""):
-                out[k] = v
+                out[k] = field_value(v)
         if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
+            out["exception"] = clip_traceback(self.formatException(record.exc_info))
         return json.dumps(out, default=str)
 
 

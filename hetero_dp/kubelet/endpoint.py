@@ -11,8 +11,10 @@ many arrive while one runs, at most one more follows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import socket
 import stat
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from hetero_dp.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from hetero_dp.kubelet.contract import ServedResource
 from hetero_dp.kubelet.registration import WatcherRegistrationServicer, register_with_backoff
 from hetero_dp.kubelet.servicer import DevicePluginServicer
+from hetero_dp.model.errors import ConfigError
 from hetero_dp.model.names import KUBELET_SOCKET, MAX_UNIX_PATH, socket_name
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,9 @@ SUPERVISOR_STOP_TIMEOUT = 4.0
 # registering again: a kubelet that replaced our endpoint opens the next stream at
 # once, so a short wait is enough and keeps capacity from sitting at zero.
 LOST_STREAM_GRACE = 1.0
+# The mode of every socket we bind, whatever the umask: only the owner (the kubelet
+# runs as root, which needs no permission bit) may connect.
+SOCKET_MODE = 0o600
 
 
 def remove_socket(path: Path) -> bool:
@@ -52,6 +58,49 @@ def remove_socket(path: Path) -> bool:
     except FileNotFoundError:
         pass
     return False
+
+
+def socket_in_use(path: Path) -> bool:
+    """True if a process accepts connections on the unix socket ``path`` now."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(os.fspath(path))
+    except OSError:  # refused (a stale socket), gone, or not a socket
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+def claim_socket_path(path: Path, what: str) -> bool:
+    """Make ``path`` free to bind: remove a stale socket (True if one was removed);
+    ConfigError when a regular file or a live socket of another process sits there:
+    a second instance for the same resource must not take the first one's socket."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISSOCK(mode):
+        raise ConfigError(
+            f"{path} exists and is not a socket; remove it or use another socketPrefix",
+            field=what,
+        )
+    if socket_in_use(path):
+        raise ConfigError(
+            f"{path} is the socket of another running instance (it accepts connections); "
+            "stop that one first, or give this one another socketPrefix",
+            field=what,
+        )
+    return remove_socket(path)
+
+
+def bind_unix(server: grpc.aio.Server, path: Path) -> None:
+    """Add a unix socket port to ``server`` with mode :data:`SOCKET_MODE`; the file is
+    created here, and the server accepts nothing before it is started."""
+    server.add_insecure_port(f"unix://{path}")
+    with contextlib.suppress(FileNotFoundError):
+        os.chmod(path, SOCKET_MODE)
 
 
 def check_socket_path(path: Path) -> None:
@@ -151,20 +200,23 @@ class PluginEndpoint:
                 return
             self.restarts += 1
             await self._stop_server()
-            await self._start_server()
+            try:
+                await self._start_server()
+            except ConfigError as e:  # another instance took the path meanwhile
+                log.error("cannot serve again: %s", e, extra={"resource": self.resource.name})
 
     async def _start_server(self) -> None:
         self._changing = True
         try:
             res = self.resource
             self.plugin_dir.mkdir(parents=True, exist_ok=True)
-            if remove_socket(self.socket_path):
+            if claim_socket_path(self.socket_path, "socketPrefix"):
                 log.info("removed stale socket %s", self.socket_path, extra={"resource": res.name})
             res.state.reopen()
             servicer = DevicePluginServicer(res)
             server = grpc.aio.server()
             pb_grpc.add_DevicePluginServicer_to_server(servicer, server)
-            server.add_insecure_port(f"unix://{self.socket_path}")
+            bind_unix(server, self.socket_path)
             await server.start()
             self._server = server
             if self.mode == "watcher":
@@ -185,13 +237,13 @@ class PluginEndpoint:
     async def _start_registry_server(self) -> None:
         assert self.registry_socket is not None and self.registry_dir is not None
         self.registry_dir.mkdir(parents=True, exist_ok=True)
-        remove_socket(self.registry_socket)
+        claim_socket_path(self.registry_socket, "socketPrefix")
         reg = grpc.aio.server()
         reg_grpc.add_RegistrationServicer_to_server(
             WatcherRegistrationServicer(self.resource.name, str(self.socket_path), self._on_status),
             reg,
         )
-        reg.add_insecure_port(f"unix://{self.registry_socket}")
+        bind_unix(reg, self.registry_socket)
         await reg.start()
         self._reg_server = reg
 
@@ -203,6 +255,12 @@ class PluginEndpoint:
             res.registered = False
             log.error("kubelet refused registration: %s", error, extra={"resource": res.name})
             observe.emit("registration_failed", resource=res.name, reason=error)
+
+    def _bound_paths(self) -> list[tuple[Path, grpc.aio.Server | None]]:
+        paths: list[tuple[Path, grpc.aio.Server | None]] = [(self.socket_path, self._server)]
+        if self.registry_socket is not None:
+            paths.append((self.registry_socket, self._reg_server))
+        return paths
 
     def _stale(self, generation: int) -> bool:
         """True once the server a task was started for is stopping or gone."""
@@ -304,12 +362,14 @@ class PluginEndpoint:
                         TASK_STOP_TIMEOUT,
                         extra={"resource": res.name},
                     )
+            # only sockets this endpoint bound: one that start-up refused to take over
+            # belongs to another instance
+            bound = {p for p, srv in self._bound_paths() if srv is not None}
             for server in (self._reg_server, self._server):
                 if server is not None:
                     await server.stop(STOP_GRACE)
             self._server = self._reg_server = None
-            remove_socket(self.socket_path)
-            if self.registry_socket is not None:
-                remove_socket(self.registry_socket)
+            for path in bound:
+                remove_socket(path)
         finally:
             self._changing = False

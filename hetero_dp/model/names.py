@@ -13,7 +13,11 @@ CHECKPOINT_FILE = "kubelet_internal_checkpoint"
 DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_PLUGINS_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the terminating NUL
-MAX_DEVICE_ID = 63
+MAX_DEVICE_ID = 63  # what is safe everywhere (a CDI annotation key's name part)
+# The longest device ID accepted at all, in UTF-8 bytes. The kubelet sets no limit;
+# this one keeps a ListAndWatch message and each log line bounded, and is the
+# longest file name Linux allows, which udev-style IDs come from.
+MAX_DEVICE_ID_BYTES = 255
 
 MAX_DNS_LABEL = 63
 MAX_DNS_SUBDOMAIN = 253
@@ -23,6 +27,7 @@ _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS_LABEL = re.compile(rf"^{_LABEL}$")
 _DNS_SUBDOMAIN = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
 _QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_BAD_ID_CHAR = re.compile(r"[\x00-\x1f\x7f/]")
 
 
 def is_dns_label(name: str) -> bool:
@@ -78,6 +83,30 @@ def _name_problem(name: str) -> str | None:
             f"name part {short!r} of {name!r} must be letters, digits, '-', '_' or '.', "
             "starting and ending with a letter or digit"
         )
+    return None
+
+
+def device_id_problem(device_id: object) -> str | None:
+    """Why ``device_id`` cannot be advertised to the kubelet, or None.
+
+    Refused: an empty ID, one over :data:`MAX_DEVICE_ID_BYTES` bytes, a ``/`` (the
+    kubelet's checkpoint and CDI names use IDs as name parts), and control
+    characters such as NUL (C strings on the way end there; logs break lines).
+    """
+    if not isinstance(device_id, str) or not device_id:
+        return "a device ID must be a non-empty string"
+    bad = _BAD_ID_CHAR.search(device_id)
+    if bad is not None:
+        if bad.group() == "/":
+            return "a device ID must not contain '/'"
+        return f"a device ID must not contain control characters, found {bad.group()!r}"
+    if len(device_id) * 4 > MAX_DEVICE_ID_BYTES:  # UTF-8 has at most 4 bytes a character
+        try:
+            size = len(device_id.encode())
+        except UnicodeEncodeError:
+            return "a device ID must be valid UTF-8"
+        if size > MAX_DEVICE_ID_BYTES:
+            return f"a device ID may have at most {MAX_DEVICE_ID_BYTES} bytes, this one has {size}"
     return None
 
 

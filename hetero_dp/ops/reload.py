@@ -112,7 +112,9 @@ class ConfigReloader:
         if data is not None and data == self._last and not force:
             return await self._record("unchanged", "")
         try:
-            new = self.loader()
+            # reading and checking a file (YAML, sizes) is done off the loop: the
+            # streams and RPCs of every resource go on meanwhile
+            new = await asyncio.to_thread(self.loader)
             summary = await self.daemon.apply_config(new)
         except ConfigError as e:
             log.error("config reload rejected, keeping the old config: %s", e)

@@ -50,3 +50,52 @@ def test_every_extra_field_the_code_logs_is_a_structured_field(repo_root):
         for extra in re.findall(r"extra=\{([^}]*)\}", path.read_text()):
             used |= set(re.findall(r'"([a-z_]+)":', extra))
     assert used and used <= set(FIELDS), used - set(FIELDS)
+
+
+async def test_an_allocate_of_100000_unknown_ids_logs_a_few_kb_at_most(
+    fake_kubelet, plugin_runner, caplog
+):
+    """Issue 13: one Allocate with 100,000 unknown IDs wrote a 1,000,218-character line
+    (the ``devices`` field held every ID). Each line now stays within a few KB and
+    still says how many IDs there were."""
+    import grpc
+
+    await plugin_runner.start(Scripted(make_devices(RES, 2)))
+    await fake_kubelet.wait_registered(RES)
+    caplog.set_level(logging.DEBUG)
+    caplog.clear()
+    ids = [f"unknown-device-{i:06d}" for i in range(100_000)]
+    try:
+        await fake_kubelet.allocate(RES, ids)
+    except grpc.aio.AioRpcError as e:
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    else:
+        raise AssertionError("an Allocate of unknown IDs was accepted")
+    with_ids = [r for r in caplog.records if getattr(r, "devices", None)]
+    assert with_ids, "the refusal was not logged with its IDs"
+    for record in caplog.records:
+        text = TextFormatter().format(record)
+        data = JsonFormatter().format(record)
+        assert len(text) < 4096 and len(data) < 4096, (len(text), len(data))
+    record = with_ids[0]
+    assert "devices=100000:unknown-device-000000," in TextFormatter().format(record)
+    shown = json.loads(JsonFormatter().format(record))["devices"]
+    assert shown["count"] == 100_000 and shown["first"][0] == "unknown-device-000000"
+
+
+def test_a_long_message_field_and_traceback_are_clipped():
+    long = "x" * 1_000_000
+    try:
+        raise ValueError(long)
+    except ValueError:
+        import sys
+
+        exc = sys.exc_info()
+    record = logging.LogRecord("t", logging.ERROR, __file__, 1, "%s", (long,), exc)
+    record.reason = long
+    record.devices = ["a", "b"]
+    for line in (TextFormatter().format(record), JsonFormatter().format(record)):
+        assert len(line) < 16_384
+        assert "more characters" in line
+    assert "devices=a,b" in TextFormatter().format(record)  # a short list shown whole
+    assert "ValueError" in TextFormatter().format(record)  # the traceback's end is kept

@@ -7,7 +7,7 @@ Options (``backends.simulated`` in the config, or ``-o simulated.KEY=VALUE``):
 ``resource`` (``hetero-dp.io/sim``)
     the resource name; ``resources`` (a list of names) serves several.
 ``numaNodes`` (2)
-    devices are spread round-robin over this many NUMA nodes (0: none).
+    boards are spread round-robin over this many NUMA nodes (0: none).
 ``flipEvery`` (0)
     seconds between health flips of the first device (unhealthy, then healthy
     again), to watch health reach the kubelet; 0 turns flips off.
@@ -28,6 +28,14 @@ from typing import Any
 from hetero_dp import ConfigError, Device, DeviceNode, EventSink, Link, hookimpl
 
 OPTIONS = {"count", "resource", "resources", "numaNodes", "flipEvery"}
+BOARD_SIZE = 2  # devices per simulated board
+
+
+def board(index: int) -> int:
+    """The board a device sits on: devices 0 and 1 share board 0, and so on. A board
+    sits inside one NUMA node, as a real multi-GPU board sits behind one PCIe switch
+    of one socket, so a same-board pair is also a NUMA-local one."""
+    return index // BOARD_SIZE
 
 
 class SimulatedBackend:
@@ -91,7 +99,7 @@ class SimulatedBackend:
                         healthy=reason is None,
                         reason=reason or "",
                         index=i,
-                        numa_nodes=(i % self.numa_nodes,) if self.numa_nodes else (),
+                        numa_nodes=(board(i) % self.numa_nodes,) if self.numa_nodes else (),
                         nodes=(DeviceNode("/dev/null", f"/dev/{dev_id}", "rw"),),
                         env={"SIM_VISIBLE_DEVICES": str(i)},
                         attributes={"product": "Simulated Accelerator", "memory": 16384},
@@ -121,7 +129,7 @@ class SimulatedBackend:
             for b in devices:
                 if a.resource != b.resource or a.id >= b.id or a.index is None or b.index is None:
                     continue
-                if a.index // 2 == b.index // 2:
+                if board(a.index) == board(b.index):
                     out.append(Link(a.id, b.id, 60, "PIX"))
                 elif a.numa_nodes == b.numa_nodes:
                     out.append(Link(a.id, b.id, 20, "NODE"))
