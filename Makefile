@@ -66,7 +66,7 @@ test: system-deps install
 # A missing interpreter is skipped with a line saying so; under CI=true it fails.
 # Slow-marked tests are left to `make test`; e.g. MATRIX_PYTEST='-q -m slow' runs them.
 MATRIX_PYTHONS ?= 3.10 3.11 3.12 3.13
-MATRIX_TESTS ?= tests/core tests/reliability tests/ops tests/cdi
+MATRIX_TESTS ?= tests/core tests/reliability tests/ops tests/cdi tests/udev tests/nvidia
 MATRIX_PYTEST ?= -q -m 'not slow'
 test-matrix: system-deps
 	$(BASE_PYTHON) scripts/test_matrix.py --pythons "$(MATRIX_PYTHONS)" -- \

@@ -22,6 +22,7 @@ import glob
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -142,7 +143,7 @@ def run_tests(version: str, venv: Path, pytest_args: list[str]) -> int:
     env["PATH"] = f"{venv.resolve() / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     command = [str(venv / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider"]
     command += pytest_args
-    say(f"{version}: {' '.join(command)}")
+    say(f"{version}: {shlex.join(command)}")
     return subprocess.run(command, cwd=ROOT, env=env).returncode
 
 
@@ -170,8 +171,8 @@ def main(argv: list[str] | None = None) -> int:
             say(f"{version}: SKIPPED, no Python {version} found (looked at {where})")
             outcomes.append(Outcome(version, "skipped", f"no interpreter ({where})"))
             continue
-        venv = ROOT / f"{args.venv_prefix}{version}"
-        say(f"{version}: Python {full} at {python}, venv {venv.relative_to(ROOT)}")
+        venv = ROOT / f"{args.venv_prefix}{version}"  # relative to the repository
+        say(f"{version}: Python {full} at {python}, venv {args.venv_prefix}{version}")
         started = time.monotonic()
         problem = ensure_venv(version, python, full, venv)
         if problem:
