@@ -27,8 +27,8 @@ VENDORS := vendors/simulated $(wildcard vendors/udev) $(wildcard vendors/nvidia)
 APT_PACKAGES := gcc umockdev libumockdev0 python3-venv
 DIST ?= dist
 
-.PHONY: demo test install system-deps lint proto bench docs dists check-dists tools \
-	images deploy-check
+.PHONY: demo test test-matrix install system-deps lint proto bench docs dists check-dists \
+	tools images deploy-check
 
 $(VENV)/bin/python:
 	@$(BASE_PYTHON) -m venv $(VENV) || { \
@@ -60,6 +60,18 @@ demo: $(NEED_VENV)
 test: system-deps install
 	$(PYTHON) -m coverage run --source=hetero_dp -m pytest -q
 	$(PYTHON) -m coverage report --skip-covered --omit='hetero_dp/kubelet/api/*' | tail -n 25
+
+# The version-sensitive tests on every Python that requires-python promises, each in its
+# own venv (.venv-3.10 ...), made by `make install` from pyenv's or PATH's python3.X.
+# A missing interpreter is skipped with a line saying so; under CI=true it fails.
+# The slow restart storms run too (they are what differs most between versions, ~1 min);
+# MATRIX_PYTEST="-q -m 'not slow'" leaves them out.
+MATRIX_PYTHONS ?= 3.10 3.11 3.12 3.13
+MATRIX_TESTS ?= tests/core tests/reliability tests/ops tests/cdi tests/udev tests/nvidia
+MATRIX_PYTEST ?= -q
+test-matrix: system-deps
+	$(BASE_PYTHON) scripts/test_matrix.py --pythons "$(MATRIX_PYTHONS)" -- \
+	  $(MATRIX_PYTEST) $(MATRIX_TESTS)
 
 lint:
 	$(PYTHON) -m ruff check .

@@ -7,6 +7,7 @@ allocation and an Allocate. Every step waits on an event with a timeout.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 from collections.abc import Callable
@@ -68,7 +69,7 @@ async def run_demo(count: int = 4, echo: Callable[[str], Any] = print) -> int:
             echo(f"    device: {spec.host_path} -> {spec.container_path} ({spec.permissions})")
         echo("\ndemo finished: registration, streaming, health flip, recovery and allocation work")
         return 0
-    except TimeoutError as e:
+    except (TimeoutError, asyncio.TimeoutError) as e:  # two classes on 3.10, one from 3.11
         echo(f"demo step timed out: {e!r}")
         return 1
     finally:

@@ -145,7 +145,8 @@ async def test_a_label_change_is_applied_by_hot_reload_restarting_only_what_chan
         await fake_kubelet.wait_devices(
             "nvidia.com/mig-1g.5gb", lambda d: sorted(d) == sorted(migs)
         )
-        gpu_stream = fake_kubelet.resources["nvidia.com/gpu"]
+        # the resources register one by one: the MIG one being ready says nothing of this one
+        gpu_stream = await fake_kubelet.wait_registered("nvidia.com/gpu")
         fake.set_labels(NODE, {NODE_LABEL: "shared"})
         results = await reloader.wait_results(1)
         assert results[0].startswith("applied"), results

@@ -61,11 +61,14 @@ class Recorder:
         )
 
     async def next(self, kind: str) -> tuple[object, ...]:
-        async with asyncio.timeout(TIMEOUT):
+        async def matching() -> tuple[object, ...]:
             while True:
                 event = await self.queue.get()
                 if event[0] == kind:
                     return event
+
+        # asyncio.timeout() is 3.11+; wait_for() is on every Python we support
+        return await asyncio.wait_for(matching(), TIMEOUT)
 
     def drain(self) -> None:
         while not self.queue.empty():

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
-import tomllib
 from hetero_dp_udev import UdevBackend, backend, testing
 
 from hetero_dp.engine.plugins import load_backends
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # tomli is hetero-dp's own dependency on 3.10
+    import tomli as tomllib
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "vendors" / "udev" / "pyproject.toml"
 HOOKS = {"configure", "discover", "check_health", "watch", "labels", "doctor"}
