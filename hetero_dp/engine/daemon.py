@@ -30,6 +30,7 @@ from hetero_dp.allocation.preferred import link_scores
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.extension import Extension
 from hetero_dp.engine.plugins import Backend
+from hetero_dp.engine.polling import HealthPolls
 from hetero_dp.engine.publishing import log_transitions, plan
 from hetero_dp.engine.resource import Resource
 from hetero_dp.engine.runtime import BackendRuntime
@@ -72,6 +73,7 @@ class Daemon:
         self.ready = asyncio.Event()
         # day-two pieces (metrics, probes, labels, reload) that plug in from above
         self.extensions: list[Extension] = []
+        self.health = HealthPolls(self.publish, self._hook_error, self._spawn)
 
     # --- start-up --------------------------------------------------------
 
@@ -80,7 +82,7 @@ class Daemon:
         for ext in self.extensions:  # probes first: /readyz says "starting" meanwhile
             await ext.start()
         for rt in self.runtimes.values():
-            self._wire_backend(rt)
+            self.health.wire(rt)
         for b in self.backends:
             b.timeout = self.config.hook_timeout
             b.options = self.config.backend_options(b.name)
@@ -395,51 +397,7 @@ class Daemon:
         )
 
     async def _poll_backend(self, rt: BackendRuntime) -> None:
-        if rt.poll_busy:  # a previous poll still runs: do not pile up
-            return
-        rt.poll_busy = True
-        try:
-            stamp = rt.tick()  # what the poll reports was read from now on
-            devices = list(rt.discovered.values())
-            verdicts = await rt.backend.check_health_many(
-                devices, lambda e: self._hook_error(rt, "check_health", e)
-            )
-            changed = await self._record_polled(rt, verdicts, stamp)
-        finally:
-            rt.poll_busy = False
-        if changed:
-            await self.publish(rt)
-
-    async def _record_polled(
-        self, rt: BackendRuntime, verdicts: dict[str, tuple[bool, str]], stamp: int
-    ) -> bool:
-        """Store a poll's verdicts; True if any device's newest verdict changed. Large
-        polls yield to the loop every few hundred devices."""
-        changed = False
-        for n, (device_id, (ok, why)) in enumerate(verdicts.items()):
-            if n % 512 == 511:
-                await asyncio.sleep(0)  # let other resources' calls run meanwhile
-            d = rt.discovered.get(device_id)
-            if d is None:  # gone while polled: would outlive it
-                continue
-            before = rt.newest(device_id)
-            was = before[:2] if before is not None else (d.healthy, d.reason)
-            if before is None or stamp >= before[2]:
-                rt.poll_health[device_id] = (ok, why, stamp)
-                changed = changed or was != (ok, why)
-        return changed
-
-    async def recheck(self, rt: BackendRuntime, device_id: str) -> None:
-        """Judge one device again now (its stuck health check finally returned)."""
-        d = rt.discovered.get(device_id)
-        if d is None:
-            return
-        stamp = rt.tick()
-        verdicts = await rt.backend.check_health_many(
-            [d], lambda e: self._hook_error(rt, "check_health", e)
-        )
-        if await self._record_polled(rt, verdicts, stamp):
-            await self.publish(rt)
+        await self.health.poll(rt)
 
     def set_health(
         self, backend_name: str, device_id: str, healthy: bool, reason: str = ""
@@ -448,41 +406,6 @@ class Daemon:
         rt = self.runtimes[backend_name]
         rt.event_health[device_id] = (healthy, reason, rt.tick())
         self._spawn(self.publish(rt))
-
-    def _stuck_changed(self, rt: BackendRuntime) -> None:
-        """The number of the backend's stuck calls changed: past the cap, every device
-        of the backend is Unhealthy with the reason; below it again, they recover."""
-        reason = rt.backend.stuck_reason
-        if reason == rt.faults.get("stuck", ""):
-            return
-        if reason:
-            if "stuck" not in rt.faults:
-                log.error("%s", reason, extra={"backend": rt.backend.name})
-            rt.faults["stuck"] = reason
-            self._spawn(self.publish(rt))
-        else:
-            log.info("backend %r: its stuck calls returned", rt.backend.name)
-            rt.faults.pop("stuck", None)
-            self._spawn(self.publish(rt))
-            if rt.backend.implements("check_health"):
-                # devices whose checks were refused meanwhile are judged again now
-                self._spawn(self._poll_backend(rt))
-
-    def _wire_backend(self, rt: BackendRuntime) -> None:
-        """Let the backend's worker threads reach the loop: stuck calls, late returns."""
-        loop = asyncio.get_running_loop()
-
-        def stuck_changed() -> None:
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(self._stuck_changed, rt)
-
-        def returned(hook: str, key: str) -> None:
-            if hook == "check_health" and not loop.is_closed():
-                loop.call_soon_threadsafe(self._spawn, self.recheck(rt, key))
-
-        rt.backend.on_stuck_change = stuck_changed
-        rt.backend.on_returned = returned
-        rt.backend.warm()
 
     # --- watch hooks -----------------------------------------------------
 
