@@ -192,3 +192,66 @@ def test_cli_unknown_backend_exits_2(cli_env, hetero_dp_cmd):
         timeout=60,
     )
     assert proc.returncode == 2 and "unknown backend 'no-such-backend'" in proc.stderr
+
+
+# -o values: the common plain ones are read without importing PyYAML, exactly as
+# PyYAML reads them (hypothesis over words, numbers and paths, plus YAML's own words)
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from hetero_dp.engine.config import NOT_PLAIN, plain_scalar  # noqa: E402
+
+_YAML_TRICKS = [
+    "010",
+    "-0",
+    "00",
+    "1e3",
+    "0x10",
+    "~",
+    "null",
+    "NULL",
+    "yes",
+    "No",
+    "ON",
+    "off",
+    "y",
+    "n",
+    "True",
+    "FALSE",
+    ".inf",
+    "1.5",
+    "2001-01-01",
+    "a:b",
+    "-5",
+]
+
+
+@given(
+    st.one_of(
+        st.sampled_from(_YAML_TRICKS),
+        st.from_regex(r"\A[A-Za-z0-9_./:*+~-]{1,12}\Z"),
+        st.integers().map(str),
+    )
+)
+def test_plain_option_values_read_as_yaml_reads_them(value):
+    import yaml
+
+    parsed = plain_scalar(value)
+    if parsed is NOT_PLAIN:
+        return  # left to PyYAML itself
+    expected = yaml.safe_load(value)
+    assert parsed == expected and type(parsed) is type(expected), (value, parsed, expected)
+
+
+def test_run_with_plain_options_does_not_import_yaml(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from hetero_dp.engine.config import set_option; o = {}; "
+        "set_option(o, 'simulated.count=3'); set_option(o, 'x.glob=/dev/acme*'); "
+        "set_option(o, 'x.flag=true'); print(o, 'yaml' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().endswith("False"), out.stdout
+    assert "'count': 3" in out.stdout and "'flag': True" in out.stdout
