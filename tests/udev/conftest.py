@@ -52,8 +52,8 @@ class UmockdevProxy(pytest.Item):
         if outcome["outcome"] != "passed":
             pytest.fail(f"under umockdev-wrapper:\n{outcome['text']}", pytrace=False)
 
-    def reportinfo(self) -> tuple[Path, int | None, str]:
-        return self.path, None, self.name
+    def reportinfo(self) -> tuple[Path, int, str]:
+        return self.path, 0, self.name  # a line is needed to report a skip
 
 
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection
