@@ -324,20 +324,21 @@ class Backend:
             "they return"
         )
 
-    def stuck_since(self, hook: str, key: str) -> float | None:
-        """When the call of ``hook`` for ``key`` that is still stuck started, if one is."""
+    def _still_stuck(self, hook: str, key: str, limit: float) -> BackendError | None:
+        """The error for calling ``hook`` for ``key`` while an earlier call is stuck."""
         entry = self._stuck.get((hook, key))
-        return None if entry is None else entry[1]
+        if entry is None:
+            return None
+        return BackendError(
+            f"backend {self.name!r} hook {hook} for {key} has not returned for "
+            f"{time.monotonic() - entry[1]:.0f}s (stuck; hookTimeout is {limit:g}s); "
+            "not called again until it returns"
+        )
 
     async def _in_thread(self, hook: str, key: str | None, limit: float, kwargs: Any) -> Any:
         pool = self._request_pool if hook in REQUEST_HOOKS else self._pool
-        if key is not None and (hook, key) in self._stuck:
-            since = self._stuck[(hook, key)][1]
-            raise BackendError(
-                f"backend {self.name!r} hook {hook} for {key} has not returned for "
-                f"{time.monotonic() - since:.0f}s (stuck; hookTimeout is {limit:g}s); "
-                "not called again until it returns"
-            )
+        if key is not None and (stuck := self._still_stuck(hook, key, limit)) is not None:
+            raise stuck
         try:
             cf = pool.submit(self._call_sync, hook, kwargs)
         except PoolExhausted as e:
@@ -487,16 +488,8 @@ class Backend:
         limit = self.timeout
         todo = []
         for d in devices:
-            if ("check_health", d.id) in self._stuck:
-                since = self._stuck[("check_health", d.id)][1]
-                failed(
-                    d.id,
-                    BackendError(
-                        f"backend {self.name!r} hook check_health for {d.id} has not returned "
-                        f"for {time.monotonic() - since:.0f}s (stuck; hookTimeout is "
-                        f"{limit:g}s); not called again until it returns"
-                    ),
-                )
+            if (stuck := self._still_stuck("check_health", d.id, limit)) is not None:
+                failed(d.id, stuck)
             else:
                 todo.append(d)
         size = max(1, min(HEALTH_CHUNK, -(-len(todo) // WORKERS)))
