@@ -31,7 +31,7 @@ from hetero_dp.engine.config import Config
 from hetero_dp.engine.extension import Extension
 from hetero_dp.engine.plugins import Backend
 from hetero_dp.engine.polling import HealthPolls
-from hetero_dp.engine.publishing import log_transitions, plan
+from hetero_dp.engine.publishing import log_transitions, oversized, plan, too_large
 from hetero_dp.engine.resource import Resource
 from hetero_dp.engine.runtime import BackendRuntime
 from hetero_dp.engine.watching import HookWatch
@@ -69,6 +69,7 @@ class Daemon:
         self._dir_watch: KubeletDirWatch | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._started = False
+        self._held: set[str] = set()  # names whose device set grew past 4 MiB
         self._stop_event = asyncio.Event()
         self.ready = asyncio.Event()
         # day-two pieces (metrics, probes, labels, reload) that plug in from above
@@ -299,11 +300,15 @@ class Daemon:
                 d.resource,
             )
         for phys, (physical_map, grouped) in planned.items():
+            held = self._hold_oversized(rt, grouped, ids_changed)
             for name in set(grouped) | rt.resources.get(phys, set()):
                 res = self._ensure_resource(name, rt)
                 if res is None:
                     continue
-                if res.state.update(grouped.get(name, []), physical_map):
+                advertised = grouped.get(name, [])
+                if name in held:  # the devices advertised before that are still there
+                    advertised = [d for d in advertised if res.state.get(d.id) is not None]
+                if res.state.update(advertised, physical_map):
                     observe.emit(
                         "devices_changed",
                         resource=name,
@@ -320,6 +325,30 @@ class Daemon:
                     await result
             except Exception:
                 log.exception("publisher %r failed", publish)
+
+    def _hold_oversized(
+        self, rt: BackendRuntime, grouped: dict[str, list[Device]], ids_changed: bool
+    ) -> set[str]:
+        """Advertised names whose device set would pass the kubelet's 4 MiB limit:
+        ConfigError at start-up; afterwards (a rediscovery or a reload that grew the
+        set) the names keep the devices advertised before, and the log says why.
+        Counted only when the IDs changed or a name is held: a health change keeps
+        the size."""
+        if not (ids_changed or self._held & grouped.keys()):
+            return set()
+        big = oversized(grouped)
+        for name, size in big.items():
+            reason = too_large(name, grouped[name], size)
+            if not self._started:
+                raise ConfigError(reason, field="devices", source=f"backend {rt.backend.name}")
+            if ids_changed:
+                log.error(
+                    "%s; keeping the devices advertised before",
+                    reason,
+                    extra={"resource": name, "backend": rt.backend.name},
+                )
+        self._held = (self._held - grouped.keys()) | big.keys()
+        return set(big)
 
     async def _refresh_links(self, rt: BackendRuntime) -> None:
         try:

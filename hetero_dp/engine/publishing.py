@@ -5,11 +5,12 @@ health transitions it logs and emits."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 from hetero_dp.allocation.sharing import SharingConfig, advertise
 from hetero_dp.engine.runtime import BackendRuntime
 from hetero_dp.kits import observe
+from hetero_dp.kubelet.convert import MAX_LIST_AND_WATCH_BYTES, list_and_watch_size
 from hetero_dp.model.device import Device
 from hetero_dp.model.names import device_id_problem, resource_name_problem
 
@@ -77,3 +78,20 @@ def log_transitions(rt: BackendRuntime, effective: Iterable[Device]) -> None:
                 healthy=d.healthy,
                 reason=d.reason,
             )
+
+
+def oversized(grouped: Mapping[str, Sequence[Device]]) -> dict[str, int]:
+    """Advertised names whose ListAndWatch message would pass the kubelet's 4 MiB
+    receive limit (counted with every device Unhealthy), with the size it would be."""
+    sizes = {name: list_and_watch_size(devices) for name, devices in grouped.items()}
+    return {name: size for name, size in sizes.items() if size > MAX_LIST_AND_WATCH_BYTES}
+
+
+def too_large(name: str, devices: Sequence[Device], size: int) -> str:
+    """What an oversized advertised name is told, naming its size and the fix."""
+    longest = max((len(d.id.encode()) for d in devices), default=0)
+    return (
+        f"{len(devices)} devices with IDs of up to {longest} bytes would make the "
+        f"ListAndWatch message of {name} {size} bytes; the kubelet receives at most "
+        f"{MAX_LIST_AND_WATCH_BYTES} (4 MiB): advertise fewer devices or shorter IDs"
+    )

@@ -151,22 +151,60 @@ class LongIds(Scripted):
     pass
 
 
-async def test_a_too_large_list_and_watch_message_is_logged(fake_kubelet, plugin_runner):
-    """A backend whose devices make a ListAndWatch message beyond 4 MiB: the kubelet
-    never receives it; the log says so instead of a silent re-registration loop."""
-    devices = [
-        Device(id=f"{i:06d}-" + "x" * 240, resource=A, numa_nodes=(0,)) for i in range(17_000)
+def long_ids(count: int, start: int = 0) -> list[Device]:
+    """Devices whose IDs are 247 bytes each: about 17,000 of them pass 4 MiB."""
+    return [
+        Device(id=f"{i:06d}-" + "x" * 240, resource=A, numa_nodes=(0,))
+        for i in range(start, start + count)
     ]
-    handler = LogEvent("over the kubelet's limit")
-    logger = logging.getLogger("hetero_dp.kubelet.convert")
+
+
+async def test_a_backend_past_4_mib_at_start_up_is_refused_naming_the_size(plugin_runner):
+    """A backend whose own devices (no sharing) make a ListAndWatch message beyond
+    4 MiB: the kubelet would never receive it and the plugin would re-register in a
+    loop. Start-up refuses it, naming the backend, the count and the size."""
+    from hetero_dp import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        await plugin_runner.start(LongIds(long_ids(17_000)))
+    e = caught.value
+    assert e.field == "devices" and e.source == "backend scripted"
+    assert "17000 devices with IDs of up to 247 bytes" in e.reason
+    size = int(e.reason.split(f"ListAndWatch message of {A} ")[1].split()[0])
+    assert size > MAX_LIST_AND_WATCH_BYTES
+    assert f"at most {MAX_LIST_AND_WATCH_BYTES}" in e.reason
+
+
+async def test_a_rediscovery_past_4_mib_keeps_the_old_devices_and_says_why(
+    fake_kubelet, plugin_runner
+):
+    """A rediscovery that grows a resource past 4 MiB: the kubelet keeps receiving
+    the devices it had (with their health), the log names the size; once the set
+    fits again it is advertised whole."""
+    backend = LongIds(long_ids(100))
+    daemon = await plugin_runner.start(backend)
+    await fake_kubelet.wait_devices(A, lambda d: len(d) == 100)
+    handler = LogEvent("keeping the devices advertised before")
+    logger = logging.getLogger("hetero_dp.engine.daemon")
     logger.addHandler(handler)
     try:
-        await plugin_runner.start(LongIds(devices))
-        await asyncio.wait_for(handler.seen.wait(), 30)
+        backend.devices = long_ids(17_000)
+        backend.unhealthy[backend.devices[0].id] = "ecc"
+        await daemon.rediscover()
+        await daemon.poll_health()
+        await asyncio.wait_for(handler.seen.wait(), 10)
     finally:
         logger.removeHandler(handler)
     record = handler.records[0]
     assert record.resource == A and "17000 devices" in record.getMessage()
+    assert len(handler.records) == 1  # the health poll did not log it again
+    seen = await fake_kubelet.wait_devices(
+        A, lambda d: len(d) == 100 and not d[backend.devices[0].id].healthy
+    )
+    assert set(seen) == {d.id for d in long_ids(100)}
+    backend.devices = long_ids(150)
+    await daemon.rediscover()
+    await fake_kubelet.wait_devices(A, lambda d: len(d) == 150)
 
 
 # --- point 9: validation -----------------------------------------------------------------
