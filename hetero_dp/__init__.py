@@ -24,6 +24,7 @@ from hetero_dp.model.device import (
 )
 from hetero_dp.model.errors import AllocationError, ConfigError
 from hetero_dp.model.events import EventSink
+from hetero_dp.model.options import option
 from hetero_dp.model.response import ContainerResponse
 from hetero_dp.model.settings import device_settings
 from hetero_dp.model.sysfs import PciFacts, pci_address_of, pci_facts
@@ -50,6 +51,7 @@ __all__ = [
     "device_settings",
     "hookimpl",
     "is_replica",
+    "option",
     "pci_address_of",
     "pci_facts",
     "replica_base",

@@ -35,8 +35,14 @@ def configure(options: Mapping[str, Any]) -> None:
     """Receive this backend's options before anything else runs.
 
     ``options`` is the ``backends.<name>`` section of the config file merged
-    with the backend's environment and flags. Raise ``hetero_dp.ConfigError``
-    (or ``ValueError``) to stop start-up; the message names the field.
+    with the ``-o`` flags. Annotate it with a dataclass whose fields are made with
+    :func:`hetero_dp.option` (``def configure(options: AcmeOptions)``) and the
+    framework checks every value against the declared types and limits (reading
+    each option's environment variable too), refuses unknown keys with the closest
+    known one, and passes an instance; ``hetero-dp list --options`` prints them.
+    Without such an annotation the hook gets the mapping as it is. Raise
+    ``hetero_dp.ConfigError`` (or ``ValueError``) to stop start-up; the message
+    names the field.
 
     A config reload whose options for this backend changed calls it again while
     the daemon runs (and while ``watch`` may be running); raising then rejects the

@@ -2,16 +2,30 @@
 
 import glob
 import os
+from dataclasses import dataclass
 
-from hetero_dp import Device, DeviceNode, hookimpl
+from hetero_dp import Device, DeviceNode, hookimpl, option
 
 RESOURCE = "acme.example.com/npu"
-DEV_GLOB = os.environ.get("ACME_DEV_GLOB", "/dev/acme*")
+
+
+@dataclass(frozen=True)
+class Options:
+    device_glob: str = option("/dev/acme*", help="the cards' nodes", env="ACME_DEV_GLOB")
+
+
+settings = Options()
+
+
+@hookimpl
+def configure(options: Options):
+    global settings
+    settings = options
 
 
 @hookimpl
 def discover():
-    for i, path in enumerate(sorted(glob.glob(DEV_GLOB))):
+    for i, path in enumerate(sorted(glob.glob(settings.device_glob))):
         yield Device(
             id=f"npu{i}",
             resource=RESOURCE,

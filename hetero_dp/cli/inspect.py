@@ -17,9 +17,8 @@ async def configured_backend(spec: str, cfg: Config) -> AsyncIterator[Backend]:
     """One backend, loaded and configured, shut down on exit; its failures become
     ConfigError naming the backend (for commands that look without a kubelet)."""
     (backend,) = load_backends([spec], timeout=cfg.hook_timeout)
-    backend.options = cfg.backend_options(backend.name)
     try:
-        await backend.configure(backend.options)
+        await backend.configure_from(cfg)
         yield backend
     finally:
         with contextlib.suppress(BackendError):
@@ -68,8 +67,44 @@ def device_table(devices: Sequence[Device]) -> str:
         rows.append((d.id, d.resource, health, numa, nodes))
     if len(rows) == 1:
         return "no devices found"
+    return _table(rows)
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def options_table(spec: str, *, as_json: bool = False) -> str:
+    """The options a backend declares (``hetero-dp list --options``), as a table or
+    JSON; a backend that declares none says what it takes instead."""
+    import json
+
+    from hetero_dp.model.options import describe
+
+    (backend,) = load_backends([spec])
+    try:
+        schema = backend.schema
+    finally:
+        backend.close()
+    rows = describe(schema) if schema is not None else []
+    if as_json:
+        return json.dumps([r.__dict__ for r in rows], indent=2)
+    if schema is None:
+        if backend.implements("configure"):
+            return (
+                f"backend {backend.name!r} declares no typed options: its configure hook "
+                "reads a plain mapping (see its documentation)"
+            )
+        return f"backend {backend.name!r} takes no options"
+    if not rows:
+        return f"backend {backend.name!r} takes no options"
+    table = [("OPTION", "TYPE", "DEFAULT", "ENV", "HELP")]
+    table += [(r.key, r.type, r.default, r.env or "-", r.help) for r in rows]
+    return (
+        f"options of backend {backend.name!r} (backends.{backend.name}.OPTION in the config "
+        f"file, -o {backend.name}.OPTION=VALUE):\n" + _table(table)
+    )
 
 
 def devices_json(devices: Sequence[Device]) -> list[dict[str, Any]]:

@@ -287,11 +287,26 @@ def check_kubelet_dir(cfg: Config, *, create: bool) -> None:
 @config_option
 @set_option_flag
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def list_devices(backend: str, config: str | None, options: tuple[str, ...], as_json: bool) -> None:
+@click.option(
+    "--options",
+    "show_options",
+    is_flag=True,
+    help="Print the options BACKEND takes (type, default, env var, help) instead.",
+)
+def list_devices(
+    backend: str,
+    config: str | None,
+    options: tuple[str, ...],
+    as_json: bool,
+    show_options: bool,
+) -> None:
     """Print what BACKEND discovers, without talking to the kubelet."""
-    from hetero_dp.cli.inspect import device_table, devices_json, discover_once
+    from hetero_dp.cli.inspect import device_table, devices_json, discover_once, options_table
 
     try:
+        if show_options:
+            click.echo(options_table(backend, as_json=as_json))
+            return
         cfg = _config(config, options)
         devices = asyncio.run(discover_once(backend, cfg))
     except ConfigError as e:

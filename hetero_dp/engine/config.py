@@ -117,9 +117,16 @@ class Config:
     # backend name -> where its options were given (``file, field 'backends.x'``,
     # ``flag -o x.key``), for refusing options of a backend that is not loaded
     backend_origins: dict[str, str] = field(default_factory=dict)
+    # backend name -> the dotted option keys ``-o`` set (a flag wins over the
+    # environment variable an option declares)
+    backend_flagged: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def backend_options(self, name: str) -> dict[str, Any]:
         return dict(self.backends.get(name, {}))
+
+    def options_source(self, name: str) -> str:
+        """Where a backend's options were given, for messages about them."""
+        return self.backend_origins.get(name) or self.source or "config"
 
     def resource_settings(self, name: str) -> dict[str, Any]:
         return dict(self.resources.get(name, {}))
@@ -356,6 +363,10 @@ def load_config(
     _check_paths(cfg, sources)
     cfg.sharing = parse_sharing(raw.get("sharing"), source)
     cfg.backends, cfg.backend_origins = _backends(raw, flags, source)
+    cfg.backend_flagged = {
+        str(name): frozenset(_dotted(options))
+        for name, options in _mapping(flags.get("backends"), "backends", "flag -o").items()
+    }
     cfg.resources = _resources(raw.get("resources"), source)
     for section in SECTION_KEYS:
         value = _section(section, raw.get(section), source)
@@ -383,6 +394,17 @@ def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
     for k, v in top.items():
         out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
+
+
+def _dotted(options: Any, prefix: str = "") -> list[str]:
+    """The dotted keys of nested options: ``{a: {b: 1}, c: 2}`` -> ``a.b``, ``c``."""
+    if not isinstance(options, Mapping):
+        return []
+    keys = []
+    for k, v in options.items():
+        keys.append(f"{prefix}{k}")
+        keys.extend(_dotted(v, f"{prefix}{k}."))
+    return keys
 
 
 def _backends(

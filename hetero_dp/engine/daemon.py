@@ -86,8 +86,7 @@ class Daemon:
             self.health.wire(rt)
         for b in self.backends:
             b.timeout = self.config.hook_timeout
-            b.options = self.config.backend_options(b.name)
-            await b.configure(b.options)
+            await b.configure_from(self.config)
         enabled = self.config.cdi.get("enabled")
         if enabled is not False:
             writer = CDIWriter(self.config.cdi["dir"])

@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -32,6 +32,10 @@ from hetero_dp.kits.aiotools import with_timeout
 from hetero_dp.kits.entrypoints import entry_points
 from hetero_dp.model.device import Check, Device, Link, Sample
 from hetero_dp.model.errors import AllocationError, BackendError, ConfigError
+from hetero_dp.model.options import parse_options, schema_of
+
+if TYPE_CHECKING:
+    from hetero_dp.engine.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +260,9 @@ class Backend:
         self.plugin = plugin
         self.pm = pm
         self.timeout = timeout
-        self.options: Mapping[str, Any] = {}
+        # what the hooks get as ``options``: the declared options dataclass's
+        # instance, or the mapping as given to a backend that declares none
+        self.options: Any = {}
         # Called (from any thread) when the number of stuck calls changes, and with
         # (hook, key) when a call that was given up on finally returns; the engine
         # sets them to re-judge the backend and the device.
@@ -282,6 +288,7 @@ class Backend:
                     self._impls[hook_name] = impl
         if "discover" not in self._impls:
             raise ConfigError(f"backend {name!r} implements no 'discover' hook", field="backend")
+        self.schema = schema_of(self.hook_function("configure"))
 
     def implements(self, hook: str) -> bool:
         return hook in self._impls
@@ -406,16 +413,67 @@ class Backend:
 
     # Typed wrappers: each checks the shape of what the backend returned.
 
-    async def configure(self, options: Mapping[str, Any]) -> None:
-        """Run the configure hook; a refusal (ConfigError, ValueError) or a failure is a
-        ConfigError naming this backend (unless it names its own source)."""
+    def read_options(
+        self,
+        options: Mapping[str, Any],
+        *,
+        source: str = "",
+        flagged: frozenset[str] = frozenset(),
+    ) -> Any:
+        """What the hooks get as ``options``: an instance of the options dataclass
+        that ``configure`` declares (checked: ConfigError naming the option), or the
+        mapping as given. Options for a backend with no ``configure`` hook are refused:
+        nothing would read them."""
+        field = f"backends.{self.name}"
+        if self.schema is not None:
+            return parse_options(
+                self.schema, options, field=field, source=source or "config", flagged=flagged
+            )
+        if options and not self.implements("configure"):
+            raise ConfigError(
+                f"unknown option: backend {self.name!r} takes no options (it has no "
+                "configure hook)",
+                field=f"{field}.{next(iter(options))}",
+                source=source or "config",
+            )
+        return options
+
+    async def configure(
+        self,
+        options: Mapping[str, Any],
+        *,
+        source: str = "",
+        flagged: frozenset[str] = frozenset(),
+    ) -> None:
+        """Check ``options`` (:meth:`read_options`) and run the configure hook; a
+        refusal (ConfigError, ValueError) or a failure is a ConfigError naming this
+        backend (unless it names its own source)."""
+        value = self.read_options(options, source=source, flagged=flagged)
         try:
-            await self.call("configure", options=options)
+            await self.call("configure", options=value)
         except ConfigError as e:
             source = e.source or f"backend {self.name}"
             raise ConfigError(e.reason, field=e.field, source=source) from None
         except (ValueError, BackendError) as e:
             raise ConfigError(str(e), source=f"backend {self.name}") from None
+        self.options = value
+
+    async def configure_from(self, cfg: Config) -> None:
+        """:meth:`configure` with this backend's options from ``cfg`` (the file, the
+        environment and ``-o`` flags)."""
+        await self.configure(
+            cfg.backend_options(self.name),
+            source=cfg.options_source(self.name),
+            flagged=cfg.backend_flagged.get(self.name, frozenset()),
+        )
+
+    def read_options_from(self, cfg: Config) -> Any:
+        """:meth:`read_options` with this backend's options from ``cfg``."""
+        return self.read_options(
+            cfg.backend_options(self.name),
+            source=cfg.options_source(self.name),
+            flagged=cfg.backend_flagged.get(self.name, frozenset()),
+        )
 
     async def discover(self) -> list[Device]:
         result = await self.call("discover")

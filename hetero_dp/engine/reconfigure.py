@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hetero_dp.allocation.cdi import CDIWriter
@@ -36,12 +35,6 @@ FIXED = {
     "registration": "registration",
     "socket_prefix": "socketPrefix",
 }
-
-
-async def configure_backend(b: Backend, options: Mapping[str, Any]) -> None:
-    """Call the backend's ``configure`` hook; ConfigError naming the backend on refusal."""
-    await b.configure(options)
-    b.options = options
 
 
 def _sharing_view(sharing: SharingConfig, physical: str) -> tuple[Any, ...]:
@@ -73,11 +66,11 @@ async def _configure_changed(daemon: Daemon, old: Config, new: Config) -> list[B
     done: list[Backend] = []
     for b in changed:
         try:
-            await configure_backend(b, new.backend_options(b.name))
+            await b.configure_from(new)
         except ConfigError:
             for ok in done:
                 try:
-                    await configure_backend(ok, old.backend_options(ok.name))
+                    await ok.configure_from(old)
                 except ConfigError as e:
                     log.error("restoring the old options of backend %r failed: %s", ok.name, e)
             raise

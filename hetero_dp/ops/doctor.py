@@ -139,7 +139,21 @@ async def _driver(config: Config, backends: Sequence[Backend]) -> list[Finding]:
             out.append(Finding("driver", b.name, "skip", f"backend {b.name!r} offers no checks"))
             continue
         try:
-            checks = await b.doctor(config.backend_options(b.name))
+            options = b.read_options_from(config)
+        except ConfigError as e:
+            out.append(
+                Finding(
+                    "driver",
+                    b.name,
+                    "fail",
+                    f"backend {b.name!r} refuses its options: {e}",
+                    f"fix the named option of backends.{b.name}: hetero-dp list --options "
+                    + b.name,
+                )
+            )
+            continue
+        try:
+            checks = await b.doctor(options)
         except BackendError as e:
             out.append(
                 Finding(
@@ -165,11 +179,10 @@ async def _devices(
     out: list[Finding] = []
     resources: dict[str, dict[str, Any]] = {}
     for b in backends:
-        options = config.backend_options(b.name)
         try:
             try:
-                await b.call("configure", options=options)
-            except (ConfigError, ValueError, BackendError) as e:
+                await b.configure_from(config)
+            except ConfigError as e:
                 out.append(
                     Finding(
                         "devices",

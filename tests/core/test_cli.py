@@ -73,9 +73,10 @@ async def test_example_plugin_end_to_end(fake_kubelet, cli_env, hetero_dp_cmd, t
     assert code == 0
 
 
-def test_example_plugin_is_at_most_25_lines(repo_root):
+def test_example_plugin_is_at_most_40_lines(repo_root):
+    """The tutorial's promise, typed options included."""
     lines = (repo_root / EXAMPLE).read_text().splitlines()
-    assert len(lines) <= 25
+    assert len(lines) <= 40
 
 
 def test_list_prints_what_a_backend_discovers(cli_env, hetero_dp_cmd):

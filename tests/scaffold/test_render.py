@@ -52,7 +52,7 @@ def test_pyproject_declares_the_entry_point_and_module(project: Path):
 
 def test_plugin_module_is_small_and_names_the_resource(project: Path):
     source = (project / "acme_npu.py").read_text()
-    assert len(source.splitlines()) <= 32
+    assert len(source.splitlines()) <= 45  # typed options included
     tree = ast.parse(source)
     hooks = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     assert hooks == {"configure", "discover", "check_health"}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import pyudev
 from hetero_dp_udev import UdevBackend
-from hetero_dp_udev.backend import monitor_subsystems
+from hetero_dp_udev.backend import monitor_subsystems, options
 from hetero_dp_udev.rules import load_rules
 from hetero_dp_udev.testing import Testbed
 
@@ -25,7 +25,7 @@ ASCEND_82 = "/sys/devices/pci0000:80/0000:80:00.0/0000:82:00.0"
 def _discover(testbed: Testbed, data: Path, name: str, rules: object = None) -> list[Device]:
     testbed.add_file(data / f"{name}.umockdev")
     backend = UdevBackend()
-    backend.configure({"rules": rules if rules is not None else [name]})
+    backend.configure(options({"rules": rules if rules is not None else [name]}))
     return backend.discover()
 
 
@@ -78,7 +78,7 @@ def test_ascend_npu_has_the_vendor_plugins_names(testbed: Testbed, data: Path) -
 def test_ascend_npu_generic_names_switch(testbed: Testbed, data: Path) -> None:
     testbed.add_file(data / "ascend-npu.umockdev")
     backend = UdevBackend()
-    backend.configure({"rules": ["ascend-npu"], "names": "generic"})
+    backend.configure(options({"rules": ["ascend-npu"], "names": "generic"}))
     devices = backend.discover()
     assert [(d.resource, d.id) for d in devices] == [
         ("huawei.com/npu", "0000:81:00.0"),
@@ -92,7 +92,7 @@ def test_ascend_npu_generic_names_switch(testbed: Testbed, data: Path) -> None:
 
 def test_names_option_is_checked(testbed: Testbed) -> None:
     with pytest.raises(ConfigError, match=r"names.*vendor, generic"):
-        UdevBackend().configure({"rules": ["gaudi"], "names": "habana"})
+        UdevBackend().configure(options({"rules": ["gaudi"], "names": "habana"}))
 
 
 def test_gaudi_every_node_and_env_of_habanas_plugin(testbed: Testbed, data: Path) -> None:
@@ -140,7 +140,7 @@ def test_unusable_driver_at_start_up_is_listed_unhealthy(
     else:
         testbed.bind_driver(syspath, driver)
     backend = UdevBackend()
-    backend.configure({"rules": [name]})
+    backend.configure(options({"rules": [name]}))
     devices = {d.id: d for d in backend.discover()}
     sick = devices[device_id]
     bdf = syspath.rsplit("/", 1)[1]
@@ -181,7 +181,7 @@ def test_plain_dev_glob(testbed: Testbed, data: Path) -> None:
 def test_labels_count_and_product(testbed: Testbed, data: Path) -> None:
     testbed.add_file(data / "amd-gpu.umockdev")
     backend = UdevBackend()
-    backend.configure({"rules": ["amd-gpu"]})
+    backend.configure(options({"rules": ["amd-gpu"]}))
     devices = backend.discover()
     # what the node gets: the framework's generic labels, the backend's on top
     assert {**generic_labels("amd.com/gpu", devices), **backend.labels(devices)} == {
@@ -193,7 +193,7 @@ def test_labels_count_and_product(testbed: Testbed, data: Path) -> None:
 def test_labels_say_mixed_when_products_differ(testbed: Testbed, data: Path) -> None:
     testbed.add_file(data / "dev-glob.umockdev")
     backend = UdevBackend()
-    backend.configure({"rules": ["dev-glob"]})
+    backend.configure(options({"rules": ["dev-glob"]}))
     serial = [d for d in backend.discover() if d.resource == "hetero-dp.io/serial"]
     assert len({d.attributes["product"] for d in serial}) == 2
     assert backend.labels(serial) == {"hetero-dp.io/serial.product": "mixed"}
@@ -235,11 +235,11 @@ def test_missing_shared_node_makes_devices_unhealthy_and_doctor_fails(
     testbed.add_file(data / "ascend-npu.umockdev")
     testbed.remove_node("/dev/hisi_hdc")
     backend = UdevBackend()
-    backend.configure({"rules": ["ascend-npu"]})
+    backend.configure(options({"rules": ["ascend-npu"]}))
     devices = backend.discover()
     assert [d.healthy for d in devices] == [False, False]
     assert devices[0].reason == "shared node /dev/hisi_hdc is missing"
-    checks = {c.name: c for c in backend.doctor({"rules": ["ascend-npu"]})}
+    checks = {c.name: c for c in backend.doctor(options({"rules": ["ascend-npu"]}))}
     assert checks["huawei.com/Ascend910 devices"].status == "pass"
     assert checks["huawei.com/Ascend910 nodes"].status == "fail"
     assert "/dev/hisi_hdc" in checks["huawei.com/Ascend910 nodes"].message
@@ -247,7 +247,7 @@ def test_missing_shared_node_makes_devices_unhealthy_and_doctor_fails(
 
 def test_doctor_warns_on_a_rule_without_devices(testbed: Testbed, data: Path) -> None:
     testbed.add_file(data / "gaudi.umockdev")
-    checks = UdevBackend().doctor({"rules": ["xilinx-fpga"]})
+    checks = UdevBackend().doctor(options({"rules": ["xilinx-fpga"]}))
     assert [(c.name, c.status) for c in checks] == [
         ("udev rules", "pass"),
         ("xilinx.com/fpga devices", "warn"),

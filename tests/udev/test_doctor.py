@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from hetero_dp_udev import UdevBackend
+from hetero_dp_udev.backend import options
 from hetero_dp_udev.testing import Testbed
 
 from hetero_dp.engine.config import load_config
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.umockdev
 
 
 def _checks(backend: UdevBackend, rules: list[str]) -> dict[str, tuple[str, str]]:
-    return {c.name: (c.status, c.message) for c in backend.doctor({"rules": rules})}
+    return {c.name: (c.status, c.message) for c in backend.doctor(options({"rules": rules}))}
 
 
 def test_a_control_node_the_rule_did_not_find_is_named(testbed: Testbed, data: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from hetero_dp_udev import UdevBackend
+from hetero_dp_udev.backend import options
 from hetero_dp_udev.testing import Testbed
 
 from hetero_dp import Device, EventSink
@@ -94,7 +95,7 @@ async def _watching(backend: UdevBackend) -> AsyncIterator[Recorder]:
 async def amd(testbed: Testbed, data: Path) -> AsyncIterator[tuple[UdevBackend, Recorder]]:
     testbed.add_file(data / "amd-gpu.umockdev")
     backend = UdevBackend()
-    backend.configure({"rules": ["amd-gpu"]})
+    backend.configure(options({"rules": ["amd-gpu"]}))
     assert len(backend.discover()) == 2
     async for recorder in _watching(backend):
         yield backend, recorder
@@ -177,7 +178,7 @@ async def gaudi(
         "    health: {attribute: status, equals: operational, target: pci, interval: 0.05}\n"
     )
     backend = UdevBackend()
-    backend.configure({"rules": str(rules)})
+    backend.configure(options({"rules": str(rules)}))
     assert [d.healthy for d in backend.discover()] == [True, True]
     async for recorder in _watching(backend):
         yield backend, recorder
@@ -237,7 +238,7 @@ async def test_reconfigure_while_watching_follows_the_new_rules(
     backend, recorder = gaudi
     rules = tmp_path / "gaudi-reloaded.yaml"
     rules.write_text((tmp_path / "gaudi-health.yaml").read_text())
-    backend.configure({"rules": str(rules)})
+    backend.configure(options({"rules": str(rules)}))
     assert [d.healthy for d in backend.discover()] == [True, True]
     recorder.drain()
     testbed.set_attribute(GAUDI_33, "status", "needs reset", event=False)
@@ -252,7 +253,7 @@ async def test_unbound_and_vfio_stay_unhealthy_until_bound_again(
     # unbound card "recovered" at the next discovery and vfio-pci counted as bound.
     testbed.add_file(data / "gaudi.umockdev")
     backend = UdevBackend()
-    backend.configure({"rules": ["gaudi"]})
+    backend.configure(options({"rules": ["gaudi"]}))
     assert [d.healthy for d in backend.discover()] == [True, True]
     async for recorder in _watching(backend):
         testbed.unbind_driver(GAUDI_33)
@@ -309,7 +310,7 @@ async def test_incremental_discovery_equals_a_full_scan(
     await recorder.next("rediscover")
     incremental = backend.discover()
     fresh = UdevBackend()
-    fresh.configure({"rules": ["amd-gpu"]})
+    fresh.configure(options({"rules": ["amd-gpu"]}))
     assert _snapshot(incremental) == _snapshot(fresh.discover())
     recorder.drain()
     testbed.remove(GPU_43 + "/drm/renderD129")
@@ -330,7 +331,7 @@ async def test_gaudi_control_node_arriving_late_is_paired(testbed: Testbed, data
     late = [b for b in blocks if "accel_controlD1" in b]
     testbed.add("\n\n".join(b for b in blocks if b not in late))
     backend = UdevBackend()
-    backend.configure({"rules": ["gaudi"]})
+    backend.configure(options({"rules": ["gaudi"]}))
     devices = {d.id: d for d in backend.discover()}
     assert [n.host_path for n in devices["0000:9a:00.0"].nodes] == ["/dev/accel/accel1"]
     async for recorder in _watching(backend):

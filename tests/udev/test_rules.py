@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from hetero_dp_udev import UdevBackend, load_rules, shipped_rule_sets
+from hetero_dp_udev.backend import options
 from hetero_dp_udev.rules import parse_rules
 
 from hetero_dp import ConfigError
@@ -197,17 +198,17 @@ def test_unknown_shipped_name_lists_the_shipped_ones() -> None:
 def test_configure_requires_rules_and_rejects_bad_ones(tmp_path: Path) -> None:
     backend = UdevBackend()
     with pytest.raises(ConfigError, match="rules"):
-        backend.configure({})
+        backend.configure(options({}))
     bad = tmp_path / "bad.yaml"
     bad.write_text("resources:\n  - name: nope\n    match: {subsystem: pci}\n")
     with pytest.raises(ConfigError, match=r"bad\.yaml.*resources\[0\]\.name"):
-        backend.configure({"rules": str(bad)})
+        backend.configure(options({"rules": str(bad)}))
 
 
 def test_doctor_reports_bad_rules_as_fail(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("resources:\n  - name: example.com/x\n    match: {sysname: 3}\n")
-    checks = UdevBackend().doctor({"rules": str(bad)})
+    checks = UdevBackend().doctor(options({"rules": str(bad)}))
     assert checks[0].status == "fail"
     assert "bad.yaml" in checks[0].message and "match.sysname" in checks[0].message
 

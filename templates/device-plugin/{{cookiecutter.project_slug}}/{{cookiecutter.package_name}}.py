@@ -2,24 +2,36 @@
 
 import glob
 import os
+from dataclasses import dataclass
 
-from hetero_dp import Device, DeviceNode, hookimpl
+from hetero_dp import Device, DeviceNode, hookimpl, option
 
 RESOURCE = "{{ cookiecutter.vendor_domain }}/{{ cookiecutter.resource }}"
 DEFAULT_GLOB = "{{ cookiecutter.device_glob }}"
-device_glob, host_root = DEFAULT_GLOB, ""
+
+
+@dataclass(frozen=True)
+class Options:
+    """backends.{{ cookiecutter.package_name }}.KEY in the config file, or
+    -o {{ cookiecutter.package_name }}.KEY=VALUE; hetero-dp list --options lists them."""
+
+    device_glob: str = option(DEFAULT_GLOB, help="device nodes that are devices")
+    host_root: str = option("", help="where the host's / is seen (/host in the DaemonSet)")
+
+
+settings = Options()
 
 
 @hookimpl
-def configure(options):
-    global device_glob, host_root  # options deviceGlob and hostRoot (see README.md)
-    device_glob = options.get("deviceGlob", DEFAULT_GLOB)
-    host_root = options.get("hostRoot", "").rstrip("/")  # where the host's / is seen
+def configure(options: Options):
+    global settings
+    settings = options
 
 
 @hookimpl
 def discover():
-    for path in sorted(glob.glob(host_root + device_glob)):
+    host_root = settings.host_root.rstrip("/")
+    for path in sorted(glob.glob(host_root + settings.device_glob)):
         name = os.path.basename(path)  # the device ID, stable while the node exists
         node = DeviceNode(path[len(host_root) :])  # the kubelet wants the host's path
         env = {"{{ cookiecutter.env_var }}": name}
@@ -28,4 +40,5 @@ def discover():
 
 @hookimpl
 def check_health(device):
-    return os.path.exists(host_root + device.nodes[0].host_path) or "device node vanished"
+    path = settings.host_root.rstrip("/") + device.nodes[0].host_path
+    return os.path.exists(path) or "device node vanished"

@@ -14,11 +14,12 @@ import logging
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, make_dataclass
+from typing import Any, Literal
 
-from hetero_dp import ConfigError
+from hetero_dp import ConfigError, option
 from hetero_dp.allocation.sharing import SharingConfig, parse_sharing
+from hetero_dp.model.options import parse_options as read_schema
 
 from .mps import MpsSettings, parse_mps_settings
 
@@ -131,7 +132,7 @@ class Flag:
     ``status``: ``"ours"`` (implemented), ``"warn"`` (NVIDIA has it, we do not
     implement it: accepted with a warning naming it), ``"default-only"`` (accepted
     at ``allowed`` values, refused otherwise, naming it), ``"core"`` (taken by the
-    ``hetero-dp run`` command itself).
+    ``hetero-dp run`` command itself). ``default`` and ``help`` are NVIDIA's.
     """
 
     key: str
@@ -141,42 +142,130 @@ class Flag:
     status: str = "ours"
     allowed: tuple[str, ...] = ()
     note: str = ""
+    default: Any = ""
+    help: str = ""
 
 
 # NVIDIA's k8s-device-plugin v0.20 (cmd/nvidia-device-plugin/main.go and
-# api/config/v1/flags.go): every flag, its aliases and env vars, in its order.
+# api/config/v1/flags.go): every flag, its aliases, env vars and default, in its order.
 FLAGS: tuple[Flag, ...] = (
-    Flag("migStrategy", ("mig-strategy",), ("MIG_STRATEGY",), MIG_STRATEGIES),
-    Flag("failOnInitError", ("fail-on-init-error",), ("FAIL_ON_INIT_ERROR",), bool),
-    Flag("nvidiaDriverRoot", ("driver-root", "nvidia-driver-root"), ("NVIDIA_DRIVER_ROOT",), str),
-    Flag("nvidiaDevRoot", ("dev-root", "nvidia-dev-root"), ("NVIDIA_DEV_ROOT",), str),
-    Flag("plugin.passDeviceSpecs", ("pass-device-specs",), ("PASS_DEVICE_SPECS",), bool),
-    Flag("plugin.deviceListStrategy", ("device-list-strategy",), ("DEVICE_LIST_STRATEGY",), list),
     Flag(
-        "plugin.deviceIDStrategy", ("device-id-strategy",), ("DEVICE_ID_STRATEGY",), ID_STRATEGIES
+        "migStrategy",
+        ("mig-strategy",),
+        ("MIG_STRATEGY",),
+        MIG_STRATEGIES,
+        default="none",
+        help="how MIG devices are advertised: none (whole GPUs), single or mixed",
     ),
-    Flag("gdrcopyEnabled", ("gdrcopy-enabled",), ("GDRCOPY_ENABLED",), bool),
-    Flag("gdsEnabled", ("gds-enabled",), ("GDS_ENABLED",), bool),
-    Flag("mofedEnabled", ("mofed-enabled",), ("MOFED_ENABLED",), bool),
-    Flag("plugin.cdiAnnotationPrefix", ("cdi-annotation-prefix",), ("CDI_ANNOTATION_PREFIX",), str),
+    Flag(
+        "failOnInitError",
+        ("fail-on-init-error",),
+        ("FAIL_ON_INIT_ERROR",),
+        bool,
+        default=True,
+        help="stop start-up when NVML cannot start; false serves no GPUs instead",
+    ),
+    Flag(
+        "nvidiaDriverRoot",
+        ("driver-root", "nvidia-driver-root"),
+        ("NVIDIA_DRIVER_ROOT",),
+        str,
+        default="/",
+        help="the root of the driver installation on the host",
+    ),
+    Flag(
+        "nvidiaDevRoot",
+        ("dev-root", "nvidia-dev-root"),
+        ("NVIDIA_DEV_ROOT",),
+        str,
+        help="the root of the /dev nodes on the host (default: the driver root)",
+    ),
+    Flag(
+        "plugin.passDeviceSpecs",
+        ("pass-device-specs",),
+        ("PASS_DEVICE_SPECS",),
+        bool,
+        default=False,
+        help="list the /dev nodes in Allocate (for the CPU manager's static policy)",
+    ),
+    Flag(
+        "plugin.deviceListStrategy",
+        ("device-list-strategy",),
+        ("DEVICE_LIST_STRATEGY",),
+        list,
+        default=("envvar",),
+        help="how devices reach the container: envvar, volume-mounts, cdi-annotations, cdi-cri",
+    ),
+    Flag(
+        "plugin.deviceIDStrategy",
+        ("device-id-strategy",),
+        ("DEVICE_ID_STRATEGY",),
+        ID_STRATEGIES,
+        default="uuid",
+        help="device IDs passed to the runtime: uuid or index",
+    ),
+    Flag(
+        "gdrcopyEnabled",
+        ("gdrcopy-enabled",),
+        ("GDRCOPY_ENABLED",),
+        bool,
+        default=False,
+        help="add the GDRCopy device nodes",
+    ),
+    Flag(
+        "gdsEnabled",
+        ("gds-enabled",),
+        ("GDS_ENABLED",),
+        bool,
+        default=False,
+        help="add the GPUDirect Storage device nodes",
+    ),
+    Flag(
+        "mofedEnabled",
+        ("mofed-enabled",),
+        ("MOFED_ENABLED",),
+        bool,
+        default=False,
+        help="add the Mellanox OFED device nodes",
+    ),
+    Flag(
+        "plugin.cdiAnnotationPrefix",
+        ("cdi-annotation-prefix",),
+        ("CDI_ANNOTATION_PREFIX",),
+        str,
+        default="cdi.k8s.io/",
+        help="the prefix of CDI annotations (cdi-annotations strategy)",
+    ),
     Flag(
         "plugin.nvidiaCTKPath",
         ("nvidia-cdi-hook-path", "nvidia-ctk-path"),
         ("NVIDIA_CDI_HOOK_PATH", "NVIDIA_CTK_PATH"),
         str,
+        default=DEFAULT_CDI_HOOK_PATH,
+        help="the nvidia-ctk (or nvidia-cdi-hook) the CDI spec's hooks run",
     ),
     Flag(
         "plugin.containerDriverRoot",
         ("driver-root-ctr-path", "container-driver-root"),
         ("DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT"),
         str,
+        default=DEFAULT_CONTAINER_DRIVER_ROOT,
+        help="where the driver root is mounted in the plugin's container",
     ),
-    Flag("mpsRoot", ("mps-root",), ("MPS_ROOT",), str),
+    Flag(
+        "mpsRoot",
+        ("mps-root",),
+        ("MPS_ROOT",),
+        str,
+        help="the host dir of the MPS control daemons' pipes and logs",
+    ),
     Flag(
         "plugin.sharedDevicesAllocationPolicy",
         ("shared-devices-allocation-policy",),
         ("SHARED_DEVICES_ALLOCATION_POLICY",),
         ("distributed", "packed"),
+        default="distributed",
+        help="how replicas of shared GPUs are picked: distributed or packed",
     ),
     Flag(
         "deviceDiscoveryStrategy",
@@ -186,6 +275,8 @@ FLAGS: tuple[Flag, ...] = (
         "default-only",
         allowed=("auto", "nvml"),
         note="only NVML discovery is implemented (no Tegra)",
+        default="auto",
+        help="auto or nvml (tegra is refused)",
     ),
     Flag(
         "imex.channelIDs",
@@ -194,6 +285,7 @@ FLAGS: tuple[Flag, ...] = (
         str,
         "warn",
         note="IMEX channels are not implemented; no channel is injected",
+        help="accepted with a warning: IMEX channels are not implemented",
     ),
     Flag(
         "imex.required",
@@ -202,6 +294,8 @@ FLAGS: tuple[Flag, ...] = (
         bool,
         "warn",
         note="IMEX channels are not implemented",
+        default=False,
+        help="accepted with a warning: IMEX channels are not implemented",
     ),
     Flag(
         "kubeletSocket",
@@ -210,8 +304,16 @@ FLAGS: tuple[Flag, ...] = (
         str,
         "warn",
         note="use --kubelet-dir (HETERO_DP_KUBELET_DIR) for the device-plugin dir",
+        help="accepted with a warning: use --kubelet-dir",
     ),
-    Flag("configFile", ("config-file",), ("CONFIG_FILE",), str, "core"),
+    Flag(
+        "configFile",
+        ("config-file",),
+        ("CONFIG_FILE",),
+        str,
+        "core",
+        help="read by hetero-dp run itself (-c)",
+    ),
     Flag(
         "cdiFeatureFlags",
         ("cdi-feature-flags",),
@@ -219,23 +321,105 @@ FLAGS: tuple[Flag, ...] = (
         str,
         "warn",
         note="no CDI feature flags are implemented; the spec is generated as by default",
+        help="accepted with a warning: no CDI feature flags are implemented",
     ),
-    Flag("cdiDisableHooks", ("cdi-disable-hooks",), ("CDI_DISABLE_HOOKS",), str),
+    Flag(
+        "cdiDisableHooks",
+        ("cdi-disable-hooks",),
+        ("CDI_DISABLE_HOOKS",),
+        str,
+        help="CDI hooks left out of the spec (comma-separated, or all)",
+    ),
     # config-file only (no flag, no env) in NVIDIA's plugin:
-    Flag("useNodeFeatureAPI", (), ("USE_NODE_FEATURE_API",), bool, "ignored"),
+    Flag(
+        "useNodeFeatureAPI",
+        (),
+        ("USE_NODE_FEATURE_API",),
+        bool,
+        "ignored",
+        default=False,
+        help="for GPU feature discovery; ignored",
+    ),
 )
 FLAG_BY_KEY = {f.key: f for f in FLAGS}
 FLAG_BY_NAME = {name: f for f in FLAGS for name in f.flags}
-# ours, not NVIDIA's (config keys, env)
-_OURS: dict[str, tuple[str, object]] = {
-    "sysfsRoot": ("", str),
-    "procRoot": ("", str),
-    "recoveryQuietPeriod": ("DP_RECOVERY_QUIET_PERIOD", float),
+# ours, not NVIDIA's: config key -> (env var, type, default, help)
+_OURS: dict[str, tuple[str, object, Any, str]] = {
+    "sysfsRoot": ("", str, "/sys", "where sysfs is mounted (for NUMA and PCI facts)"),
+    "procRoot": ("", str, "/proc", "where procfs is mounted"),
+    "recoveryQuietPeriod": (
+        "DP_RECOVERY_QUIET_PERIOD",
+        float,
+        60.0,
+        "seconds without a new event before an XID-failed GPU is healthy again (0: never)",
+    ),
 }
-# Config-file keys that come from other sections of NVIDIA's file (see config.py).
+# NVIDIA's string-slice options: a list in the file is joined with commas.
+_SLICES = {"cdiDisableHooks", "imex.channelIDs"}
+# Sections of the options that other parts read whole (see config.py and parse_options).
+_SECTIONS: dict[str, str] = {
+    "resources": "NVIDIA's renames: resources.gpus and resources.mig, [{pattern, name}]",
+    "sharing": "the sharing block (time-slicing, MPS), as in NVIDIA's config file",
+    "mps": "MPS control daemon settings (see docs/sharing.md)",
+    "gfd": "GPU feature discovery's section; the device plugin ignores it",
+}
+
+
+def _hint(flag: Flag) -> Any:
+    """The type an option is declared with; NVIDIA's own checks (choices of a list,
+    default-only values) run on top in :func:`parse_options`."""
+    if flag.key in _SLICES:
+        return str | tuple[str, ...]
+    if flag.kind is list:
+        return tuple[str, ...]
+    if isinstance(flag.kind, tuple):
+        return Literal[flag.kind]  # type: ignore[valid-type]
+    return flag.kind
+
+
+def _flag_help(flag: Flag) -> str:
+    where = [f"env {', '.join(flag.env)}"] if flag.env else []
+    where += [", ".join(f"--{n}" for n in flag.flags)] if flag.flags else []
+    return f"{flag.help} ({'; '.join(where)})" if where else flag.help
+
+
+def _schema() -> type:
+    """NVIDIA's options as a typed options dataclass (``hetero-dp list --options
+    nvidia``): its ``flags`` keys with ``plugin`` and ``imex`` as nested sections, ours,
+    and the sections read whole. Built from :data:`FLAGS`, the one table of them."""
+    fields: dict[str, list[tuple[str, Any, Any]]] = {"": [], "plugin": [], "imex": []}
+    for flag in FLAGS:
+        head, _, name = flag.key.rpartition(".")
+        fields[head].append((name, _hint(flag), option(flag.default, help=_flag_help(flag))))
+    for name, (var, kind, default, text) in _OURS.items():
+        text += f" (env {var})" if var else ""
+        fields[""].append((name, kind, option(default, help=text)))
+    for name, text in _SECTIONS.items():
+        fields[""].append((name, Any, option(None, help=text)))
+    fields[""].append((COMMAND_LINE, Any, option(None, internal=True)))
+    plugin = make_dataclass("PluginFlags", fields["plugin"], frozen=True)
+    imex = make_dataclass("ImexFlags", fields["imex"], frozen=True)
+    fields[""] += [
+        ("plugin", plugin, field(default_factory=plugin)),
+        ("imex", imex, field(default_factory=imex)),
+    ]
+    schema = make_dataclass("NvidiaFlags", fields[""], frozen=True)
+    schema.__doc__ = "The NVIDIA backend's options: NVIDIA's plugin flags, and ours."
+    schema.__module__ = __name__
+    return schema
+
+
 COMMAND_LINE = "commandLine"  # NVIDIA flags given on the command line: env var -> value
+NvidiaFlags = _schema()
 
 
+def _value(flags: Any, key: str) -> Any:
+    """A dotted key's value of an :data:`NvidiaFlags` instance."""
+    head, _, name = key.rpartition(".")
+    return getattr(getattr(flags, head) if head else flags, name)
+
+
+# Config-file keys that come from other sections of NVIDIA's file (see config.py).
 def parse_xid_list(text: str, var: str) -> tuple[str, set[int]]:
     """Parse a DP_*_HEALTHCHECKS value: ("all" | "xids" | "", explicit XIDs)."""
     word = ""
@@ -330,17 +514,6 @@ def _renames(value: Any, source: str) -> Renames:
     return Renames(gpus=out["gpus"], mig=out["mig"])
 
 
-def _flatten(options: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in options.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and name in ("plugin", "imex"):
-            flat.update(_flatten(value, name + "."))
-        else:
-            flat[name] = value
-    return flat
-
-
 def _as_bool(name: str, value: Any, source: str) -> bool:
     if isinstance(value, bool):
         return value
@@ -406,48 +579,39 @@ def _env_value(env: Mapping[str, str], flag: Flag) -> tuple[str, str] | None:
     return None
 
 
-def parse_options(
-    options: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
-) -> Options:
-    """Build :class:`Options` from config options, env vars and command-line flags.
+def parse_options(options: Any, environ: Mapping[str, str] | None = None) -> Options:
+    """Build :class:`Options` from the options (an :data:`NvidiaFlags` instance, as the
+    framework hands it to ``configure``, or a mapping, checked here the same way), env
+    vars and command-line flags.
 
     Precedence as in NVIDIA's plugin: flags > env > config file > defaults.
-    Command-line flags arrive as ``options["commandLine"]`` (env var -> value,
-    from :func:`parse_command_line`). NVIDIA options we do not implement are
-    accepted with a warning naming each; values we cannot honour are refused.
+    Command-line flags arrive as ``commandLine`` (env var -> value, from
+    :func:`parse_command_line`). NVIDIA options we do not implement are accepted with
+    a warning naming each; values we cannot honour are refused.
     """
-    opts = dict(options or {})
-    command_line = opts.pop(COMMAND_LINE, None) or {}
+    flags = options
+    if not isinstance(options, NvidiaFlags):
+        flags = read_schema(NvidiaFlags, options or {}, field="", source="config", environ={})
+    command_line = getattr(flags, COMMAND_LINE) or {}
     env = {**(os.environ if environ is None else environ), **command_line}
-    renames = _renames(opts.pop("resources", None), "config")
-    gfd = opts.pop("gfd", None)
-    sharing = parse_sharing(opts.pop("sharing", None), "config")
-    mps_raw = opts.pop("mps", None)
+    renames = _renames(flags.resources, "config")
+    sharing = parse_sharing(flags.sharing, "config")
+    mps_raw = flags.mps
     if env.get("MPS_CONTROL_DAEMON"):  # ours, set by the chart (mps.controlDaemon)
         mps_raw = {**(mps_raw or {}), "controlDaemon": env["MPS_CONTROL_DAEMON"]}
-    if gfd:
+    if flags.gfd:
         log.debug("flags.gfd is for GPU feature discovery; the device plugin ignores it")
-    values: dict[str, Any] = {}
-    for name, value in _flatten(opts).items():
-        flag = FLAG_BY_KEY.get(name)
-        if flag is not None:
-            values[name] = _take(flag, name, value, "config")
-        elif name in _OURS:
-            values[name] = _convert(name, _OURS[name][1], value, "config")
-        else:
-            known = sorted([*FLAG_BY_KEY, *_OURS, "gfd", "resources", "sharing", "mps"])
-            raise ConfigError(
-                "not an option of NVIDIA's plugin v0.20 or of the hetero-dp NVIDIA backend "
-                f"(known: {', '.join(known)})",
-                field=name,
-                source="config",
-            )
+    values: dict[str, Any] = {
+        flag.key: _take(flag, flag.key, _value(flags, flag.key), "config") for flag in FLAGS
+    }
+    for name, (_var, kind, _default, _help) in _OURS.items():
+        values[name] = _convert(name, kind, getattr(flags, name), "config")
     for flag in FLAGS:
         found = _env_value(env, flag)
         if found:
             source = "command line" if found[0] in command_line else "environment"
             values[flag.key] = _take(flag, found[0], found[1], source)
-    for name, (var, kind) in _OURS.items():
+    for name, (var, kind, _default, _help) in _OURS.items():
         if var and env.get(var, "") != "":
             values[name] = _convert(var, kind, env[var], "environment")
 

@@ -1,16 +1,8 @@
 """A backend of simulated accelerators, registered like any third-party backend.
 
-Options (``backends.simulated`` in the config, or ``-o simulated.KEY=VALUE``):
-
-``count`` (4)
-    devices per resource.
-``resource`` (``hetero-dp.io/sim``)
-    the resource name; ``resources`` (a list of names) serves several.
-``numaNodes`` (2)
-    boards are spread round-robin over this many NUMA nodes (0: none).
-``flipEvery`` (0)
-    seconds between health flips of the first device (unhealthy, then healthy
-    again), to watch health reach the kubelet; 0 turns flips off.
+Options (``backends.simulated`` in the config, or ``-o simulated.KEY=VALUE``) are
+declared by :class:`SimulatedOptions`; ``hetero-dp list --options simulated``
+prints them.
 
 Each device is delivered as ``/dev/null`` at ``/dev/sim<N>`` in the container
 (so a real container runtime can start it) plus ``SIM_VISIBLE_DEVICES``.
@@ -22,13 +14,32 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
 
-from hetero_dp import ConfigError, Device, DeviceNode, EventSink, Link, hookimpl
+from hetero_dp import Device, DeviceNode, EventSink, Link, hookimpl, option
 
-OPTIONS = {"count", "resource", "resources", "numaNodes", "flipEvery"}
 BOARD_SIZE = 2  # devices per simulated board
+
+
+@dataclass(frozen=True)
+class SimulatedOptions:
+    """The simulated backend's options."""
+
+    count: int = option(4, help="devices per resource", min=0, max=4096)
+    resource: str = option("hetero-dp.io/sim", help="the resource name")
+    resources: tuple[str, ...] = option(
+        (), help="several resource names, each with count devices (instead of resource)"
+    )
+    numa_nodes: int = option(
+        2, help="boards spread round-robin over this many NUMA nodes (0: none)", min=0, max=64
+    )
+    flip_every: float = option(
+        0.0,
+        help="seconds between health flips of the first device (unhealthy, then healthy "
+        "again), to watch health reach the kubelet; 0 turns flips off",
+        min=0,
+        max=86400,
+    )
 
 
 def board(index: int) -> int:
@@ -53,35 +64,11 @@ class SimulatedBackend:
     # --- hooks -----------------------------------------------------------
 
     @hookimpl
-    def configure(self, options: Mapping[str, Any]) -> None:
-        unknown = sorted(set(options) - OPTIONS)
-        if unknown:
-            raise ConfigError(
-                f"unknown option (known: {', '.join(sorted(OPTIONS))})",
-                field=f"backends.simulated.{unknown[0]}",
-            )
-        self.count = _int(options.get("count", self.count), "count", 0, 4096)
-        self.numa_nodes = _int(options.get("numaNodes", self.numa_nodes), "numaNodes", 0, 64)
-        flip = options.get("flipEvery", self.flip_every)
-        if not isinstance(flip, int | float) or isinstance(flip, bool) or flip < 0:
-            raise ConfigError(
-                f"expected seconds >= 0, got {flip!r}", field="backends.simulated.flipEvery"
-            )
-        self.flip_every = float(flip)
-        if "resources" in options:
-            names = options["resources"]
-            if (
-                not isinstance(names, list)
-                or not names
-                or not all(isinstance(n, str) for n in names)
-            ):
-                raise ConfigError(
-                    "expected a non-empty list of resource names",
-                    field="backends.simulated.resources",
-                )
-            self.resources = list(names)
-        elif "resource" in options:
-            self.resources = [str(options["resource"])]
+    def configure(self, options: SimulatedOptions) -> None:
+        self.count = options.count
+        self.numa_nodes = options.numa_nodes
+        self.flip_every = options.flip_every
+        self.resources = list(options.resources) or [options.resource]
 
     @hookimpl
     def discover(self) -> list[Device]:
@@ -149,15 +136,6 @@ class SimulatedBackend:
         self.count = count
         for sink in list(self.sinks):
             sink.rediscover()
-
-
-def _int(value: object, name: str, low: int, high: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ConfigError(
-            f"expected an integer from {low} to {high}, got {value!r}",
-            field=f"backends.simulated.{name}",
-        )
-    return value
 
 
 plugin = SimulatedBackend()

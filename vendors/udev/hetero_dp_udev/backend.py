@@ -14,12 +14,13 @@ import os
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import Any, Literal
 
 import pyudev
 
-from hetero_dp import Check, ConfigError, Device, EventSink, hookimpl
+from hetero_dp import Check, ConfigError, Device, EventSink, hookimpl, option
 
 from .discovery import Found, match_device, renumber, scan_rule, to_device
 from .doctor import unmatched_accelerators
@@ -28,7 +29,29 @@ from .rules import Companion, Rule, load_rules, shipped_rule_sets
 
 log = logging.getLogger("hetero_dp_udev")
 
-OPTION_KEYS = {"rules", "names"}
+
+@dataclass(frozen=True)
+class UdevOptions:
+    """The udev backend's options (``backends.udev``, ``-o udev.KEY=VALUE``)."""
+
+    rules: str | tuple[str, ...] = option(
+        help="a rules file path, or shipped rule sets (a list or comma-separated): "
+        + ", ".join(shipped_rule_sets())
+    )
+    names: Literal["vendor", "generic"] = option(
+        "vendor",
+        help="vendor: the resource names and IDs each vendor's own plugin advertises; "
+        "generic: hetero-dp's generic names",
+    )
+
+
+def options(raw: Mapping[str, Any]) -> UdevOptions:
+    """:class:`UdevOptions` from a mapping, checked as the framework checks it."""
+    from hetero_dp.model.options import parse_options
+
+    return parse_options(UdevOptions, raw, field="backends.udev")
+
+
 HEALTH_ACTIONS = {"change", "bind", "unbind", "online", "offline"}
 MAX_SCANS = 3
 
@@ -66,17 +89,8 @@ class UdevBackend:
     # ------------------------------------------------------------------ hooks
 
     @hookimpl
-    def configure(self, options: Mapping[str, Any]) -> None:
-        unknown = sorted(set(options) - OPTION_KEYS)
-        if unknown:
-            log.warning("udev backend: ignoring unknown option(s) %s", ", ".join(unknown))
-        if options.get("rules") is None:
-            raise ConfigError(
-                "required: a rules file path or a list of shipped rule sets "
-                f"({', '.join(shipped_rule_sets())})",
-                field="rules",
-            )
-        rules = load_rules(options["rules"], names=_names(options))
+    def configure(self, options: UdevOptions) -> None:
+        rules = load_rules(options.rules, names=options.names)
         with self._lock:
             self.rules = rules
             self._found.clear()
@@ -343,7 +357,7 @@ class UdevBackend:
         return {f"{r}.product": "mixed" for r, names in sorted(products.items()) if len(names) > 1}
 
     @hookimpl
-    def doctor(self, options: Mapping[str, Any]) -> list[Check]:
+    def doctor(self, options: UdevOptions) -> list[Check]:
         return list(self._doctor(options))
 
     # ------------------------------------------------------------------ events
@@ -412,11 +426,9 @@ class UdevBackend:
 
     # ------------------------------------------------------------------ doctor
 
-    def _doctor(self, options: Mapping[str, Any]) -> Iterable[Check]:
+    def _doctor(self, options: UdevOptions) -> Iterable[Check]:
         try:
-            if options.get("rules") is None:
-                raise ConfigError("required option", field="rules")
-            rules = load_rules(options["rules"], names=_names(options))
+            rules = load_rules(options.rules, names=options.names)
         except ConfigError as exc:
             yield Check(
                 "udev rules",
@@ -486,13 +498,6 @@ class UdevBackend:
                 fix="add the rule set named for each, or a rule of your own; a device "
                 "without a driver needs its driver loaded first",
             )
-
-
-def _names(options: Mapping[str, Any]) -> str:
-    names = options.get("names", "vendor")
-    if not isinstance(names, str):
-        raise ConfigError(f"must be vendor or generic, got {names!r}", field="names")
-    return names
 
 
 def monitor_subsystems(

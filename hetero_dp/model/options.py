@@ -1,0 +1,421 @@
+"""Typed backend options: declared as a dataclass, read from the config file, the
+environment and ``-o`` flags, checked, and handed to the backend as an instance.
+
+A backend declares its options by annotating its ``configure`` hook::
+
+    @dataclass(frozen=True)
+    class AcmeOptions:
+        device_glob: str = option("/dev/acme*", help="device nodes to advertise")
+        max_boards: int = option(8, help="advertise at most this many", min=1, max=64)
+
+    @hookimpl
+    def configure(options: AcmeOptions) -> None: ...
+
+The config key of ``device_glob`` is ``deviceGlob`` (camelCase, as every other key
+of the config file), so the file says ``backends.acme.deviceGlob`` and the flag is
+``-o acme.deviceGlob=/dev/x*``. An unknown key is refused with the closest known
+one ("did you mean"), a value of the wrong type or out of range names the option and
+what it expected. ``hetero-dp list --options acme`` prints the table this module
+builds from the same declaration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import pathlib
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from hetero_dp.model.errors import ConfigError
+
+_META = "hetero_dp"
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+
+
+class _Required:
+    """The default of an option that has none: the user must give it."""
+
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionInfo:
+    """What :func:`option` adds to a dataclass field."""
+
+    help: str = ""
+    key: str | None = None  # the config key; None: the camelCase of the field name
+    env: str | None = None  # an environment variable that sets it (a flag still wins)
+    min: float | None = None
+    max: float | None = None
+    internal: bool = False  # set by the framework or a command, not listed for users
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionDoc:
+    """One row of ``hetero-dp list --options``: an option as the user writes it."""
+
+    key: str  # dotted for a nested section: ``health.interval``
+    type: str
+    default: str  # "required" when there is none
+    env: str
+    help: str
+
+
+def option(
+    default: Any = REQUIRED,
+    *,
+    help: str = "",
+    key: str | None = None,
+    env: str | None = None,
+    min: float | None = None,
+    max: float | None = None,
+    internal: bool = False,
+) -> Any:
+    """A field of a backend's options dataclass, with its help text and limits.
+
+    ``default`` may be a list or dict (each instance gets its own copy); leave it out
+    for a required option. ``key`` overrides the config key (camelCase of the field
+    name by default), ``env`` names an environment variable that sets the option
+    (the config file < the environment < ``-o`` flags), ``min`` and ``max`` bound a
+    number (or the length of a list). ``internal`` leaves the option out of
+    ``hetero-dp list --options`` (one a command sets, not the user).
+    """
+    info = OptionInfo(help=help, key=key, env=env, min=min, max=max, internal=internal)
+    meta = {_META: info}
+    if default is REQUIRED:
+        return dataclasses.field(metadata=meta)
+    if isinstance(default, list | dict | set):
+        value = default
+        return dataclasses.field(default_factory=lambda: type(value)(value), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def camel(name: str) -> str:
+    """``device_glob`` -> ``deviceGlob``."""
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+def is_schema(obj: object) -> bool:
+    return isinstance(obj, type) and dataclasses.is_dataclass(obj)
+
+
+def schema_of(function: Callable[..., Any] | None) -> type | None:
+    """The options dataclass a ``configure`` hook's ``options`` argument is annotated
+    with, or None (the hook takes a plain mapping, or there is no hook)."""
+    if function is None:
+        return None
+    try:
+        hints = typing.get_type_hints(function)
+    except Exception:  # an annotation that does not resolve: treated as untyped
+        return None
+    hint = hints.get("options")
+    return hint if is_schema(hint) else None
+
+
+def _info(f: dataclasses.Field[Any]) -> OptionInfo:
+    info = f.metadata.get(_META)
+    return info if isinstance(info, OptionInfo) else OptionInfo()
+
+
+def _key(f: dataclasses.Field[Any]) -> str:
+    return _info(f).key or camel(f.name)
+
+
+def _fields(schema: type) -> list[tuple[dataclasses.Field[Any], Any]]:
+    hints = typing.get_type_hints(schema)
+    return [(f, hints[f.name]) for f in dataclasses.fields(schema) if f.init]
+
+
+def _has_default(f: dataclasses.Field[Any]) -> bool:
+    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+
+
+def parse_options(
+    schema: type,
+    raw: Mapping[str, Any] | None,
+    *,
+    field: str,
+    source: str = "",
+    environ: Mapping[str, str] | None = None,
+    flagged: frozenset[str] = frozenset(),
+) -> Any:
+    """An instance of ``schema`` from ``raw`` (the merged file and flag options).
+
+    ``field`` is where the options sit (``backends.acme``), for messages. An option
+    with ``env`` set is read from ``environ`` unless a flag set it (``flagged``
+    holds the dotted keys the command line gave). ConfigError names the option.
+    """
+    env = os.environ if environ is None else environ
+    return _parse(schema, raw or {}, field, source, env, flagged, "")
+
+
+def _parse(
+    schema: type,
+    raw: Any,
+    field: str,
+    source: str,
+    env: Mapping[str, str],
+    flagged: frozenset[str],
+    path: str,
+) -> Any:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"expected a mapping, got {_show(raw)}", field=field, source=source)
+    fields = _fields(schema)
+    keys = {_key(f): (f, hint) for f, hint in fields}
+    raw = _nested(raw, {k for k, (_f, hint) in keys.items() if is_schema(hint)})
+    for k in raw:
+        if str(k) not in keys:
+            listed = [key for key, (f, _hint) in keys.items() if not _info(f).internal]
+            raise ConfigError(_unknown(str(k), listed), field=_at(field, k), source=source)
+    values: dict[str, Any] = {}
+    for k, (f, hint) in keys.items():
+        where = _at(field, k)
+        info = _info(f)
+        value, here = raw.get(k, dataclasses.MISSING), source
+        if info.env and env.get(info.env, "") != "" and f"{path}{k}" not in flagged:
+            value, here = env[info.env], f"environment {info.env}"
+            where = k
+        if value is dataclasses.MISSING:
+            if not _has_default(f):
+                raise ConfigError(
+                    f"required option is missing{_help(info)}", field=where, source=source
+                )
+            continue
+        values[f.name] = _value(hint, value, info, where, here, env, flagged, f"{path}{k}.")
+    try:
+        return schema(**values)
+    except (TypeError, ValueError) as e:  # the dataclass's own __post_init__ refused
+        raise ConfigError(str(e), field=field, source=source) from None
+
+
+def _at(field: str, key: object) -> str:
+    return f"{field}.{key}" if field else str(key)
+
+
+def _nested(raw: Mapping[str, Any], sections: set[str]) -> Mapping[str, Any]:
+    """``{"plugin.x": 1}`` read as ``{"plugin": {"x": 1}}`` where ``plugin`` is a
+    nested section: the dotted spelling of a nested key."""
+    dotted = [k for k in raw if isinstance(k, str) and "." in k and k.split(".")[0] in sections]
+    if not dotted:
+        return raw
+    out = {k: v for k, v in raw.items() if k not in dotted}
+    for k in dotted:
+        head, _, rest = k.partition(".")
+        inner = out.get(head)
+        inner = dict(inner) if isinstance(inner, Mapping) else {}
+        inner[rest] = raw[k]
+        out[head] = inner
+    return out
+
+
+def _help(info: OptionInfo) -> str:
+    return f" ({info.help})" if info.help else ""
+
+
+def _unknown(key: str, known: list[str]) -> str:
+    import difflib  # only for a mistake
+
+    if not known:
+        return "unknown option: this backend takes no options"
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if not close:
+        lowered = {k.lower(): k for k in known}
+        close = [lowered[key.lower()]] if key.lower() in lowered else []
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown option{hint} (options: {', '.join(sorted(known))})"
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _value(
+    hint: Any,
+    value: Any,
+    info: OptionInfo,
+    where: str,
+    source: str,
+    env: Mapping[str, str],
+    flagged: frozenset[str],
+    path: str,
+) -> Any:
+    def fail(expected: str) -> ConfigError:
+        return ConfigError(f"expected {expected}, got {_show(value)}", field=where, source=source)
+
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if hint is Any or hint is object:
+        return value
+    if origin is typing.Union or origin is types.UnionType:
+        if value is None and type(None) in args:
+            return None
+        others = [a for a in args if a is not type(None)]
+        errors = []
+        for a in others:
+            try:
+                return _value(a, value, info, where, source, env, flagged, path)
+            except ConfigError as e:
+                errors.append(e.reason.removeprefix("expected ").split(", got")[0])
+        raise fail(" or ".join(errors))
+    if origin is typing.Literal:
+        for choice in args:
+            if value == choice or (isinstance(value, str) and str(choice) == value.strip()):
+                return choice
+        raise fail("one of " + ", ".join(str(a) for a in args))
+    if is_schema(hint):
+        return _parse(hint, value, where, source, env, flagged, path)
+    if origin in (list, tuple, set, frozenset, Sequence) or hint in (list, tuple):
+        item = args[0] if args else Any
+        if isinstance(value, str):  # from a flag or the environment: comma-separated
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list | tuple):
+            raise fail("a list")
+        items = [
+            _value(item, v, OptionInfo(), f"{where}[{i}]", source, env, flagged, path)
+            for i, v in enumerate(value)
+        ]
+        _bounds(len(items), info, where, source, "items")
+        kind = origin if origin in (tuple, set, frozenset) else list
+        return kind(items)
+    if origin in (dict, Mapping) or hint is dict:
+        item = args[1] if len(args) == 2 else Any
+        if not isinstance(value, Mapping):
+            raise fail("a mapping")
+        return {
+            str(k): _value(item, v, OptionInfo(), f"{where}.{k}", source, env, flagged, path)
+            for k, v in value.items()
+        }
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str | int) and str(value).strip().lower() in _TRUE + _FALSE:
+            return str(value).strip().lower() in _TRUE
+        raise fail("true or false")
+    if hint is int:
+        if isinstance(value, str):
+            try:
+                value = int(value.strip(), 10)
+            except ValueError:
+                raise fail("an integer") from None
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise fail("an integer")
+        _bounds(value, info, where, source)
+        return value
+    if hint is float:
+        number = value
+        if isinstance(value, str):
+            try:
+                number = float(value.strip())
+            except ValueError:
+                raise fail("a number") from None
+        if not isinstance(number, int | float) or isinstance(number, bool):
+            raise fail("a number")
+        if not math.isfinite(number):
+            raise fail("a finite number")
+        _bounds(number, info, where, source)
+        return float(number)
+    if hint is str or hint is pathlib.Path:
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise fail("a string")
+        text = str(value)
+        _bounds(len(text), info, where, source, "characters")
+        return pathlib.Path(text) if hint is pathlib.Path else text
+    raise ConfigError(
+        f"the backend declares this option with a type hetero-dp cannot read ({hint!r})",
+        field=where,
+        source=source,
+    )
+
+
+def _bounds(value: float, info: OptionInfo, where: str, source: str, unit: str = "") -> None:
+    what = f"{value} {unit}".strip()
+    if info.min is not None and value < info.min:
+        raise ConfigError(
+            f"must be at least {_num(info.min)}{' ' + unit if unit else ''}, got {what}",
+            field=where,
+            source=source,
+        )
+    if info.max is not None and value > info.max:
+        raise ConfigError(
+            f"must be at most {_num(info.max)}{' ' + unit if unit else ''}, got {what}",
+            field=where,
+            source=source,
+        )
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def describe(schema: type, prefix: str = "") -> list[OptionDoc]:
+    """Every option of ``schema`` (nested sections flattened to dotted keys)."""
+    rows: list[OptionDoc] = []
+    for f, hint in _fields(schema):
+        key = prefix + _key(f)
+        if is_schema(hint):
+            rows.extend(describe(hint, key + "."))
+            continue
+        info = _info(f)
+        if info.internal:
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = _default_text(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            default = _default_text(f.default_factory())
+        else:
+            default = "required"
+        low, high = info.min, info.max
+        if low is not None and high is not None:
+            limits = f" ({_num(low)} to {_num(high)})"
+        elif low is not None:
+            limits = f" (at least {_num(low)})"
+        elif high is not None:
+            limits = f" (at most {_num(high)})"
+        else:
+            limits = ""
+        text = (info.help + limits).strip()
+        rows.append(OptionDoc(key, type_name(hint), default, info.env or "", text))
+    return rows
+
+
+def _default_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "none"
+    if isinstance(value, list | tuple | set | frozenset):
+        return ",".join(str(v) for v in value) or "(empty)"
+    if isinstance(value, pathlib.Path):
+        return str(value)
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def type_name(hint: Any) -> str:
+    """How ``list --options`` names a type: ``int``, ``list of str``, ``a | b``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any or hint is object:
+        return "any"
+    if origin is typing.Literal:
+        return " | ".join(str(a) for a in args)
+    if origin is typing.Union or origin is types.UnionType:
+        names = [type_name(a) for a in args if a is not type(None)]
+        optional = " (or none)" if type(None) in args else ""
+        return " or ".join(names) + optional
+    if origin in (list, tuple, set, frozenset, Sequence):
+        return f"list of {type_name(args[0])}" if args else "list"
+    if origin in (dict, Mapping):
+        return f"mapping of {type_name(args[1])}" if len(args) == 2 else "mapping"
+    if hint is pathlib.Path:
+        return "path"
+    return getattr(hint, "__name__", str(hint))
