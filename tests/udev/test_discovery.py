@@ -156,6 +156,8 @@ def test_unusable_driver_at_start_up_is_listed_unhealthy(
 def test_xilinx_fpga(testbed: Testbed, data: Path) -> None:
     devices = _discover(testbed, data, "xilinx-fpga")
     assert [d.id for d in devices] == ["0000:d8:00.1"]  # the user function, not mgmt
+    # one resource per shell, named as Xilinx's plugin names it (VBNV-timestamp)
+    assert devices[0].resource == "xilinx.com/fpga-xilinx_u250_gen3x16_xdma_shell_3_1-0"
     assert _per_device(devices[0]) == [
         "/dev/dri/renderD128",
         "/dev/xclmgmt55296",
@@ -163,6 +165,39 @@ def test_xilinx_fpga(testbed: Testbed, data: Path) -> None:
     ]
     assert devices[0].numa_nodes == (1,)
     assert {n.permissions for n in devices[0].nodes} == {"rwm"}  # as Xilinx's plugin
+
+
+XILINX_USER = "/devices/pci0000:d7/0000:d7:00.0/0000:d8:00.1"
+
+
+def test_xilinx_unbound_keeps_its_shell_name_unhealthy(
+    testbed: Testbed, data: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """xocl's rom subdevice (the shell's VBNV and timestamp) goes with the driver: a
+    card unbound at run time keeps the resource it had, Unhealthy; one unbound since
+    start-up has no name to read, and is skipped saying why."""
+    testbed.add_file(data / "xilinx-fpga.umockdev")
+    backend = UdevBackend()
+    backend.configure(options({"rules": ["xilinx-fpga"]}))
+    (before,) = backend.discover()
+    testbed.unbind_driver(XILINX_USER)
+    rom = testbed.root / "sys" / XILINX_USER.lstrip("/") / "rom.u.55297"
+    for name in ("VBNV", "timestamp"):
+        (rom / name).unlink()
+    rom.rmdir()
+    (after,) = backend.discover()
+    assert (
+        after.resource
+        == before.resource
+        == ("xilinx.com/fpga-xilinx_u250_gen3x16_xdma_shell_3_1-0")
+    )
+    assert not after.healthy and "no driver bound to 0000:d8:00.1" in after.reason
+    fresh = UdevBackend()
+    fresh.configure(options({"rules": ["xilinx-fpga"]}))
+    with caplog.at_level("WARNING", logger="hetero_dp_udev"):
+        assert fresh.discover() == []
+    assert "renders the resource name 'xilinx.com/fpga--'" in caplog.text
+    assert "is its driver bound?" in caplog.text
 
 
 def test_plain_dev_glob(testbed: Testbed, data: Path) -> None:
@@ -250,7 +285,7 @@ def test_doctor_warns_on_a_rule_without_devices(testbed: Testbed, data: Path) ->
     checks = UdevBackend().doctor(options({"rules": ["xilinx-fpga"]}))
     assert [(c.name, c.status) for c in checks] == [
         ("udev rules", "pass"),
-        ("xilinx.com/fpga devices", "warn"),
+        ("xilinx.com/fpga-<VBNV>-<timestamp> devices", "warn"),
         ("unmatched accelerators", "warn"),  # the Gaudis and the Intel NPU
     ]
     assert "matches no device" in checks[1].message
@@ -315,6 +350,8 @@ def test_an_entry_without_subsystem_or_devices_is_named(testbed: Testbed, data: 
     subsystems, unknown = monitor_subsystems(pyudev.Context(), rules)
     assert subsystems == {"pci", "drm"}
     assert unknown == [
-        "shipped rule set 'xilinx-fpga': resources[0] (xilinx.com/fpga) companions[1]",
-        "shipped rule set 'xilinx-fpga': resources[0] (xilinx.com/fpga) companions[2]",
+        "shipped rule set 'xilinx-fpga': resources[0] (xilinx.com/fpga-<VBNV>-<timestamp>) "
+        "companions[1]",
+        "shipped rule set 'xilinx-fpga': resources[0] (xilinx.com/fpga-<VBNV>-<timestamp>) "
+        "companions[2]",
     ]

@@ -92,5 +92,8 @@ def test_an_empty_rule_is_reported_once(
 def test_an_fpga_management_function_is_part_of_its_card(testbed: Testbed, data: Path) -> None:
     testbed.add_file(data / "xilinx-fpga.umockdev")
     checks = _checks(UdevBackend(), ["xilinx-fpga"])
-    assert checks["xilinx.com/fpga devices"] == ("pass", "1 device(s): 0000:d8:00.1")
+    assert checks["xilinx.com/fpga-<VBNV>-<timestamp> devices"] == (
+        "pass",
+        "1 device(s): 0000:d8:00.1",
+    )
     assert "unmatched accelerators" not in checks

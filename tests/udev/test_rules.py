@@ -15,11 +15,29 @@ from hetero_dp import ConfigError
 def test_every_shipped_rule_set_loads() -> None:
     assert set(shipped_rule_sets()) >= {"amd-gpu", "ascend-npu", "gaudi", "xilinx-fpga", "dev-glob"}
     resources = {r.resource for name in shipped_rule_sets() for r in load_rules([name])}
-    assert {"amd.com/gpu", "habana.ai/gaudi", "xilinx.com/fpga"} <= resources
+    assert {"amd.com/gpu", "habana.ai/gaudi", "xilinx.com/fpga-<VBNV>-<timestamp>"} <= {
+        r.label for name in shipped_rule_sets() for r in load_rules([name])
+    }
     assert {"huawei.com/Ascend910", "huawei.com/Ascend310", "huawei.com/Ascend310P"} <= resources
     assert "hetero-dp.io/serial" in resources
     generic = {r.resource for r in load_rules(shipped_rule_sets(), names="generic")}
     assert "huawei.com/npu" in generic and "huawei.com/Ascend910" not in generic
+    assert "xilinx.com/fpga" in generic
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("{attribute:vendor}.com/x", "placeholders may only follow"),
+        ("example.com/x-{nope}", "unknown placeholder {nope}"),
+        ("example.com/x y-{attribute:model}", "invalid resource name"),
+    ],
+)
+def test_a_templated_resource_name_is_checked_at_load(name: str, words: str) -> None:
+    text = f"resources:\n  - name: '{name}'\n    match: {{subsystem: misc}}\n"
+    with pytest.raises(ConfigError, match=r"resources\[0\]\.name") as caught:
+        parse_rules(text, source="mine.yaml")
+    assert words in str(caught.value)
 
 
 def test_rules_option_forms(tmp_path: Path) -> None:

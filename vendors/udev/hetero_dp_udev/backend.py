@@ -440,7 +440,7 @@ class UdevBackend:
         yield Check(
             "udev rules",
             "pass",
-            f"{len(rules)} resource(s): " + ", ".join(r.resource for r in rules),
+            f"{len(rules)} resource(s): " + ", ".join(r.label for r in rules),
         )
         try:
             context = pyudev.Context()
@@ -455,14 +455,14 @@ class UdevBackend:
                 # said once: discovery, which doctor runs next, does not log it again
                 self._reported_empty.add(rule.where)
                 yield Check(
-                    f"{rule.resource} devices",
+                    f"{rule.label} devices",
                     "warn",
                     f"{rule.where} matches no device",
                     fix="compare the rule's match with `udevadm info -a -p <sysfs path>`",
                 )
                 continue
             ids = ", ".join(f.id for f in hits)
-            yield Check(f"{rule.resource} devices", "pass", f"{len(hits)} device(s): {ids}")
+            yield Check(f"{rule.label} devices", "pass", f"{len(hits)} device(s): {ids}")
             missing = [n for f in hits for n in f.nodes if not os.path.exists(n)]
             missing += [n for n in rule.shared_nodes if not os.path.exists(n)]
             empty = [f.id for f in hits if rule.wants_nodes and not f.nodes]
@@ -472,17 +472,17 @@ class UdevBackend:
                     + ([f"no nodes found for {', '.join(empty)}"] if empty else [])
                 )
                 yield Check(
-                    f"{rule.resource} nodes",
+                    f"{rule.label} nodes",
                     "fail",
                     text,
                     fix="load the driver, or mount the host's /dev into the plugin's container",
                 )
             else:
-                yield Check(f"{rule.resource} nodes", "pass", "every device node exists")
+                yield Check(f"{rule.label} nodes", "pass", "every device node exists")
             short = [f"{f.id}: {m}" for f in hits for m in f.missing]
             if short:
                 yield Check(
-                    f"{rule.resource} companions",
+                    f"{rule.label} companions",
                     "warn",
                     "expected companion nodes not found: " + "; ".join(short),
                     fix="check the driver created them (`ls -l /sys/class/<subsystem>`); a "

@@ -16,6 +16,7 @@ from fnmatch import fnmatchcase
 import pyudev
 
 from hetero_dp import Device, DeviceNode
+from hetero_dp.model.names import resource_name_problem
 
 from .rules import Companion, Match, Rule, render, template_fields
 
@@ -43,10 +44,11 @@ class Found:
     index: int | None = None
     by_order: bool = False  # the index is the position in the rule's sorted list
     missing: list[str] = field(default_factory=list)  # companions that found no node
+    resource: str = ""  # the rule's resource, rendered where it is a template
 
     @property
     def key(self) -> tuple[str, str]:
-        return (self.rule.resource, self.id)
+        return (self.resource, self.id)
 
 
 def natural_key(text: str) -> tuple[object, ...]:
@@ -55,7 +57,19 @@ def natural_key(text: str) -> tuple[object, ...]:
 
 
 def attribute(dev: pyudev.Device, name: str) -> str | None:
-    """A sysfs attribute as stripped text, or None when absent or unreadable."""
+    """A sysfs attribute as stripped text, or None when absent or unreadable. A name
+    whose first part is a glob (``rom.*/VBNV``) reads it under the first matching
+    subdirectory, in sorted order."""
+    head, slash, rest = name.partition("/")
+    if slash and any(c in head for c in "*?["):
+        try:
+            entries = sorted(os.listdir(dev.sys_path))
+        except OSError:
+            return None
+        subdirs = [e for e in entries if fnmatchcase(e, head)]
+        if not subdirs:
+            return None
+        name = f"{subdirs[0]}/{rest}"
     try:
         return str(dev.attributes.asstring(name)).strip()
     except (KeyError, OSError, UnicodeDecodeError):
@@ -397,6 +411,9 @@ def _build_found(
         )
         return None
     values["id"] = device_id
+    resource = _resource(rule, dev, values)
+    if resource is None:
+        return None
     nodes: list[str] = []
     related = {dev.sys_path}
     if pci is not None:
@@ -454,7 +471,33 @@ def _build_found(
         index=index,
         by_order=by_order,
         missing=missing,
+        resource=resource,
     )
+
+
+def _resource(rule: Rule, dev: pyudev.Device, values: dict[str, object]) -> str | None:
+    """The device's resource name: the rule's, or its template rendered (Xilinx's
+    ``xilinx.com/fpga-<VBNV>-<timestamp>``). A rendering the kubelet would refuse
+    (the attributes are gone while the driver is unbound) falls back to the name this
+    device had before; a device never named is skipped, saying why."""
+    if not rule.templated:
+        return rule.resource
+    name = render(rule.resource, values)
+    problem = resource_name_problem(name)
+    if problem is None:
+        rule.names_seen[dev.sys_path] = name
+        return name
+    if dev.sys_path in rule.names_seen:
+        return rule.names_seen[dev.sys_path]
+    log.warning(
+        "%s: device %s renders the resource name %r (%s); skipped until its attributes "
+        "are there (is its driver bound?)",
+        rule.where,
+        dev.sys_path,
+        name,
+        problem,
+    )
+    return None
 
 
 def to_device(found: Found, reasons: Iterable[str]) -> Device:
@@ -468,7 +511,7 @@ def to_device(found: Found, reasons: Iterable[str]) -> Device:
     ]
     return Device(
         id=found.id,
-        resource=rule.resource,
+        resource=found.resource,
         healthy=not why,
         reason=why,
         numa_nodes=(found.numa,) if found.numa is not None else (),

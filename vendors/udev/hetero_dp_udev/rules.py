@@ -110,11 +110,24 @@ class Rule:
     product: str | None = None
     health: HealthRule | None = None
     section: str = "resources"
+    # a templated name's last rendering per device (syspath), so a device whose
+    # driver is unbound (its attributes gone) keeps its resource, Unhealthy
+    names_seen: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def templated(self) -> bool:
+        """Whether the resource name is a template: one resource per rendered name."""
+        return "{" in self.resource
+
+    @property
+    def label(self) -> str:
+        """The resource name for people: a template's placeholders as ``<VBNV>``."""
+        return render(self.resource, _Placeholders()) if self.templated else self.resource
 
     @property
     def where(self) -> str:
         """Where the rule came from, for messages."""
-        return f"{self.source}: {self.section}[{self.position}] ({self.resource})"
+        return f"{self.source}: {self.section}[{self.position}] ({self.label})"
 
     @property
     def usable_drivers(self) -> frozenset[str]:
@@ -127,7 +140,8 @@ class Rule:
         """Attributes named by ``{attribute:<name>}`` placeholders in env, annotations,
         node templates and the ID template."""
         names: list[str] = []
-        texts = [*self.env.values(), *self.annotations.values(), *self.node_templates]
+        texts = [self.resource, *self.env.values(), *self.annotations.values()]
+        texts += self.node_templates
         if self.id_template:
             texts.append(self.id_template)
         for text in texts:
@@ -323,7 +337,7 @@ def _parse_entry(raw: object, source: str, position: int, section: str = "resour
     if not isinstance(raw, dict):
         raise ctx.error("", "each entry must be a mapping")
     ctx.no_unknown(raw, ENTRY_KEYS)
-    problem = resource_name_problem(name)
+    problem = resource_name_problem(_sample_name(name, ctx))
     if problem:
         raise ctx.error("name", f"invalid resource name: {problem}")
     assert isinstance(name, str)
@@ -564,6 +578,28 @@ def _template(value: object, ctx: _Entry, fld: str, node: bool = False) -> str:
     if node and not value.startswith("/dev/"):
         raise ctx.error(fld, f"must be a path under /dev/, got {value!r}")
     return value
+
+
+def _sample_name(name: object, ctx: _Entry) -> object:
+    """A resource name with its placeholders filled by a sample value, to check the
+    fixed part (``xilinx.com/fpga-{attribute:rom.*/VBNV}``: one resource per value,
+    each checked again when a device renders it)."""
+    if not isinstance(name, str) or "{" not in name:
+        return name
+    _template(name, ctx, "name")
+    if "/" in name.partition("{")[0]:
+        return render(name, _Sample())
+    raise ctx.error("name", f"placeholders may only follow the '/' of {name!r}")
+
+
+class _Sample(dict[str, object]):
+    def get(self, key: object, default: object = None) -> object:
+        return "x"
+
+
+class _Placeholders(dict[str, object]):
+    def get(self, key: object, default: object = None) -> object:
+        return f"<{str(key).rpartition(':')[2].rpartition('/')[2]}>"
 
 
 def _dev_path(value: object, ctx: _Entry, fld: str) -> str:
