@@ -65,7 +65,9 @@ def check_health(device: Device) -> bool | str | None:
     """Probe one device; polled every ``healthInterval`` seconds.
 
     Return ``True`` or ``None`` for healthy, ``False`` or a string (the reason)
-    for unhealthy. A device that passes again turns Healthy again. A call that
+    for unhealthy; a :class:`hetero_dp.Lost` reason says the device is gone until
+    repaired (DRA mode taints it ``NoExecute``). A device that passes again turns
+    Healthy again. A call that
     passes ``hookTimeout`` marks only this device; while it is stuck the device is
     not checked again, and when it returns the device is judged again.
     """

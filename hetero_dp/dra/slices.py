@@ -260,14 +260,17 @@ def node_owner(node: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def taint_for(device: Device, key: str) -> dict[str, str]:
-    """The device taint (KEP-5055) that marks an unhealthy device: ``NoSchedule``.
+    """The device taint (KEP-5055) that marks an unhealthy device: ``NoSchedule``,
+    or ``NoExecute`` for a device the backend reports :class:`~hetero_dp.Lost`, so
+    the pods that hold it are evicted too.
 
     The value is the health reason cut to a label value (63 of ``[A-Za-z0-9._-]``);
     the full reason goes to the kubelet's health stream and the log.
     """
     value = re.sub(r"[^A-Za-z0-9._-]+", "-", device.reason or "unhealthy")
     value = value.strip("-._")[:63].rstrip("-._") or "unhealthy"
-    return {"key": key, "value": value, "effect": "NoSchedule"}
+    effect = "NoExecute" if device.lost else "NoSchedule"
+    return {"key": key, "value": value, "effect": effect}
 
 
 def render_devices(

@@ -501,7 +501,8 @@ class Backend:
         if isinstance(result, str):
             return False, result
         if isinstance(result, tuple) and len(result) == 2:
-            return bool(result[0]), str(result[1])
+            why = result[1]
+            return bool(result[0]), why if isinstance(why, str) else str(why)
         raise BackendError(
             f"backend {self.name!r} check_health returned {result!r}; "
             "expected True/None, False or a reason string"

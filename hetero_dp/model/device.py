@@ -32,6 +32,20 @@ def replica_base(device_id: str) -> str:
     return device_id.rpartition(REPLICA_SEPARATOR)[0] if is_replica(device_id) else device_id
 
 
+class Lost(str):
+    """A health reason that also says the device is **lost**: gone until someone
+    repairs it (a GPU fallen off the bus), not merely unhealthy.
+
+    Return it from ``check_health`` (``return Lost("fell off the bus")``) or pass it
+    to :meth:`EventSink.set_health` as the reason. The kubelet's device-plugin API
+    has one word for both (``Unhealthy``); in DRA mode a lost device's taint is
+    ``NoExecute`` instead of ``NoSchedule``, so the pods that hold it are evicted
+    (KEP-5055). Anything else reads it as the plain reason text.
+    """
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True)
 class DeviceNode:
     """A device node the container gets, e.g. ``/dev/accel0``.
@@ -136,6 +150,11 @@ class Device:
     def health(self) -> str:
         """The kubelet's word for the health: ``Healthy`` or ``Unhealthy``."""
         return HEALTHY if self.healthy else UNHEALTHY
+
+    @property
+    def lost(self) -> bool:
+        """Unhealthy with a :class:`Lost` reason: gone until repaired."""
+        return not self.healthy and isinstance(self.reason, Lost)
 
     @property
     def physical_id(self) -> str:

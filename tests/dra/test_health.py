@@ -6,6 +6,7 @@ import logging
 
 import pytest
 
+from hetero_dp import Lost
 from hetero_dp.dra import device_name
 from hetero_dp.testing.dra import ClaimRef, FakeAPIServer, make_claim
 
@@ -84,6 +85,28 @@ async def test_unhealthy_devices_are_tainted_where_the_server_keeps_taints(dra, 
         assert len(server.writes()) == before
         daemon.set_health("npus", "NPU-0001", True)
         await server.wait_for(lambda: "taints" not in server.devices_of(DRIVER)[name])
+        await dra.stop_all()
+
+
+async def test_a_lost_device_is_tainted_no_execute(dra):
+    """A backend that reports a device Lost (gone until repaired: a GPU fallen off
+    the bus) gets a NoExecute taint, so the pods that hold it are evicted; an
+    unhealthy one keeps NoSchedule."""
+    with FakeAPIServer(features=("DRADeviceTaints",)) as server:
+        dra.api = server
+        daemon = await dra.start(Npus(2))
+        daemon.set_health("npus", "NPU-0000", False, "ECC errors")
+        daemon.set_health("npus", "NPU-0001", False, Lost("XID 79: fallen off the bus"))
+        n0, n1 = device_name("NPU-0000"), device_name("NPU-0001")
+
+        def effects() -> dict[str, str]:
+            devices = server.devices_of(DRIVER)
+            return {n: t["effect"] for n in (n0, n1) for t in devices.get(n, {}).get("taints", [])}
+
+        await server.wait_for(lambda: len(effects()) == 2)
+        assert effects() == {n0: "NoSchedule", n1: "NoExecute"}
+        daemon.set_health("npus", "NPU-0001", True, "reset")
+        await server.wait_for(lambda: effects() == {n0: "NoSchedule"})
         await dra.stop_all()
 
 

@@ -11,6 +11,8 @@ import asyncio
 import pytest
 from hetero_dp_nvidia.backend import NvidiaBackend
 
+from hetero_dp import Lost
+
 XID = 0x8
 DBE = 0x2
 
@@ -39,6 +41,7 @@ async def test_xid79_marks_the_gpu_and_reaches_its_mig_slices(fake_node, watchin
     b.shutdown()
     assert (uuid, healthy) == (gpu0, False)
     assert "XID 79 (GPU has fallen off the bus)" in reason and "fix:" in reason
+    assert isinstance(reason, Lost)  # gone until reset: DRA taints it NoExecute
     # every MIG slice of GPU 0 (all four profiles) derives from the reported ID
     slices = [d for d in devices if d.physical_id == uuid]
     assert sorted(d.id for d in slices) == sorted(node.mig_uuids(0))
@@ -58,6 +61,7 @@ async def test_mig_instance_xid_marks_whole_gpu_with_instance_in_reason(fake_nod
         node.lib.fake_nvml_inject_event(0, XID, 94, 3, 0)
         uuid, healthy, reason = await w.next_health()
     b.shutdown()
+    assert not isinstance(reason, Lost)  # a contained ECC error: unhealthy, not lost
     assert uuid == node.uuid(0) and not healthy
     assert "MIG GPU instance 3, compute instance 0" in reason
 

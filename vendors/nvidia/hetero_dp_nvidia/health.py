@@ -22,7 +22,7 @@ from typing import Any
 
 import pynvml
 
-from hetero_dp import EventSink
+from hetero_dp import EventSink, Lost
 
 from . import nvml
 from .nvml import NVMLError, explain, log, log_once
@@ -61,11 +61,18 @@ EVENT_DBE = pynvml.nvmlEventTypeDoubleBitEccError
 WANTED_EVENTS = EVENT_XID | EVENT_DBE
 
 
+# XIDs after which the GPU is gone until it is reset or the node rebooted: a Lost
+# reason (DRA taints the device NoExecute, evicting its pods). 79: NVIDIA's XID
+# catalogue, "GPU has fallen off the bus".
+LOST_XIDS = frozenset({79})
+
+
 def xid_reason(xid: int, gpu_uuid: str, gi: int = -1, ci: int = -1) -> str:
     meaning = XID_MEANING.get(xid, "critical error")
     where = f" (MIG GPU instance {gi}, compute instance {ci})" if gi >= 0 else ""
     fix = XID_FIX.get(xid, DEFAULT_FIX)
-    return f"XID {xid} ({meaning}) on GPU {gpu_uuid}{where}; fix: {fix}"
+    text = f"XID {xid} ({meaning}) on GPU {gpu_uuid}{where}; fix: {fix}"
+    return Lost(text) if xid in LOST_XIDS else text
 
 
 @dataclass
@@ -150,7 +157,7 @@ class HealthMonitor:
                     pynvml.nvmlDeviceRegisterEvents(handle, wanted, eventset)
             except NVMLError as err:
                 if err.value == nvml.GPU_IS_LOST:
-                    self._mark(events, uuid, explain(err, "registering events", uuid))
+                    self._mark(events, uuid, Lost(explain(err, "registering events", uuid)))
                 else:
                     log_once(f"register:{uuid}", explain(err, "registering health events", uuid))
                 continue
@@ -299,5 +306,6 @@ def probe_gpu(uuid: str) -> str | None:
     except NVMLError as err:
         if err.value == nvml.NOT_SUPPORTED:
             return None
-        return explain(err, "probing", uuid)
+        text = explain(err, "probing", uuid)
+        return Lost(text) if err.value == nvml.GPU_IS_LOST else text
     return None
