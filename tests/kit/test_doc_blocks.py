@@ -49,6 +49,7 @@ import yaml
 
 from hetero_dp.testing import FakeKubelet, short_tempdir
 from tests.conftest import ROOT
+from tests.kit.run_pytest import run_pytest
 
 try:
     import tomllib
@@ -107,27 +108,8 @@ def _check(block: Block, result: subprocess.CompletedProcess[str]) -> None:
 
 
 def _pytest(block: Block, workdir: Path, name: str) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-o",
-            "asyncio_mode=auto",
-            "-o",
-            "asyncio_default_fixture_loop_scope=function",
-            "--rootdir",
-            str(workdir),
-            str(workdir / name),
-        ],
-        cwd=workdir,
-        env=_env(workdir),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
+    result = run_pytest(
+        workdir / name, root=workdir, cwd=workdir, env=_env(workdir), timeout=TIMEOUT
     )
     _check(block, result)
     assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout

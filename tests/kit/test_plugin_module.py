@@ -4,10 +4,10 @@ author's test finds its plugin file from any working directory."""
 from __future__ import annotations
 
 import importlib
-import subprocess
 import sys
 
 from tests.conftest import ROOT
+from tests.kit.run_pytest import run_pytest
 
 PLUGIN = """
 from hetero_dp import Device, hookimpl
@@ -52,27 +52,8 @@ def test_the_tutorial_test_passes_from_another_directory(tmp_path, cli_env):
     (project / "test_acme.py").write_text(block)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-o",
-            "asyncio_mode=auto",
-            "-o",
-            "asyncio_default_fixture_loop_scope=function",
-            "--rootdir",
-            str(project),
-            str(project / "test_acme.py"),
-        ],
-        cwd=elsewhere,
-        env=cli_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_pytest(
+        project / "test_acme.py", root=project, cwd=elsewhere, env=cli_env, timeout=120
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 passed" in result.stdout
