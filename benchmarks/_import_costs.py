@@ -31,11 +31,13 @@ STEPS: list[tuple[str, str]] = [
         "hetero_dp's CLI, engine, kubelet side, allocation, operations",
         "import hetero_dp.cli.main, hetero_dp.engine.daemon, hetero_dp.ops.operations",
     ),
-    ("PyYAML (-o values, config files, udev rule sets)", "import yaml"),
     ("simulated backend", "import hetero_dp_simulated.backend"),
     ("pynvml", "import pynvml"),
     ("nvidia backend (hetero_dp_nvidia)", "import hetero_dp_nvidia.backend"),
     ("pyudev", "import pyudev"),
+    # not loaded by `run simulated` or `run nvidia` without a config file (plain -o
+    # values are read without it); the udev backend's rule sets are YAML
+    ("PyYAML (config files, -o values that need it, udev rule sets)", "import yaml"),
     ("udev backend (hetero_dp_udev)", "import hetero_dp_udev.backend"),
 ]
 

@@ -397,15 +397,21 @@ def _schema() -> type:
     for name, text in _SECTIONS.items():
         fields[""].append((name, Any, option(None, help=text)))
     fields[""].append((COMMAND_LINE, Any, option(None, internal=True)))
-    plugin = make_dataclass("PluginFlags", fields["plugin"], frozen=True)
-    imex = make_dataclass("ImexFlags", fields["imex"], frozen=True)
+    # A docstring each: without one, dataclass() computes a signature for it.
+    plugin = make_dataclass(
+        "PluginFlags", fields["plugin"], frozen=True, namespace={"__doc__": "flags.plugin"}
+    )
+    imex = make_dataclass(
+        "ImexFlags", fields["imex"], frozen=True, namespace={"__doc__": "flags.imex"}
+    )
     fields[""] += [
         ("plugin", plugin, field(default_factory=plugin)),
         ("imex", imex, field(default_factory=imex)),
     ]
-    schema = make_dataclass("NvidiaFlags", fields[""], frozen=True)
-    schema.__doc__ = "The NVIDIA backend's options: NVIDIA's plugin flags, and ours."
-    schema.__module__ = __name__
+    doc = "The NVIDIA backend's options: NVIDIA's plugin flags, and ours."
+    schema = make_dataclass("NvidiaFlags", fields[""], frozen=True, namespace={"__doc__": doc})
+    for cls in (plugin, imex, schema):
+        cls.__module__ = __name__
     return schema
 
 
