@@ -6,8 +6,9 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from hetero_dp.engine.backend import Backend
 from hetero_dp.engine.config import Config
-from hetero_dp.engine.plugins import Backend, load_backends
+from hetero_dp.engine.loading import load_backends
 from hetero_dp.model.device import Device
 from hetero_dp.model.errors import BackendError, ConfigError
 

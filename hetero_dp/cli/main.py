@@ -164,7 +164,7 @@ def run(
 
     hold_signals()  # first: a signal during start-up must not kill the daemon halfway
     from hetero_dp.engine.daemon import Daemon
-    from hetero_dp.engine.plugins import load_backends
+    from hetero_dp.engine.loading import load_backends
     from hetero_dp.kits.logs import setup_logging
 
     flags: dict[str, Any] = dict(
@@ -467,7 +467,7 @@ def doctor(
 ) -> None:
     """Walk the node's troubleshooting chain: driver, devices, container runtime,
     kubelet sockets, the running daemon, CDI specs, labels. Exits 1 on any failure."""
-    from hetero_dp.engine.plugins import load_backends
+    from hetero_dp.engine.loading import load_backends
     from hetero_dp.ops.doctor import DoctorSettings, exit_code, render_json, render_text, run_doctor
 
     try:

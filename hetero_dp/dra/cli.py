@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hetero_dp.engine.backend import Backend
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.daemon import Daemon
-from hetero_dp.engine.plugins import Backend
 from hetero_dp.model.errors import ConfigError
 
 

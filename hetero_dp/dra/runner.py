@@ -25,9 +25,9 @@ from hetero_dp.dra.driver import (
 from hetero_dp.dra.names import driver_name_for, driver_name_problem
 from hetero_dp.dra.prepare import ClaimError, ClaimRef
 from hetero_dp.dra.slices import VERSIONS
+from hetero_dp.engine.backend import Backend
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.daemon import BackendRuntime, Daemon
-from hetero_dp.engine.plugins import Backend
 from hetero_dp.model.device import Device, is_replica, replica_base
 from hetero_dp.model.errors import BackendError, ConfigError
 

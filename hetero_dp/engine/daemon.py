@@ -27,9 +27,9 @@ from typing import Any
 from hetero_dp.allocation.cdi import CDIWriter
 from hetero_dp.allocation.delivery import CDIPublisher, parse_delivery
 from hetero_dp.allocation.preferred import link_scores
+from hetero_dp.engine.backend import Backend
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.extension import Extension
-from hetero_dp.engine.plugins import Backend
 from hetero_dp.engine.polling import HealthPolls
 from hetero_dp.engine.publishing import log_transitions, oversized, plan, too_large
 from hetero_dp.engine.resource import Resource

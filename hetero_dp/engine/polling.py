@@ -1,7 +1,7 @@
 """Health polls of a backend's devices, and what follows from calls that got stuck.
 
 A poll runs ``check_health`` over every discovered device (in chunks, off the
-loop: :meth:`hetero_dp.engine.plugins.Backend.check_health_many`), stamps the
+loop: :meth:`hetero_dp.engine.backend.Backend.check_health_many`), stamps the
 verdicts with the time the poll started, and publishes only when a device's
 newest verdict changed. The backend's worker threads report here, through the
 loop, when the number of stuck calls crosses the cap (the whole backend turns

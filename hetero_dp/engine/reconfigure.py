@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 from hetero_dp.allocation.cdi import CDIWriter
 from hetero_dp.allocation.delivery import CDIPublisher
 from hetero_dp.allocation.sharing import SharingConfig
+from hetero_dp.engine.backend import Backend
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.extension import Extension
-from hetero_dp.engine.plugins import Backend
 from hetero_dp.model.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from hetero_dp.allocation.allocate import build_response, show_ids, validate_ids
 from hetero_dp.allocation.delivery import Delivery, apply_delivery, parse_delivery
 from hetero_dp.allocation.preferred import choose_preferred
 from hetero_dp.allocation.sharing import SharingConfig, to_physical
-from hetero_dp.engine.plugins import Backend
+from hetero_dp.engine.backend import Backend
 from hetero_dp.model.device import Device
 from hetero_dp.model.errors import AllocationError, BackendError, ConfigError
 from hetero_dp.model.response import ContainerResponse

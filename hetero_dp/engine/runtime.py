@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from hetero_dp.engine.plugins import Backend
+from hetero_dp.engine.backend import Backend
 from hetero_dp.model.device import Device
 from hetero_dp.model.events import EventSink
 

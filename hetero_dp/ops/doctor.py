@@ -30,8 +30,8 @@ from typing import Any
 import yaml
 
 from hetero_dp.allocation.cdi import device_name_problem, kind_problem
+from hetero_dp.engine.backend import Backend
 from hetero_dp.engine.config import Config
-from hetero_dp.engine.plugins import Backend
 from hetero_dp.model.errors import BackendError, ConfigError
 from hetero_dp.model.names import KUBELET_SOCKET
 from hetero_dp.ops.labels import file_name, label_problem

@@ -1083,7 +1083,7 @@ class DRARunner(PluginRunner):
     ) -> Any:
         from hetero_dp.dra.runner import DRADaemon, DRAOptions
         from hetero_dp.engine.config import load_config
-        from hetero_dp.engine.plugins import load_backends
+        from hetero_dp.engine.loading import load_backends
 
         node_name = self.node if node is None else node
         if self.create_node and node_name and node_name not in self.api.nodes:

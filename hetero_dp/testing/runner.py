@@ -10,7 +10,7 @@ from typing import Any
 
 from hetero_dp.engine.config import load_config
 from hetero_dp.engine.daemon import Daemon
-from hetero_dp.engine.plugins import load_backends
+from hetero_dp.engine.loading import load_backends
 from hetero_dp.ops import operations
 
 

@@ -117,7 +117,7 @@ def _pytest(block: Block, workdir: Path, name: str) -> None:
 
 def _hook(block: Block) -> None:
     import hetero_dp
-    from hetero_dp.engine.plugins import load_backends
+    from hetero_dp.engine.loading import load_backends
 
     namespace: dict[str, object] = {"__name__": f"doc_hook_{block.line}"}
     exec("from collections.abc import *\nfrom typing import *\nfrom hetero_dp import *", namespace)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hetero_dp.engine.plugins import load_backends
+from hetero_dp.engine.loading import load_backends
 from hetero_dp.model.errors import ConfigError
 
 GOOD = """

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hetero_dp.engine.config import load_config
-from hetero_dp.engine.plugins import load_backends
+from hetero_dp.engine.loading import load_backends
 from hetero_dp.ops import operations
 from hetero_dp.ops.doctor import DoctorSettings, exit_code, render_text, run_doctor, spec_problems
 from hetero_dp.testing import FakeKubelet, short_tempdir

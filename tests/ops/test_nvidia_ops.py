@@ -111,7 +111,7 @@ def test_doctor_puts_the_driver_first(fake_node, init_error, name, message, fix)
 
 
 def _load(backend):
-    from hetero_dp.engine.plugins import load_backends
+    from hetero_dp.engine.loading import load_backends
 
     return load_backends([backend])
 

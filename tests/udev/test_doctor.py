@@ -12,7 +12,7 @@ from hetero_dp_udev.backend import options
 from hetero_dp_udev.testing import Testbed
 
 from hetero_dp.engine.config import load_config
-from hetero_dp.engine.plugins import load_backends
+from hetero_dp.engine.loading import load_backends
 from hetero_dp.ops.doctor import DoctorSettings, run_doctor
 
 pytestmark = pytest.mark.umockdev

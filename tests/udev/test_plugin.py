@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hetero_dp_udev import UdevBackend, backend, testing
 
-from hetero_dp.engine.plugins import load_backends
+from hetero_dp.engine.loading import load_backends
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -1,0 +1,234 @@
+"""Finding backends and loading them.
+
+Backends are pluggy plugins: found by name through the entry-point group
+``hetero_dp`` (bundled and third-party alike), or loaded from a ``.py`` file (the
+same module a test imports, when the file is importable). Each is checked for
+mistakes at load (a marked function that is no hook, an argument its hook does not
+have) and wrapped in a :class:`~hetero_dp.engine.backend.Backend`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pluggy
+
+from hetero_dp import hookspecs
+from hetero_dp.engine.backend import Backend
+from hetero_dp.kits.entrypoints import entry_points
+from hetero_dp.model.errors import ConfigError
+
+ENTRY_POINT_GROUP = "hetero_dp"
+
+
+def available_backends() -> dict[str, str]:
+    """Backends installed through the entry-point group: name -> module path."""
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def importable_name(path: Path) -> str | None:
+    """The name ``import`` would give the file at ``path`` (resolved) through the
+    current ``sys.path`` (``acme`` for ``acme.py`` in a dir on it, ``pkg.acme`` inside
+    a package there), or None when no entry reaches it under a valid name."""
+    for entry in sys.path:
+        try:
+            base = Path(entry or ".").resolve()
+            rel = path.relative_to(base)
+        except (OSError, ValueError):
+            continue
+        parts = [*rel.parts[:-1], rel.stem]
+        if not all(p.isidentifier() for p in parts):
+            continue
+        if all((base.joinpath(*parts[:i]) / "__init__.py").is_file() for i in range(1, len(parts))):
+            return ".".join(parts)
+    return None
+
+
+def _same_file(module: ModuleType, path: Path) -> bool:
+    file = getattr(module, "__file__", None)
+    try:
+        return file is not None and Path(file).resolve() == path
+    except OSError:
+        return False
+
+
+def _finds(name: str, path: Path) -> bool:
+    """Whether importing ``name`` now would load the file at ``path``."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    origin = None if spec is None else spec.origin
+    return origin is not None and Path(origin).resolve() == path
+
+
+def _load_file(path: Path) -> ModuleType:
+    """The module of the plugin file at ``path`` (resolved).
+
+    When the file is importable by a name (its dir is on ``sys.path``, as pytest
+    puts a test's dir), that is the module: the one already imported, or imported
+    now under that name, so a test that imports the plugin sees the same module
+    (its state, its globals) that the daemon runs, not a second copy. Otherwise it
+    is loaded under ``hetero_dp_file_<stem>``.
+    """
+    real = importable_name(path)
+    if real is not None:
+        module = sys.modules.get(real)
+        if module is not None and _same_file(module, path):
+            return module
+        if module is None and _finds(real, path):
+            try:
+                module = importlib.import_module(real)
+            except Exception as e:
+                raise ConfigError(f"importing {path} failed: {e!r}", field="backend") from e
+            if _same_file(module, path):
+                return module
+    name = f"hetero_dp_file_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"cannot load {path} as a Python module", field="backend")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise ConfigError(f"importing {path} failed: {e!r}", field="backend") from e
+    return module
+
+
+def resolve(spec: str | ModuleType | object) -> tuple[str, object]:
+    """A backend given by entry-point name, ``.py`` path or object -> (name, plugin)."""
+    if not isinstance(spec, str):
+        name = (
+            getattr(spec, "hetero_dp_name", None)
+            or getattr(spec, "__name__", type(spec).__name__).rsplit(".", 1)[-1]
+        )
+        return name, spec
+    if spec.endswith(".py") or "/" in spec:
+        path = Path(spec)
+        if not path.is_file():
+            raise ConfigError(f"no such plugin file: {spec}", field="backend")
+        return path.stem, _load_file(path.resolve())
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == spec:
+            try:
+                return spec, ep.load()
+            except Exception as e:
+                raise ConfigError(f"loading backend {spec!r} failed: {e!r}", field="backend") from e
+    known = ", ".join(sorted(available_backends())) or "none installed"
+    raise ConfigError(
+        f"unknown backend {spec!r} (installed: {known}; or give a path to a .py file)",
+        field="backend",
+    )
+
+
+def _where(function: Any) -> str:
+    """``file:line`` of a function, for messages that send an author to the code."""
+    try:
+        path = inspect.getsourcefile(function) or "?"
+        line = inspect.getsourcelines(function)[1]
+    except (OSError, TypeError):
+        return "?"
+    return f"{path}:{line}"
+
+
+def _spec_argnames(pm: pluggy.PluginManager) -> dict[str, tuple[str, ...]]:
+    out: dict[str, tuple[str, ...]] = {}
+    for hook_name in dir(pm.hook):
+        caller = getattr(pm.hook, hook_name)
+        spec = getattr(caller, "spec", None)
+        if not hook_name.startswith("_") and spec is not None:
+            out[hook_name] = tuple(spec.argnames)
+    return out
+
+
+def hook_mistakes(name: str, plugin: object, pm: pluggy.PluginManager) -> list[str]:
+    """What is wrong with ``plugin``'s ``@hookimpl`` functions, one line each.
+
+    pluggy registers a marked function whose name is no hook without a word (it
+    would only ever be called if such a hook existed), so a misspelt
+    ``check_heath`` leaves health unchecked; it refuses unknown argument names,
+    but in a message that names neither the file nor the fix. Here both are
+    caught before registering, with the closest hook or argument name.
+    """
+    specs = _spec_argnames(pm)
+    problems = []
+    for attr in sorted(dir(plugin)):
+        try:
+            function = getattr(plugin, attr)
+        except Exception:
+            continue
+        opts = pm.parse_hookimpl_opts(plugin, attr)
+        if opts is None or not callable(function):
+            continue
+        hook = opts.get("specname") or attr
+        where = f"backend {name!r}: {_where(function)}: function {attr}"
+        if hook not in specs:
+            close = difflib.get_close_matches(hook, specs, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}?" if close else "hooks: " + ", ".join(sorted(specs))
+            problems.append(f"{where} is marked @hookimpl but {hook!r} is no hook; {hint}")
+            continue
+        try:
+            params = inspect.signature(function).parameters
+        except (TypeError, ValueError):
+            continue
+        allowed = specs[hook]
+        for arg in params:
+            if arg in allowed or params[arg].default is not inspect.Parameter.empty:
+                continue  # pluggy passes only the hook's arguments; defaults may stay
+            if params[arg].kind in (
+                inspect.Parameter.VAR_POSITIONAL,
+                inspect.Parameter.VAR_KEYWORD,
+            ):
+                continue
+            close = difflib.get_close_matches(arg, allowed, n=1, cutoff=0.6)
+            if close:
+                hint = f"did you mean {close[0]}?"
+            else:
+                hint = f"{hook} takes " + (", ".join(allowed) or "no arguments")
+            problems.append(f"{where}: argument {arg!r} is not an argument of hook {hook}; {hint}")
+    return problems
+
+
+def check_plugin(name: str, plugin: object, pm: pluggy.PluginManager) -> None:
+    """ConfigError naming every hook mistake in ``plugin`` (see :func:`hook_mistakes`)."""
+    problems = hook_mistakes(name, plugin, pm)
+    if problems:
+        raise ConfigError("; ".join(problems), field="backend")
+
+
+def new_manager() -> pluggy.PluginManager:
+    pm = pluggy.PluginManager("hetero_dp")
+    pm.add_hookspecs(hookspecs)
+    return pm
+
+
+def load_backends(
+    specs: Iterable[str | ModuleType | object], *, timeout: float = 10.0
+) -> list[Backend]:
+    """Load and register each backend; ConfigError for unknown names or bad files."""
+    pm = new_manager()
+    backends = []
+    names: set[str] = set()
+    for spec in specs:
+        name, plugin = resolve(spec)
+        if name in names:
+            raise ConfigError(f"backend {name!r} given twice", field="backend")
+        names.add(name)
+        check_plugin(name, plugin, pm)
+        try:
+            pm.register(plugin, name=name)
+        except (ValueError, pluggy.PluginValidationError) as e:
+            raise ConfigError(
+                f"backend {name!r} is not a valid plugin: {e}", field="backend"
+            ) from e
+        backends.append(Backend(name, plugin, pm, timeout=timeout))
+    return backends
