@@ -4,7 +4,6 @@ pyudev.Monitor on the event loop and come out of the EventSink."""
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -296,12 +295,6 @@ async def test_an_event_looks_only_at_the_device_it_names(
     assert "no longer matches" in swept["0000:c3:00.0"].reason
 
 
-@pytest.mark.skipif(
-    sys.version_info < (3, 11),
-    reason="on Python 3.10 the remove uevent of a drm child node sent by umockdev's "
-    "testbed is not seen by the backend's monitor (found by make test-matrix, not yet "
-    "understood: the add of a whole GPU is seen; see the closing note of this change)",
-)
 async def test_incremental_discovery_equals_a_full_scan(
     testbed: Testbed, data: Path, amd: tuple[UdevBackend, Recorder]
 ) -> None:
@@ -312,6 +305,19 @@ async def test_incremental_discovery_equals_a_full_scan(
     fresh = UdevBackend()
     fresh.configure(options({"rules": ["amd-gpu"]}))
     assert _snapshot(incremental) == _snapshot(fresh.discover())
+
+
+async def test_removals_after_an_incremental_discovery(
+    testbed: Testbed, data: Path, amd: tuple[UdevBackend, Recorder]
+) -> None:
+    # Apart from the test above: on Python 3.10 under umockdev, once a second pyudev
+    # Context has enumerated devices, a monitor misses the next remove uevent
+    # (reproduced with pyudev alone, not on 3.11+; an artefact of the emulation, since
+    # the real netlink socket does not depend on enumerations).
+    backend, recorder = amd
+    testbed.add(NEW_GPU)
+    await recorder.next("rediscover")
+    backend.discover()
     recorder.drain()
     testbed.remove(GPU_43 + "/drm/renderD129")
     await recorder.next("rediscover")
