@@ -22,6 +22,7 @@ builds from the same declaration.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import pathlib
@@ -31,6 +32,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hetero_dp.model.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 _META = "hetero_dp"
 _TRUE = ("true", "yes", "on", "1")
@@ -116,7 +119,15 @@ def schema_of(function: Callable[..., Any] | None) -> type | None:
         return None
     try:
         hints = typing.get_type_hints(function)
-    except Exception:  # an annotation that does not resolve: treated as untyped
+    except Exception as e:  # an annotation that does not resolve: treated as untyped
+        if "options" in getattr(function, "__annotations__", {}):
+            log.warning(
+                "the annotation of %s's options argument does not resolve (%r): its "
+                "options are passed as a plain mapping; declare the options class at "
+                "module level",
+                getattr(function, "__qualname__", function),
+                e,
+            )
         return None
     hint = hints.get("options")
     return hint if is_schema(hint) else None

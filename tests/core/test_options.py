@@ -312,3 +312,24 @@ def test_the_bundled_backends_declare_their_options(cli_env):
         out = hetero_dp("list", "--options", "--json", backend, env=env)
         assert out.returncode == 0, out.stderr
         assert key in [r["key"] for r in json.loads(out.stdout)]
+
+
+def test_an_annotation_that_does_not_resolve_is_said(caplog):
+    """Options declared inside a function cannot be resolved from a string annotation
+    (``from __future__ import annotations``): the hook gets a mapping, and the log
+    says why instead of the author meeting an AttributeError later."""
+    from hetero_dp.model.options import schema_of
+
+    def make():
+        @dataclass(frozen=True)
+        class Local:
+            count: int = option(1)
+
+        def configure(options: Local) -> None: ...
+
+        return configure
+
+    with caplog.at_level("WARNING", logger="hetero_dp.model.options"):
+        assert schema_of(make()) is None
+    assert "does not resolve" in caplog.text and "module level" in caplog.text
+    assert schema_of(Zeta().configure) is ZetaOptions
