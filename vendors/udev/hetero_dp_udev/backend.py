@@ -22,7 +22,16 @@ import pyudev
 
 from hetero_dp import Check, ConfigError, Device, EventSink, hookimpl, option
 
-from .discovery import Found, match_device, renumber, scan_rule, to_device
+from .discovery import (
+    Found,
+    could_match,
+    match_device,
+    matches,
+    pci_device,
+    renumber,
+    scan_rule,
+    to_device,
+)
 from .doctor import unmatched_accelerators
 from .health import problems
 from .rules import Companion, Rule, load_rules, shipped_rule_sets
@@ -70,6 +79,7 @@ class UdevBackend:
         self._found: dict[Key, Found] = {}
         self._stale: set[Key] = set()  # still in sysfs but no longer matching
         self._dirty: set[str] = set()  # sysfs paths named by events since the last discovery
+        self._never_ours: set[str] = set()  # paths of devices no rule can match (change events)
         self._full = True  # the next discovery scans everything
         self._reported_empty: set[str] = set()  # rules doctor found empty (said once)
         self._batches_seen = 0  # _event_batches when the last discovery started looking
@@ -94,6 +104,7 @@ class UdevBackend:
         with self._lock:
             self.rules = rules
             self._found.clear()
+            self._never_ours.clear()
             self._stale.clear()
             self._dirty.clear()
             self._full = True
@@ -364,6 +375,7 @@ class UdevBackend:
 
     def _on_readable(self, monitor: pyudev.Monitor, events: EventSink) -> None:
         batch = False
+        received = False
         while True:
             try:
                 dev = monitor.poll(timeout=0)
@@ -374,7 +386,19 @@ class UdevBackend:
                 with self._lock:
                     self._full = True
             if dev is None:
+                if not received and not batch:
+                    # Readable, yet libudev returned no device: it read a message and
+                    # dropped it, so which device changed is unknown. Rescan all.
+                    # (Seen under umockdev on Python 3.10 for a remove uevent.)
+                    log.debug("udev monitor: a message was dropped; rediscovering all")
+                    batch = self._new_batch(batch)
+                    with self._lock:
+                        self._full = True
                 break
+            received = True
+            if dev.action == "change" and not self._concerns(dev):
+                continue  # another device's change (a NIC on the same bus): nothing to do
+            self._never_ours.discard(dev.sys_path)  # added or removed: it may be new
             batch = self._new_batch(batch)
             with self._lock:
                 self._dirty.add(dev.sys_path)
@@ -385,6 +409,22 @@ class UdevBackend:
         # the device set must follow health as well as hotplug.
         if batch:
             events.rediscover()
+
+    def _concerns(self, dev: pyudev.Device) -> bool:
+        """Whether a change event can matter: the device belongs to a found device (it,
+        its PCI function or a companion node), or it matches a rule (an attribute
+        change made it one of ours). Anything else is left alone, no discovery; a
+        device no rule could ever match (another vendor's NIC) is remembered as such."""
+        path = dev.sys_path
+        if path in self._never_ours:
+            return False
+        if any(path in item.related for item in list(self._found.values())):
+            return True
+        pci = pci_device(dev)
+        if not any(could_match(dev, rule.match, pci) for rule in self.rules):
+            self._never_ours.add(path)
+            return False
+        return any(matches(dev, rule.match, pci) for rule in self.rules)
 
     def _new_batch(self, started: bool) -> bool:
         if not started:  # before any verdict of this batch goes out (see discover)

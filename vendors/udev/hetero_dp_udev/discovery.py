@@ -126,21 +126,29 @@ def _driver_ok(driver: str | None, globs: frozenset[str]) -> bool:
     return bool(driver) and any(fnmatchcase(str(driver), g) for g in globs)
 
 
-def matches(dev: pyudev.Device, match: Match, pci: pyudev.Device | None) -> bool:
-    """Whether one udev device satisfies every condition of ``match``."""
+def could_match(dev: pyudev.Device, match: Match, pci: pyudev.Device | None) -> bool:
+    """The conditions of ``match`` that stay true or false for a device's lifetime
+    (subsystem, kernel name, vendor and device IDs): False means never a match."""
     if match.subsystem and dev.subsystem != match.subsystem:
         return False
     if match.sysname and not any(fnmatchcase(dev.sys_name, g) for g in match.sysname):
         return False
-    if match.devnode:
-        node = dev.device_node
-        if not node or not any(fnmatchcase(node, g) for g in match.devnode):
-            return False
     if match.vendor or match.device:
         vendor, device = device_ids(dev, pci)
         if match.vendor and vendor not in match.vendor:
             return False
         if match.device and device not in match.device:
+            return False
+    return True
+
+
+def matches(dev: pyudev.Device, match: Match, pci: pyudev.Device | None) -> bool:
+    """Whether one udev device satisfies every condition of ``match``."""
+    if not could_match(dev, match, pci):
+        return False
+    if match.devnode:
+        node = dev.device_node
+        if not node or not any(fnmatchcase(node, g) for g in match.devnode):
             return False
     if match.driver and not _driver_ok(driver_owner(dev, pci).driver, match.driver):
         return False
