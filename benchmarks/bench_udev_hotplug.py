@@ -187,18 +187,26 @@ async def _scenario(sc: dict[str, Any]) -> dict[str, Any]:
             _row(f"{label}: driver unbind to Unhealthy at the kubelet, median", unbind, ""),
             _row(f"{label}: driver bind to Healthy at the kubelet, median", bind, ""),
             {
-                "name": f"{label}: plugin CPU for {UNRELATED} NVMe events (kernel-filtered)",
+                "name": f"{label}: plugin process CPU for {UNRELATED} NVMe events (filtered "
+                "out: by the kernel on a host, by umockdev in this process here)",
                 "value": filtered,
                 "unit": "ms",
-                "goal": "< 20 ms",
-                "ok": filtered < 20,
+                "goal": "",
             },
             {
-                "name": f"{label}: plugin CPU for {UNRELATED} NIC pci change events",
+                "name": f"{label}: plugin process CPU for {UNRELATED} NIC pci change events, "
+                "under umockdev",
                 "value": listened,
                 "unit": "ms",
+                "goal": "",
+            },
+            {
+                "name": f"{label}: plugin CPU for {UNRELATED} NIC pci change events beyond "
+                "umockdev's delivery (the two rows above, NIC minus NVMe)",
+                "value": round(listened - filtered, 2),
+                "unit": "ms",
                 "goal": "< 20 ms",
-                "ok": listened < 20,
+                "ok": listened - filtered < 20,
             },
         ],
         "note": f"{label}: {sc['about']}",
@@ -275,12 +283,14 @@ def _report(results: list[dict[str, Any]]) -> dict[str, Any]:
             "they still hold umockdev's in-process delivery to the plugin's socket and "
             "the sentinel's variance (a few ms). Checked separately: under umockdev a "
             "monitor filtered to pci and drm receives 8 of 16 mixed NVMe/NIC events, so "
-            "the NVMe ones never reach the plugin's code. So the NVMe row is what the "
-            "harness cannot tell from zero: across runs on one quiet 2-core machine it "
-            "read 10-21 ms, and 14-29 ms with the plugin moved to a process of its own "
-            "(its threads' schedstat), so most of it is umockdev's user-space delivery "
+            "the NVMe ones never reach the plugin's code, yet their row reads 10-21 ms "
+            "across runs on one quiet 2-core machine (14-29 ms with the plugin moved to a "
+            "process of its own, its threads' schedstat): umockdev's user-space delivery "
             "and filtering in the receiving process, which a real kernel does in the "
-            "kernel. It bounds what the NIC row can show about the 20 ms goal.",
+            "kernel. NIC events pay that delivery too, so the goal (issue 15: 100 "
+            "unrelated events under 20 ms of plugin CPU) is judged on the NIC row minus "
+            "the NVMe row: what the plugin's own code (libudev's parsing, pyudev, the "
+            "backend) spends on them; on a host the NVMe events do not wake it at all.",
             "Change events of a device no rule can match (the NIC) are read and dropped "
             "without a discovery; before (same harness), each batch of them asked for one, "
             "about 20 per 100 events.",
