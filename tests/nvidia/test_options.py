@@ -103,3 +103,13 @@ def test_recovery_quiet_period_option():
     assert parse_options({"recoveryQuietPeriod": 2.5}, {}).health.recovery_quiet_s == 2.5
     with pytest.raises(ConfigError, match="recoveryQuietPeriod"):
         parse_options({"recoveryQuietPeriod": "soon"}, {})
+
+
+def test_string_slices_may_be_lists_in_the_file():
+    """NVIDIA's string-slice options (cdiDisableHooks, imex.channelIDs) read a YAML
+    list as the comma-separated string its flag would give."""
+    o = parse_options({"cdiDisableHooks": ["update-ldcache", "create-symlinks"]}, {})
+    assert o.cdi_disabled_hooks == {"update-ldcache", "create-symlinks"}
+    assert parse_options({"cdiDisableHooks": "update-ldcache"}, {}).cdi_disabled_hooks == {
+        "update-ldcache"
+    }

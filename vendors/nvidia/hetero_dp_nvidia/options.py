@@ -568,7 +568,7 @@ def _convert(name: str, kind: object, value: Any, source: str) -> Any:
                 source=source,
             )
         return text
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):  # a string slice given as a list
         return ",".join(str(v) for v in value)
     return str(value)
 
