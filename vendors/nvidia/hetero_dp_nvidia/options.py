@@ -621,7 +621,7 @@ def parse_options(options: Any, environ: Mapping[str, str] | None = None) -> Opt
         if var and env.get(var, "") != "":
             values[name] = _convert(var, kind, env[var], "environment")
 
-    hooks = {h.strip() for h in str(values.get("cdiDisableHooks") or "").split(",") if h.strip()}
+    hooks = {h.strip() for h in str(values["cdiDisableHooks"] or "").split(",") if h.strip()}
     bad = sorted(hooks - {"all", *CDI_HOOK_NAMES})
     if bad:
         raise ConfigError(
@@ -629,31 +629,31 @@ def parse_options(options: Any, environ: Mapping[str, str] | None = None) -> Opt
             field="CDI_DISABLE_HOOKS",
             source="environment",
         )
-    health = _health(env, values.get("recoveryQuietPeriod", 60.0))
+    # Every flag and every option of ours has a value here (the schema's default when
+    # nothing set it), so the defaults live in one place: FLAGS and _OURS.
+    health = _health(env, values["recoveryQuietPeriod"])
     return Options(
-        mig_strategy=values.get("migStrategy", "none"),
-        fail_on_init_error=values.get("failOnInitError", True),
-        driver_root=values.get("nvidiaDriverRoot", "/") or "/",
-        dev_root=values.get("nvidiaDevRoot", ""),
-        container_driver_root=values.get(
-            "plugin.containerDriverRoot", DEFAULT_CONTAINER_DRIVER_ROOT
-        ),
-        pass_device_specs=values.get("plugin.passDeviceSpecs", False),
-        device_list_strategy=values.get("plugin.deviceListStrategy", ("envvar",)),
-        device_id_strategy=values.get("plugin.deviceIDStrategy", "uuid"),
-        cdi_annotation_prefix=values.get("plugin.cdiAnnotationPrefix", "cdi.k8s.io/"),
-        cdi_hook_path=values.get("plugin.nvidiaCTKPath") or DEFAULT_CDI_HOOK_PATH,
+        mig_strategy=values["migStrategy"],
+        fail_on_init_error=values["failOnInitError"],
+        driver_root=values["nvidiaDriverRoot"] or "/",
+        dev_root=values["nvidiaDevRoot"],
+        container_driver_root=values["plugin.containerDriverRoot"],
+        pass_device_specs=values["plugin.passDeviceSpecs"],
+        device_list_strategy=values["plugin.deviceListStrategy"],
+        device_id_strategy=values["plugin.deviceIDStrategy"],
+        cdi_annotation_prefix=values["plugin.cdiAnnotationPrefix"],
+        cdi_hook_path=values["plugin.nvidiaCTKPath"] or DEFAULT_CDI_HOOK_PATH,
         cdi_disabled_hooks=frozenset(hooks),
-        gdrcopy=values.get("gdrcopyEnabled", False),
-        gds=values.get("gdsEnabled", False),
-        mofed=values.get("mofedEnabled", False),
-        allocation_policy=values.get("plugin.sharedDevicesAllocationPolicy", "distributed"),
+        gdrcopy=values["gdrcopyEnabled"],
+        gds=values["gdsEnabled"],
+        mofed=values["mofedEnabled"],
+        allocation_policy=values["plugin.sharedDevicesAllocationPolicy"],
         renames=renames,
-        sysfs_root=values.get("sysfsRoot", "/sys"),
-        proc_root=values.get("procRoot", "/proc"),
+        sysfs_root=values["sysfsRoot"],
+        proc_root=values["procRoot"],
         health=health,
         sharing=sharing,
-        mps=parse_mps_settings(mps_raw, values.get("mpsRoot", "")),
+        mps=parse_mps_settings(mps_raw, values["mpsRoot"]),
     )
 
 
