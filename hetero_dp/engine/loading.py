@@ -9,7 +9,6 @@ have) and wrapped in a :class:`~hetero_dp.engine.backend.Backend`.
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 import inspect
 import sys
@@ -24,6 +23,7 @@ from hetero_dp import hookspecs
 from hetero_dp.engine.backend import Backend
 from hetero_dp.kits.entrypoints import entry_points
 from hetero_dp.model.errors import ConfigError
+from hetero_dp.model.names import closest
 
 ENTRY_POINT_GROUP = "hetero_dp"
 
@@ -172,8 +172,8 @@ def hook_mistakes(name: str, plugin: object, pm: pluggy.PluginManager) -> list[s
         hook = opts.get("specname") or attr
         where = f"backend {name!r}: {_where(function)}: function {attr}"
         if hook not in specs:
-            close = difflib.get_close_matches(hook, specs, n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]}?" if close else "hooks: " + ", ".join(sorted(specs))
+            close = closest(hook, specs)
+            hint = f"did you mean {close}?" if close else "hooks: " + ", ".join(sorted(specs))
             problems.append(f"{where} is marked @hookimpl but {hook!r} is no hook; {hint}")
             continue
         try:
@@ -189,9 +189,9 @@ def hook_mistakes(name: str, plugin: object, pm: pluggy.PluginManager) -> list[s
                 inspect.Parameter.VAR_KEYWORD,
             ):
                 continue
-            close = difflib.get_close_matches(arg, allowed, n=1, cutoff=0.6)
+            close = closest(arg, allowed)
             if close:
-                hint = f"did you mean {close[0]}?"
+                hint = f"did you mean {close}?"
             else:
                 hint = f"{hook} takes " + (", ".join(allowed) or "no arguments")
             problems.append(f"{where}: argument {arg!r} is not an argument of hook {hook}; {hint}")

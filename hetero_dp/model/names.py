@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterable
 
 from hetero_dp.model.errors import ConfigError
 
@@ -123,3 +124,12 @@ def socket_name(prefix: str, resource: str) -> str:
     """A socket file name for a resource: ``<prefix>-<vendor.com>_<name>.sock``."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", resource.replace("/", "_"))
     return f"{prefix}-{safe}.sock"
+
+
+def closest(name: str, known: Iterable[str]) -> str | None:
+    """The known name a mistyped ``name`` most likely meant (``check_heath`` ->
+    ``check_health``), or None when none is close: for "did you mean" hints."""
+    import difflib  # only for a mistake
+
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return close[0] if close else None

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hetero_dp.model.errors import ConfigError
+from hetero_dp.model.names import closest
 
 log = logging.getLogger(__name__)
 
@@ -234,15 +235,10 @@ def _help(info: OptionInfo) -> str:
 
 
 def _unknown(key: str, known: list[str]) -> str:
-    import difflib  # only for a mistake
-
     if not known:
         return "unknown option: this backend takes no options"
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    if not close:
-        lowered = {k.lower(): k for k in known}
-        close = [lowered[key.lower()]] if key.lower() in lowered else []
-    hint = f"; did you mean {close[0]!r}?" if close else ""
+    close = closest(key, known) or {k.lower(): k for k in known}.get(key.lower())
+    hint = f"; did you mean {close!r}?" if close else ""
     return f"unknown option{hint} (options: {', '.join(sorted(known))})"
 
 
