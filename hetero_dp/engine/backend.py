@@ -256,24 +256,12 @@ class Backend:
         """Check ``options`` (:meth:`read_options`) and run the configure hook; a
         refusal (ConfigError, ValueError) or a failure is a ConfigError naming this
         backend (unless it names its own source)."""
-        value = self.read_options(options, source=source, flagged=flagged)
-        try:
-            await self.call("configure", options=value)
-        except ConfigError as e:
-            source = e.source or f"backend {self.name}"
-            raise ConfigError(e.reason, field=e.field, source=source) from None
-        except (ValueError, BackendError) as e:
-            raise ConfigError(str(e), source=f"backend {self.name}") from None
-        self.options = value
+        await self._configure(self.read_options(options, source=source, flagged=flagged))
 
     async def configure_from(self, cfg: Config) -> None:
         """:meth:`configure` with this backend's options from ``cfg`` (the file, the
         environment and ``-o`` flags)."""
-        await self.configure(
-            cfg.backend_options(self.name),
-            source=cfg.options_source(self.name),
-            flagged=cfg.backend_flagged.get(self.name, frozenset()),
-        )
+        await self._configure(self.read_options_from(cfg))
 
     def read_options_from(self, cfg: Config) -> Any:
         """:meth:`read_options` with this backend's options from ``cfg``."""
@@ -282,6 +270,16 @@ class Backend:
             source=cfg.options_source(self.name),
             flagged=cfg.backend_flagged.get(self.name, frozenset()),
         )
+
+    async def _configure(self, value: Any) -> None:
+        try:
+            await self.call("configure", options=value)
+        except ConfigError as e:
+            source = e.source or f"backend {self.name}"
+            raise ConfigError(e.reason, field=e.field, source=source) from None
+        except (ValueError, BackendError) as e:
+            raise ConfigError(str(e), source=f"backend {self.name}") from None
+        self.options = value
 
     async def discover(self) -> list[Device]:
         result = await self.call("discover")
