@@ -139,6 +139,39 @@ def prepare(
 
 
 @hookspec
+def partitions(devices: list[Device]) -> Iterable[Device] | None:
+    """DRA mode: devices that can be carved out of ``devices`` on demand.
+
+    Return one record per possible partition (a MIG placement), each with
+    ``parent`` naming one of ``devices`` and ``consumes`` saying which of the
+    parent's counters it draws (the parent's own ``consumes`` is the counter
+    set). They are published beside their parents as partitionable devices
+    (KEP-4815), so the scheduler never hands out two that overlap, nor one with
+    its whole parent; a partition's health follows its parent's. Nothing exists
+    until a claim gets one: create it in :func:`prepare` (returning the record
+    with the created device's nodes and env) and remove it in
+    :func:`unprepare`. Called when the devices' IDs change, not on health
+    events; ignored in device-plugin mode and where the API server does not
+    serve partitionable devices (a log line says so).
+    """
+
+
+@hookspec
+def unprepare(claim: Mapping[str, str], device_ids: list[str]) -> None:
+    """DRA mode: undo what :func:`prepare` made for a claim (destroy a MIG instance).
+
+    Called when the kubelet unprepares a claim, with the same ``claim`` and the
+    IDs of the claim's devices as the checkpoint holds them, so it also runs
+    for claims a previous process prepared. Only IDs this backend publishes
+    (devices or partitions) are passed, or every ID when no backend publishes it
+    now. Ignore IDs you made nothing for; a missing device is already undone.
+    Raise to fail the unprepare with the message: the claim stays in the
+    checkpoint and the kubelet retries. Also called, best effort, when a
+    prepare fails after the hook ran.
+    """
+
+
+@hookspec
 def links(devices: list[Device]) -> Iterable[Link]:
     """Describe how pairs of physical devices connect (NVLink, PCIe, XGMI ...).
 

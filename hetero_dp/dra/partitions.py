@@ -6,9 +6,10 @@ its GPU) is a partition of it. The parent gets a counter set named after it
 holding its memory; the parent consumes all of it and each partition its own
 memory. The scheduler then never gives the whole GPU to one claim and one of
 its partitions to another, and never more partitions than the memory holds.
-Memory is the one counter derived from the records; a finer model (NVIDIA's
-driver counts memory slices and multiprocessors per placement) needs facts the
-records do not carry.
+A backend that knows finer counters says so in the records' ``consumes``
+(the NVIDIA backend: one counter per MIG memory slice, so placements that
+overlap conflict): the parent's ``consumes`` is then the counter set, and each
+partition draws its own ``consumes`` from it instead of memory.
 
 **Sharing** (KEP-5075, consumable capacity). A device the sharing config
 replicates N times (time-slicing in device-plugin mode) is published once with
@@ -52,8 +53,12 @@ def partition(
         if d.parent and d.parent in by_id and d.parent != d.id:
             children.setdefault(d.parent, []).append(d)
     sets: list[dict[str, Any]] = []
+    dropped: set[str] = set()
     for parent_id, parts in sorted(children.items()):
         parent = by_id[parent_id]
+        if parent.consumes:
+            sets.append(_declared(parent, parts, by_name, dropped, notes))
+            continue
         total = memory_mib(parent)
         if total is None:
             notes.append(
@@ -78,7 +83,53 @@ def partition(
                 )
                 continue
             entry["consumesCounters"] = [{"counterSet": name, "counters": {"memory": _mi(own)}}]
+    if dropped:
+        rendered[:] = [d for d in rendered if d["name"] not in dropped]
     return sets
+
+
+def declared_partitions(records: Sequence[Device]) -> list[Device]:
+    """Partitions whose parent declares counters: they exist only as counter draws
+    (a MIG placement created on prepare), so without counters they cannot be published."""
+    counted = {d.id for d in records if d.consumes}
+    return [d for d in records if d.parent in counted and d.parent != d.id]
+
+
+def _counts(consumes: Mapping[str, int]) -> dict[str, dict[str, str]]:
+    return {k: {"value": str(v)} for k, v in sorted(consumes.items())}
+
+
+def _declared(
+    parent: Device,
+    parts: Sequence[Device],
+    by_name: dict[str, dict[str, Any]],
+    dropped: set[str],
+    notes: list[str],
+) -> dict[str, Any]:
+    """The counter set a backend declared (``Device.consumes``) and its draws."""
+    name = device_name(parent.id)
+    whole = by_name.get(name)
+    if whole is not None:
+        whole["consumesCounters"] = [{"counterSet": name, "counters": _counts(parent.consumes)}]
+    for p in parts:
+        entry = by_name.get(device_name(p.id))
+        if entry is None:
+            continue
+        unknown = sorted(set(p.consumes) - set(parent.consumes))
+        if unknown or not p.consumes:
+            why = (
+                f"draws counters its parent does not hold ({', '.join(unknown)})"
+                if unknown
+                else "declares no counters to draw"
+            )
+            notes.append(
+                f"device {p.id}: a partition of {parent.id} that {why}; left out, so it "
+                f"cannot be allocated beside {parent.id} or its other partitions"
+            )
+            dropped.add(device_name(p.id))
+            continue
+        entry["consumesCounters"] = [{"counterSet": name, "counters": _counts(p.consumes)}]
+    return {"name": name, "counters": _counts(parent.consumes)}
 
 
 def share(rendered: list[dict[str, Any]], shares: Mapping[str, int], notes: list[str]) -> None:

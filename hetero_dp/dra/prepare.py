@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 PrepareHook = Callable[
     ["ClaimRef", dict[str, Device], list[dict[str, Any]]], Awaitable[list[Device]]
 ]
+UnprepareHook = Callable[["ClaimRef", list[str]], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class ClaimPreparer:
         cdi_dir: Path,
         devices: Callable[[], Mapping[str, Device]],
         on_prepare: PrepareHook | None = None,
+        on_unprepare: UnprepareHook | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -84,6 +86,8 @@ class ClaimPreparer:
         # the backends' prepare hooks: (claim, devices by DRA name, opaque config) ->
         # the records to use for this claim
         self.on_prepare = on_prepare
+        # the backends' unprepare hooks: (claim, device IDs from the checkpoint)
+        self.on_unprepare = on_unprepare
         self._lock = asyncio.Lock()
         self._batch = asyncio.Lock()
         self.lock_path = self.checkpoint.path.with_name("serialize.lock")
@@ -159,8 +163,22 @@ class ClaimPreparer:
                 f"for {ref.uid!r} (the claim was deleted and recreated?)"
             )
         chosen, requests = self._allocated(claim, ref)
-        if self.on_prepare is not None:
-            chosen = await self._apply_config(claim, ref, chosen)
+        if self.on_prepare is None:
+            return await self._record(ref, chosen, requests)
+        chosen = await self._apply_config(claim, ref, chosen)
+        try:
+            return await self._record(ref, chosen, requests)
+        except BaseException:
+            # the hooks made something (a MIG instance) that no checkpoint entry holds
+            if self.on_unprepare is not None:
+                with contextlib.suppress(Exception):
+                    await self.on_unprepare(ref, [d.id for d in chosen.values()])
+            raise
+
+    async def _record(
+        self, ref: ClaimRef, chosen: dict[str, Device], requests: dict[str, list[str]]
+    ) -> list[PreparedDevice]:
+        """Checkpoint the claim and write its CDI spec."""
         spec, cdi_ids = self._spec(ref, chosen, requests)
         prepared = [
             PreparedDevice(
@@ -322,6 +340,9 @@ class ClaimPreparer:
     async def _unprepare_one(self, ref: ClaimRef) -> None:
         async with self._lock:
             entry = self.checkpoint.claims.get(ref.uid)
+            if entry is not None and self.on_unprepare is not None:
+                # first: a failure keeps the entry, and the kubelet retries
+                await self.on_unprepare(ref, [d.device_id for d in entry.devices])
             path = Path(entry.spec_path) if entry else spec_path(self.cdi_dir, self.driver, ref.uid)
             await asyncio.to_thread(path.unlink, True)
             if entry is not None:

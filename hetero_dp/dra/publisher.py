@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from hetero_dp.dra.api import APIError, ResourceAPI
-from hetero_dp.dra.partitions import partition, share
+from hetero_dp.dra.partitions import declared_partitions, partition, share
 from hetero_dp.dra.slices import VERSIONS, render_devices, render_slices
 from hetero_dp.dra.validation import canonical_quantity, prune_empty, unwrap
 from hetero_dp.kits import observe
@@ -213,11 +213,22 @@ class SlicePublisher:
         self._records = list(devices)
         notes: list[str] = []
         taint_key = f"{self.driver}/unhealthy" if self.features["taints"] else None
-        rendered = render_devices(self._records, notes, taint_key=taint_key)
+        records = self._records
         counter_sets: list[dict[str, Any]] = []
+        if not self.features["counters"]:
+            counted = declared_partitions(records)
+            if counted:
+                notes.append(
+                    f"{len(counted)} partitions (as {counted[0].id}) are not published: they "
+                    "are counter draws on their parent and the API server does not serve "
+                    "DRAPartitionableDevices; their parents are published whole"
+                )
+                left_out = {d.id for d in counted}
+                records = [d for d in records if d.id not in left_out]
+        rendered = render_devices(records, notes, taint_key=taint_key)
         if self.features["counters"]:
-            counter_sets = partition(self._records, rendered, notes)
-        elif any(d.parent for d in self._records if d.parent in {r.id for r in self._records}):
+            counter_sets = partition(records, rendered, notes)
+        elif any(d.parent for d in records if d.parent in {r.id for r in records}):
             notes.append(
                 "devices and their partitions (a parent in the same pool) are published as "
                 "independent devices: the API server does not serve DRAPartitionableDevices, "

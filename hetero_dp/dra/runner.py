@@ -87,6 +87,8 @@ class DRADaemon(Daemon):
         self.api_client = api_client
         self.drivers: dict[str, DRADriver] = {}  # resource -> driver
         self._served: dict[str, set[str]] = {}  # backend -> resources it had devices for
+        # backend -> (the device IDs asked about, the partitions its hook gave for them)
+        self._partitions: dict[str, tuple[frozenset[str], dict[str, Device]]] = {}
         self._dra_started = False
         self._errors: list[ConfigError] = []
         self.publishers.append(self._publish_dra)
@@ -130,12 +132,62 @@ class DRADaemon(Daemon):
                 )
             driver = DRADriver(settings, self.api_client)
             driver.preparer.on_prepare = self._prepare_hook
+            driver.preparer.on_unprepare = self._unprepare_hook
             self.drivers[resource] = driver
         return driver
+
+    async def _partitions_of(self, rt: BackendRuntime) -> dict[str, Device]:
+        """The backend's partitions of its published devices, health following the
+        parent's; the hook is asked again only when the device IDs change."""
+        if not rt.backend.implements("partitions"):
+            return {}
+        ids = frozenset(rt.published)
+        cached = self._partitions.get(rt.backend.name)
+        if cached is None or cached[0] != ids:
+            found: dict[str, Device] = {}
+            try:
+                result = await rt.backend.call("partitions", devices=list(rt.published.values()))
+            except BackendError as e:
+                log.error("%s; its devices are published without partitions", e)
+                result = None
+            for p in result or ():
+                problem = self._partition_problem(rt, p)
+                if problem:
+                    log.error("backend %s: partitions hook: %s; left out", rt.backend.name, problem)
+                else:
+                    found[p.id] = p
+            cached = self._partitions[rt.backend.name] = (ids, found)
+        out = {}
+        for p in cached[1].values():
+            parent = rt.published[p.parent or ""]
+            out[p.id] = p.with_health(parent.healthy, parent.reason)
+        return out
+
+    @staticmethod
+    def _partition_problem(rt: BackendRuntime, p: object) -> str:
+        if not isinstance(p, Device):
+            return f"returned {p!r}, not a Device"
+        parent = rt.published.get(p.parent or "")
+        if parent is None:
+            return f"partition {p.id} names parent {p.parent!r}, not one of the backend's devices"
+        if p.id in rt.published:
+            return f"partition {p.id} has the ID of one of the backend's devices"
+        if p.resource != parent.resource:
+            return (
+                f"partition {p.id} has resource {p.resource}, its parent {parent.id} "
+                f"{parent.resource}: a partition is published in its parent's pool"
+            )
+        return ""
+
+    def _owned(self, rt: BackendRuntime, device_id: str) -> bool:
+        cached = self._partitions.get(rt.backend.name)
+        return device_id in rt.published or (cached is not None and device_id in cached[1])
 
     async def _publish_dra(self, rt: BackendRuntime) -> None:
         by_resource: dict[str, list[Device]] = {}
         for d in rt.published.values():
+            by_resource.setdefault(d.resource, []).append(d)
+        for d in (await self._partitions_of(rt)).values():
             by_resource.setdefault(d.resource, []).append(d)
         gone = self._served.get(rt.backend.name, set()) - set(by_resource)
         for resource in gone:
@@ -160,7 +212,7 @@ class DRADaemon(Daemon):
         claim = {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid}
         out: list[Device] = []
         for rt in self.runtimes.values():
-            mine = [d for d in devices.values() if rt.published.get(d.id) is not None]
+            mine = [d for d in devices.values() if self._owned(rt, d.id)]
             if not mine or not rt.backend.implements("prepare"):
                 continue
             try:
@@ -169,6 +221,25 @@ class DRADaemon(Daemon):
                 raise ClaimError(str(e)) from None
             out.extend(mine if result is None else list(result))
         return out
+
+    async def _unprepare_hook(self, ref: ClaimRef, device_ids: list[str]) -> None:
+        """Call the ``unprepare`` hook of each backend that has some of ``device_ids``
+        (every backend that has the hook gets the IDs no backend publishes now)."""
+        claim = {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid}
+        hooked = [rt for rt in self.runtimes.values() if rt.backend.implements("unprepare")]
+        runtimes = list(self.runtimes.values())
+        orphans = [i for i in device_ids if not any(self._owned(rt, i) for rt in runtimes)]
+        errors = []
+        for rt in hooked:
+            ids = [i for i in device_ids if self._owned(rt, i)] + orphans
+            if not ids:
+                continue
+            try:
+                await rt.backend.call("unprepare", claim=claim, device_ids=ids)
+            except BackendError as e:
+                errors.append(str(e))
+        if errors:
+            raise ClaimError("; ".join(errors))
 
     def _shares(self, devices: list[Device]) -> dict[str, int]:
         """Device ID -> replicas the sharing config makes of it (time-slicing); DRA

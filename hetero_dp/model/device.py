@@ -112,6 +112,13 @@ class Device:
     attributes
         Facts about the device (product, memory in MiB, PCI address, UUID ...)
         used for labels, DRA attributes and ``hetero-dp list``.
+    consumes
+        DRA partitionable devices (KEP-4815): counter name -> how much of it this
+        device uses. On a device with partitions (records whose ``parent`` it is)
+        it is also the whole counter set, so the whole device uses all of it; on a
+        partition it is its share (a MIG placement's memory slices). Counter
+        names are DNS labels. Empty: the framework counts memory
+        (``attributes["memoryMiB"]``) instead. Device-plugin mode ignores it.
     """
 
     id: str
@@ -126,6 +133,7 @@ class Device:
     parent: str | None = None
     index: int | None = None
     attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
+    consumes: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
@@ -143,6 +151,11 @@ class Device:
             self, "annotations", {str(k): str(v) for k, v in _freeze_map(self.annotations).items()}
         )
         object.__setattr__(self, "attributes", _freeze_map(self.attributes))
+        consumes = {str(k): v for k, v in _freeze_map(self.consumes).items()}
+        for k, v in consumes.items():
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"device {self.id}: consumes[{k}] must be an int >= 0, got {v!r}")
+        object.__setattr__(self, "consumes", consumes)
 
     __hash__ = None  # type: ignore[assignment]  # records hold dicts; compare, don't hash
 

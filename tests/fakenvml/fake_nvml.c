@@ -46,6 +46,8 @@ enum {
     NVML_ERROR_FUNCTION_NOT_FOUND = 13,
     NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
+    NVML_ERROR_IN_USE = 19,
+    NVML_ERROR_INSUFFICIENT_RESOURCES = 23,
     NVML_ERROR_UNKNOWN = 999,
 };
 
@@ -82,6 +84,17 @@ typedef struct {
 
 typedef struct fdev *nvmlDevice_t;
 typedef struct fdev *nvmlGpuInstance_t; /* the MIG device that is the GPU instance */
+typedef struct fdev *nvmlComputeInstance_t; /* the same record: one CI per GI here */
+
+typedef struct {
+    unsigned int start, size;
+} nvmlGpuInstancePlacement_t;
+
+/* nvml.h nvmlComputeInstanceProfileInfo_t (v1; pynvml c_nvmlComputeInstanceProfileInfo_t) */
+typedef struct {
+    unsigned int id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount,
+        sharedDecoderCount, sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+} nvmlComputeInstanceProfileInfo_t;
 
 typedef struct {
     nvmlDevice_t device;
@@ -103,6 +116,19 @@ typedef struct {
 static const int a100_profile_ids[18] = {19, 14, 9, 5, 0, -1, -1, 20, -1, 15,
                                          -1, -1, -1, -1, -1, -1, -1, -1};
 static const unsigned a100_profile_slices[18] = {1, 2, 3, 4, 7, 0, 0, 1, 0, 1};
+/* Placements per profile enum, in memory slices (the A100's 8), as `nvidia-smi mig -lgipp`
+ * prints them on an A100 (NVIDIA MIG user guide, "A100 MIG profiles" placement figure):
+ * 19 {0..6}:1, 14 {0,2,4}:2, 9 {0,4}:4, 5 {0}:4, 0 {0}:8, 20 {0..6}:1, 15 {0,2,4,6}:2.
+ * step = distance between starts, count = how many; instances = how many may coexist
+ * (`nvidia-smi mig -lgip` "Instances Free" on an empty A100: 7, 3, 2, 1, 1, 1, 4). */
+static const unsigned a100_place_size[18] = {1, 2, 4, 4, 8, 0, 0, 1, 0, 2};
+static const unsigned a100_place_step[18] = {1, 2, 4, 1, 1, 0, 0, 1, 0, 2};
+static const unsigned a100_place_count[18] = {7, 3, 2, 1, 1, 0, 0, 7, 0, 4};
+static const unsigned a100_instances[18] = {7, 3, 2, 1, 1, 0, 0, 1, 0, 4};
+/* Compute instance profile enum (nvml.h NVML_COMPUTE_INSTANCE_PROFILE_*) -> slices.
+ * The profile ID a CI profile reports is taken to equal its enum (guessed; the backend
+ * reads it back through nvmlGpuInstanceGetComputeInstanceProfileInfo, never assumes). */
+static const unsigned ci_profile_slices[8] = {1, 2, 3, 4, 7, 8, 6, 1};
 typedef struct fset *nvmlEventSet_t;
 
 typedef struct {
@@ -163,6 +189,12 @@ struct fdev {
     struct fdev *migs[MAXMIG];
     unsigned gi, ci, gi_slices, ci_slices, sms;
     unsigned gi_profile; /* MIG: the GPU instance's profile ID (scenario "profile=") */
+    /* MIG: the GPU instance's placement in memory slices (nvmlGpuInstancePlacement_t);
+     * size 0 = unknown (a scenario "mig" line without start=/size=), never in the way
+     * of a created instance */
+    unsigned gi_start, gi_size;
+    int has_ci;  /* MIG: a compute instance exists, so NVML lists it as a MIG device */
+    int in_use;  /* a migpool slot holding an instance */
     unsigned util, memutil, temp, power_mw;
     int lost;
     long calls, lost_after;
@@ -359,6 +391,9 @@ static int load_scenario(const char *path) {
             for (int e = 0; e < 5; e++)
                 if (a100_profile_slices[e] == m->gi_slices) dflt = a100_profile_ids[e];
             m->gi_profile = kvl(ntok, toks, "profile", dflt);
+            m->gi_start = kvl(ntok, toks, "start", 0);
+            m->gi_size = kvl(ntok, toks, "size", 0);
+            m->has_ci = m->in_use = 1;
             m->sms = kvl(ntok, toks, "sms", 14 * m->ci_slices);
             if (!m->name[0]) snprintf(m->name, sizeof m->name, "%s MIG", p->name);
         } else if (!strcmp(k, "nvlink")) {
@@ -755,9 +790,17 @@ nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int i,
     if (d->is_mig || !d->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
     if (!d->mig_mode) return NVML_ERROR_INVALID_ARGUMENT;
     if (i >= 7) return NVML_ERROR_INVALID_ARGUMENT;
-    if (i >= (unsigned)d->nmig) return NVML_ERROR_NOT_FOUND;
-    *m = d->migs[i];
-    return NVML_SUCCESS;
+    /* MIG devices are GPU instance + compute instance pairs: a GPU instance without a
+     * compute instance is not one (NVML API reference, nvmlDeviceGetMigDeviceHandleByIndex) */
+    unsigned seen = 0;
+    for (int j = 0; j < d->nmig; j++) {
+        if (!d->migs[j]->has_ci) continue;
+        if (seen++ == i) {
+            *m = d->migs[j];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
 }
 
 nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t m, nvmlDevice_t *d) {
@@ -784,6 +827,9 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t d, unsigned int pr
     memset(info, 0, sizeof *info);
     info->id = (unsigned)a100_profile_ids[profile];
     info->sliceCount = a100_profile_slices[profile];
+    info->instanceCount = a100_instances[profile];
+    info->multiprocessorCount = 14 * a100_profile_slices[profile];
+    info->memorySizeMB = d->mem_mb * a100_place_size[profile] / 8;
     return NVML_SUCCESS;
 }
 
@@ -805,7 +851,8 @@ nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gi, nvmlGpuInstanceInfo_t 
     info->device = gi->parent;
     info->id = gi->gi;
     info->profileId = gi->gi_profile;
-    info->size = gi->gi_slices;
+    info->start = gi->gi_start;
+    info->size = gi->gi_size ? gi->gi_size : gi->gi_slices;
     return NVML_SUCCESS;
 }
 
@@ -825,6 +872,198 @@ nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t d, nvmlDeviceAttributes_t *
         a->computeInstanceSliceCount = d->ci_slices;
     }
     a->memorySizeMB = d->mem_mb;
+    return NVML_SUCCESS;
+}
+
+/* ---- dynamic MIG: GPU and compute instances created and destroyed at run time ---- */
+
+static int profile_enum(unsigned profile_id) {
+    for (int e = 0; e < 18; e++)
+        if (a100_profile_ids[e] >= 0 && (unsigned)a100_profile_ids[e] == profile_id) return e;
+    return -1;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t d, unsigned int profile_id,
+                                                           nvmlGpuInstancePlacement_t *out,
+                                                           unsigned int *count) {
+    ENTER(d);
+    if (d->is_mig || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+    int e = profile_enum(profile_id);
+    if (e < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned n = a100_place_count[e];
+    if (!out) { /* NULL: how many there are (NVML API reference) */
+        *count = n;
+        return NVML_SUCCESS;
+    }
+    if (*count < n) return NVML_ERROR_INSUFFICIENT_SIZE;
+    for (unsigned i = 0; i < n; i++) {
+        out[i].start = i * a100_place_step[e];
+        out[i].size = a100_place_size[e];
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t d, unsigned int profile_id,
+                                                      const nvmlGpuInstancePlacement_t *pl,
+                                                      nvmlGpuInstance_t *gi) {
+    ENTER(d);
+    if (d->is_mig || !pl || !gi) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d->mig_capable || !d->mig_mode) return NVML_ERROR_NOT_SUPPORTED; /* guessed code */
+    int e = profile_enum(profile_id);
+    if (e < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    int valid = 0;
+    for (unsigned i = 0; i < a100_place_count[e]; i++)
+        if (pl->start == i * a100_place_step[e] && pl->size == a100_place_size[e]) valid = 1;
+    if (!valid) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&mu);
+    int same = 0;
+    unsigned long used_ids = 0;
+    for (int j = 0; j < d->nmig; j++) {
+        struct fdev *o = d->migs[j];
+        used_ids |= 1UL << o->gi;
+        if (o->gi_profile == profile_id) same++;
+        /* occupied memory slices: NVML answers INSUFFICIENT_RESOURCES (API reference) */
+        if (o->gi_size && pl->start < o->gi_start + o->gi_size && o->gi_start < pl->start + pl->size) {
+            pthread_mutex_unlock(&mu);
+            return NVML_ERROR_INSUFFICIENT_RESOURCES;
+        }
+    }
+    struct fdev *m = NULL;
+    for (int j = 0; j < MAXGPU * MAXMIG && !m; j++)
+        if (!migpool[j].in_use) m = &migpool[j];
+    if (same >= (int)a100_instances[e] || d->nmig >= MAXMIG || !m) {
+        pthread_mutex_unlock(&mu);
+        return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    }
+    if (m - migpool >= nmigpool) nmigpool = (int)(m - migpool) + 1;
+    memset(m, 0, sizeof *m);
+    m->in_use = m->is_mig = 1;
+    m->parent = d;
+    m->index = d->nmig;
+    d->migs[d->nmig++] = m;
+    /* GPU instance IDs: the lowest free one from 1 (guessed; the driver's choice is not
+     * documented, and the backend reads the ID back from NVML) */
+    unsigned id = 1;
+    while (used_ids & (1UL << id)) id++;
+    m->gi = id;
+    m->gi_profile = profile_id;
+    m->gi_start = pl->start;
+    m->gi_size = pl->size;
+    m->gi_slices = a100_profile_slices[e];
+    /* memory: the parent's share of the placement's memory slices (guessed: a real
+     * instance is ~4% smaller, 9856 of 10240 MiB for 1g.10gb on an A100-80GB; the
+     * profile name, rounded up to GB, comes out the same) */
+    m->mem_mb = d->mem_mb * pl->size / 8;
+    m->minor = d->minor;
+    snprintf(m->name, sizeof m->name, "%s MIG", d->name);
+    *gi = m;
+    pthread_mutex_unlock(&mu);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t d, unsigned int profile_id,
+                                       nvmlGpuInstance_t *out, unsigned int *count) {
+    ENTER(d);
+    if (d->is_mig || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned n = 0;
+    for (int j = 0; j < d->nmig; j++)
+        if (d->migs[j]->gi_profile == profile_id) {
+            if (out) out[n] = d->migs[j];
+            n++;
+        }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t gi, unsigned int profile,
+                                                          unsigned int eng,
+                                                          nvmlComputeInstanceProfileInfo_t *info) {
+    ENTER(gi);
+    if (!gi->is_mig || !info || profile >= 8 || eng != 0) return NVML_ERROR_INVALID_ARGUMENT;
+    if (ci_profile_slices[profile] > gi->gi_slices) return NVML_ERROR_NOT_SUPPORTED;
+    memset(info, 0, sizeof *info);
+    info->id = profile;
+    info->sliceCount = ci_profile_slices[profile];
+    info->instanceCount = gi->gi_slices / ci_profile_slices[profile];
+    info->multiprocessorCount = 14 * ci_profile_slices[profile];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gi, unsigned int profile_id,
+                                                  nvmlComputeInstance_t *ci) {
+    ENTER(gi);
+    if (!gi->is_mig || !ci || profile_id >= 8) return NVML_ERROR_INVALID_ARGUMENT;
+    /* the fake models one compute instance per GPU instance, of the whole instance */
+    if (ci_profile_slices[profile_id] != gi->gi_slices) return NVML_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&mu);
+    if (gi->has_ci) {
+        pthread_mutex_unlock(&mu);
+        return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    }
+    struct fdev *p = gi->parent;
+    gi->has_ci = 1;
+    gi->ci = 0;
+    gi->ci_slices = gi->gi_slices;
+    gi->sms = 14 * gi->ci_slices;
+    snprintf(gi->uuid, sizeof gi->uuid, "MIG-d1a00000-0000-4000-8000-%04x%08x", p->index,
+             (unsigned)(gi->gi * 0x1000 + gi->gi_start * 0x10 + gi->gi_size));
+    *ci = gi;
+    pthread_mutex_unlock(&mu);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t gi, unsigned int profile_id,
+                                                nvmlComputeInstance_t *out, unsigned int *count) {
+    ENTER(gi);
+    if (!gi->is_mig || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned n = 0;
+    if (gi->has_ci && profile_id < 8 && ci_profile_slices[profile_id] == gi->ci_slices) {
+        if (out) out[0] = gi;
+        n = 1;
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t ci) {
+    ENTER(ci);
+    pthread_mutex_lock(&mu);
+    if (!ci->is_mig || !ci->has_ci) {
+        pthread_mutex_unlock(&mu);
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    ci->has_ci = 0;
+    ci->uuid[0] = 0;
+    pthread_mutex_unlock(&mu);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gi) {
+    ENTER(gi);
+    pthread_mutex_lock(&mu);
+    if (!gi->is_mig || !gi->in_use) {
+        pthread_mutex_unlock(&mu);
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    /* a GPU instance that still holds compute instances is IN_USE (NVML API reference) */
+    if (gi->has_ci) {
+        pthread_mutex_unlock(&mu);
+        return NVML_ERROR_IN_USE;
+    }
+    struct fdev *p = gi->parent;
+    int k = 0;
+    for (int j = 0; j < p->nmig; j++)
+        if (p->migs[j] != gi) {
+            p->migs[k] = p->migs[j];
+            p->migs[k]->index = k;
+            k++;
+        }
+    p->nmig = k;
+    gi->in_use = 0;
+    pthread_mutex_unlock(&mu);
     return NVML_SUCCESS;
 }
 

@@ -104,6 +104,9 @@ def make_node(
         pci = root / "sys/bus/pci/devices" / bus
         pci.mkdir(parents=True, exist_ok=True)
         (pci / "numa_node").write_text(g.get("numa", "-1") + "\n")
+    for g in gpus:
+        if g.get("allcaps") == "1":
+            _write_all_caps(root, g.get("minor", "0"))
     for m in migs:
         minor = gpus[int(m["gpu"])].get("minor", m["gpu"])
         gi_dir = root / f"proc/driver/nvidia/capabilities/gpu{minor}/mig/gi{m['gi']}"
@@ -112,6 +115,24 @@ def make_node(
         (gi_dir / "access").write_text(f"DeviceFileMinor: {m['gicap']}\nDeviceFileMode: 292\n")
         (ci_dir / "access").write_text(f"DeviceFileMinor: {m['cicap']}\nDeviceFileMode: 292\n")
     return FakeNode(lib, root, scenario, gpus, migs)
+
+
+def _write_all_caps(root: Path, minor: str) -> None:
+    """Every GPU/compute instance capability file of a GPU, with the minors of
+    /proc/driver/nvidia-caps/mig-minors (NVIDIA MIG user guide: after ``config 1`` and
+    ``monitor 2``, each GPU has 15 GPU instance IDs of 9 minors each, the instance's
+    own then its 8 compute instances': gpu0/gi0/access 3, gpu0/gi0/ci0/access 4 ...)."""
+    base = 3 + 135 * int(minor)
+    for gi in range(15):
+        gi_dir = root / f"proc/driver/nvidia/capabilities/gpu{minor}/mig/gi{gi}"
+        gi_dir.mkdir(parents=True, exist_ok=True)
+        (gi_dir / "access").write_text(f"DeviceFileMinor: {base + 9 * gi}\nDeviceFileMode: 292\n")
+        for ci in range(8):
+            ci_dir = gi_dir / f"ci{ci}"
+            ci_dir.mkdir(exist_ok=True)
+            (ci_dir / "access").write_text(
+                f"DeviceFileMinor: {base + 9 * gi + 1 + ci}\nDeviceFileMode: 292\n"
+            )
 
 
 class Watching:

@@ -189,6 +189,9 @@ def test_hookimpls_match_the_contract():
     pm.check_pending()
     implemented = {h.name for h in pm.get_hookcallers(backend_module)}
     assert implemented == {
+        "partitions",
+        "prepare",
+        "unprepare",
         "cdi_spec_edits",
         "parse_args",
         "allocate",

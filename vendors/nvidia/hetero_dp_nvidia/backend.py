@@ -33,6 +33,7 @@ from hetero_dp.allocation.sharing import advertise
 from . import nvml
 from .discovery import NodeInfo, build_devices, check_layout, read_node
 from .driver_files import spec_edits
+from .dynamic_mig import Partitioner
 from .health import HealthMonitor, probe_gpu
 from .labels import node_labels
 from .memory_guard import MemoryGuard, guard_checks
@@ -66,6 +67,7 @@ class NvidiaBackend:
         self.mps: MpsManager | None = None  # the MPS control daemons (sharing.mps)
         self.guard = MemoryGuard()
         self._devices: list[Device] = []  # the last discovery, for a reload's MPS plan
+        self.mig = Partitioner()  # dynamicMig (DRA): placements and the instances made
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -161,6 +163,8 @@ class NvidiaBackend:
             return []
         node = read_node(self.options)
         devices = build_devices(node, self.options)
+        if self.options.dynamic_mig:
+            devices = self.mig.whole(node, devices)
         advertised = advertise(devices, self.options.sharing)
         self.guard.update(advertised)
         mps = self.mps
@@ -249,6 +253,34 @@ class NvidiaBackend:
             with self._lock:
                 self.node = node
         return [(g.uuid, g.handle) for g in node.gpus if g.uuid and g.handle is not None]
+
+    # -- DRA: dynamic MIG ------------------------------------------------------
+
+    @hookimpl
+    def partitions(self, devices: list[Device]) -> list[Device]:
+        if not self.options.dynamic_mig or not self._initialised:
+            return []
+        with self._lock:
+            node = self.node
+        return self.mig.partitions(node, devices)
+
+    @hookimpl
+    def prepare(
+        self, claim: Mapping[str, str], devices: list[Device], config: list[Mapping[str, Any]]
+    ) -> list[Device] | None:
+        if not self.options.dynamic_mig:
+            return None
+        with self._lock:
+            node = self.node
+        return self.mig.prepare(node, devices, self.options)
+
+    @hookimpl
+    def unprepare(self, claim: Mapping[str, str], device_ids: list[str]) -> None:
+        if not self.options.dynamic_mig:
+            return
+        with self._lock:
+            node = self.node
+        self.mig.unprepare(node, device_ids)
 
     # -- topology, labels, metrics ---------------------------------------------
 
@@ -445,6 +477,26 @@ def check_health(device: Device) -> bool | str | None:
 def watch(events: EventSink) -> None:
     """XID / ECC / GPU-lost event loop with recovery."""
     BACKEND.watch(events)
+
+
+@hookimpl
+def partitions(devices: list[Device]) -> Iterable[Device]:
+    """dynamicMig (DRA): every possible MIG placement of GPUs in MIG mode."""
+    return BACKEND.partitions(devices)
+
+
+@hookimpl
+def prepare(
+    claim: Mapping[str, str], devices: list[Device], config: list[Mapping[str, Any]]
+) -> Iterable[Device] | None:
+    """dynamicMig (DRA): create the claim's MIG instances."""
+    return BACKEND.prepare(claim, devices, config)
+
+
+@hookimpl
+def unprepare(claim: Mapping[str, str], device_ids: list[str]) -> None:
+    """dynamicMig (DRA): destroy the claim's MIG instances."""
+    BACKEND.unprepare(claim, device_ids)
 
 
 @hookimpl

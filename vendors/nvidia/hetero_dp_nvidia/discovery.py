@@ -230,14 +230,14 @@ def _read_gpu(index: int, opts: Options) -> GpuInfo:
         gpu.mig_capable = mode is not None
         gpu.mig_enabled = bool(mode and mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE)
         if gpu.mig_enabled and opts.mig_strategy != "none":
-            gpu.migs = _read_migs(gpu)
+            gpu.migs = read_migs(gpu)
     except NVMLError as err:
         gpu.error = explain(err, "reading GPU properties", gpu.uuid)
         log_once(f"gpu:{gpu.uuid}:{err.value}", gpu.error)
     return gpu
 
 
-def _read_migs(gpu: GpuInfo) -> list[MigInfo]:
+def read_migs(gpu: GpuInfo) -> list[MigInfo]:
     migs: list[MigInfo] = []
     count = pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu.handle)
     for j in range(count):
@@ -452,38 +452,52 @@ def _mig_devices(
 ) -> list[Device]:
     out = []
     for mig in gpu.migs:
-        visible = mig.uuid if opts.device_id_strategy == "uuid" else f"{gpu.index}:{mig.index}"
-        env, mounts = _delivery(opts, visible)
-        nodes: tuple[DeviceNode, ...] = ()
-        if _wants_nodes(opts):
-            parent = DeviceNode(_host(opts, f"/dev/nvidia{gpu.minor}"), f"/dev/nvidia{gpu.minor}")
-            caps = [
-                _cap_node(opts, gpu, f"gi{mig.gi}"),
-                _cap_node(opts, gpu, f"gi{mig.gi}/ci{mig.ci}"),
-            ]
-            nodes = (*shared, parent, *(c for c in caps if c))
-        attrs = _common_attributes(node, gpu)
-        attrs.update(
-            uuid=mig.uuid,
-            index=f"{gpu.index}:{mig.index}",
-            parentUUID=gpu.uuid,
-            migProfile=mig.profile,
-            memoryMiB=mig.memory_mib,
-            gpuInstance=mig.gi,
-            computeInstance=mig.ci,
+        resource = opts.renames.mig_device(
+            mig.profile, GPU_RESOURCE if mig_mode == "single" else mig_resource(mig.profile)
         )
-        out.append(
-            Device(
-                id=mig.uuid,
-                resource=opts.renames.mig_device(
-                    mig.profile, GPU_RESOURCE if mig_mode == "single" else mig_resource(mig.profile)
-                ),
-                numa_nodes=gpu.numa,  # type: ignore[arg-type]
-                nodes=nodes,
-                mounts=mounts,
-                env=env,
-                parent=gpu.uuid,
-                attributes=attrs,
-            )
-        )
+        out.append(mig_record(node, gpu, mig, opts, resource, shared))
     return out
+
+
+def mig_record(
+    node: NodeInfo,
+    gpu: GpuInfo,
+    mig: MigInfo,
+    opts: Options,
+    resource: str,
+    shared: tuple[DeviceNode, ...] | None = None,
+) -> Device:
+    """The record of one MIG device: its nodes (the GPU's and the two capability
+    nodes), env, mounts and attributes."""
+    if shared is None:
+        shared = control_nodes(opts) if _wants_nodes(opts) else ()
+    visible = mig.uuid if opts.device_id_strategy == "uuid" else f"{gpu.index}:{mig.index}"
+    env, mounts = _delivery(opts, visible)
+    nodes: tuple[DeviceNode, ...] = ()
+    if _wants_nodes(opts):
+        parent = DeviceNode(_host(opts, f"/dev/nvidia{gpu.minor}"), f"/dev/nvidia{gpu.minor}")
+        caps = [
+            _cap_node(opts, gpu, f"gi{mig.gi}"),
+            _cap_node(opts, gpu, f"gi{mig.gi}/ci{mig.ci}"),
+        ]
+        nodes = (*shared, parent, *(c for c in caps if c))
+    attrs = _common_attributes(node, gpu)
+    attrs.update(
+        uuid=mig.uuid,
+        index=f"{gpu.index}:{mig.index}",
+        parentUUID=gpu.uuid,
+        migProfile=mig.profile,
+        memoryMiB=mig.memory_mib,
+        gpuInstance=mig.gi,
+        computeInstance=mig.ci,
+    )
+    return Device(
+        id=mig.uuid,
+        resource=resource,
+        numa_nodes=gpu.numa,  # type: ignore[arg-type]
+        nodes=nodes,
+        mounts=mounts,
+        env=env,
+        parent=gpu.uuid,
+        attributes=attrs,
+    )

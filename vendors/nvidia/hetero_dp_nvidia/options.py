@@ -55,6 +55,7 @@ class HealthSettings:
 @dataclass(frozen=True)
 class Options:
     mig_strategy: str = "none"
+    dynamic_mig: bool = False  # DRA: MIG placements published, instances made on prepare
     fail_on_init_error: bool = True
     driver_root: str = "/"
     dev_root: str = ""  # defaults to driver_root, as in NVIDIA's plugin
@@ -353,6 +354,13 @@ _OURS: dict[str, tuple[str, object, Any, str]] = {
         60.0,
         "seconds without a new event before an XID-failed GPU is healthy again (0: never)",
     ),
+    "dynamicMig": (
+        "DP_DYNAMIC_MIG",
+        bool,
+        False,
+        "DRA mode: publish GPUs in MIG mode whole and with every possible MIG placement, "
+        "creating the instance when a claim is prepared (needs migStrategy none)",
+    ),
 }
 # NVIDIA's string-slice options: a list in the file is joined with commas.
 _SLICES = {"cdiDisableHooks", "imex.channelIDs"}
@@ -632,7 +640,16 @@ def parse_options(options: Any, environ: Mapping[str, str] | None = None) -> Opt
     # Every flag and every option of ours has a value here (the schema's default when
     # nothing set it), so the defaults live in one place: FLAGS and _OURS.
     health = _health(env, values["recoveryQuietPeriod"])
+    if values["dynamicMig"] and values["migStrategy"] != "none":
+        raise ConfigError(
+            f"dynamicMig makes MIG instances on demand, but migStrategy is "
+            f"{values['migStrategy']!r}, which advertises the instances that exist; "
+            "fix: set migStrategy to none, or dynamicMig to false",
+            field="dynamicMig",
+            source="config",
+        )
     return Options(
+        dynamic_mig=values["dynamicMig"],
         mig_strategy=values["migStrategy"],
         fail_on_init_error=values["failOnInitError"],
         driver_root=values["nvidiaDriverRoot"] or "/",
