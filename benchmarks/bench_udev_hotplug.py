@@ -49,7 +49,7 @@ for _path in (ROOT, ROOT / "vendors" / "udev"):
 
 from benchmarks import median, percentile  # noqa: E402
 
-PLUGS = 100  # each: one unplug and one plug
+PLUGS = 300  # each: one unplug and one plug; p99 is then the 4th-largest, not the 2nd
 FLIPS = 50  # each: one unbind and one bind
 UNRELATED = 100
 REPEATS = 15
@@ -182,8 +182,10 @@ async def _scenario(sc: dict[str, Any]) -> dict[str, Any]:
             _row(f"{label}: full scan (start-up, interval; was: every event)", scans, ""),
             _row(f"{label}: plugged to kubelet update, median", add, "<= 10 ms", "median"),
             _row(f"{label}: plugged to kubelet update, p99", add, "<= 20 ms", "p99"),
+            _row(f"{label}: plugged to kubelet update, max", add, "", "max"),
             _row(f"{label}: unplugged to kubelet update, median", remove, "<= 10 ms", "median"),
             _row(f"{label}: unplugged to kubelet update, p99", remove, "<= 20 ms", "p99"),
+            _row(f"{label}: unplugged to kubelet update, max", remove, "", "max"),
             _row(f"{label}: driver unbind to Unhealthy at the kubelet, median", unbind, ""),
             _row(f"{label}: driver bind to Healthy at the kubelet, median", bind, ""),
             {
@@ -275,7 +277,17 @@ def _report(results: list[dict[str, Any]]) -> dict[str, Any]:
             "that process (PluginRunner) serving a FakeKubelet over unix sockets. "
             f"Plug/unplug {PLUGS} times each, driver flips {FLIPS} times; clock from the "
             "testbed having sent the uevents to the kubelet's device list; p99 of "
-            f"{PLUGS} samples is their second-largest.",
+            f"{PLUGS} samples is their 4th-largest (nearest rank).",
+            "The largest samples (the max rows) are single stalls of 10-25 ms, not the "
+            "plugin's work. Looked into on 8x MI300X: one recurs in every run at the 96th "
+            "plug, whatever the device names and on ext4 or tmpfs alike; there the "
+            "discovery's thread takes 12-22 ms of wall time for 3-4 ms of CPU (thread "
+            "time) while the other core idles and no other Python thread holds the GIL "
+            "(a sampling thread saw the loop in select), with no hypervisor steal in that "
+            "window (/proc/stat); under perf, sampling or tracing, it does not occur. "
+            "Other stalls come and go with the machine's load and steal (about 3% of CPU "
+            "time on this 2-vCPU VM, in bursts). With 100 samples p99 was the 2nd-largest "
+            "and read 6-24 ms across runs on one day; 300 samples estimate it better.",
             "CPU: process CPU time around the events plus a sentinel unbind/bind round, "
             "minus the sentinel alone, minus umockdev's cost of sending the events to "
             f"one monitor socket that filters out everything; median of {REPEATS}. "
@@ -302,7 +314,8 @@ def _report(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _row(name: str, values: list[float], goal: str, stat: str = "median") -> dict[str, Any]:
-    value = (median(values) if stat == "median" else percentile(values, 99.0)) * 1000
+    pick = {"median": median, "max": max}.get(stat, lambda v: percentile(v, 99.0))
+    value = pick(values) * 1000
     out: dict[str, Any] = {"name": name, "value": round(value, 3), "unit": "ms", "goal": goal}
     if goal:
         out["ok"] = value <= float(goal.split()[1])
