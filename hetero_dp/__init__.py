@@ -7,8 +7,11 @@ A plugin author imports from here only::
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pluggy
 
+from hetero_dp.kits.atomic import write_atomic
 from hetero_dp.model.device import (
     HEALTHY,
     REPLICA_SEPARATOR,
@@ -25,12 +28,34 @@ from hetero_dp.model.device import (
 )
 from hetero_dp.model.errors import AllocationError, ConfigError
 from hetero_dp.model.events import EventSink
-from hetero_dp.model.options import option
+from hetero_dp.model.names import resource_name_problem
+from hetero_dp.model.options import option, parse_options
 from hetero_dp.model.response import ContainerResponse
 from hetero_dp.model.settings import device_settings
 from hetero_dp.model.sysfs import PciFacts, pci_address_of, pci_facts
 
 hookimpl = pluggy.HookimplMarker("hetero_dp")
+
+# The sharing helpers pull in the kubelet's protobuf module: loaded on first use, so
+# ``import hetero_dp`` stays cheap for a backend that never shares.
+_LAZY = {
+    name: "hetero_dp.allocation.sharing" for name in ("SharingConfig", "advertise", "parse_sharing")
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hetero_dp' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from hetero_dp.allocation.sharing import SharingConfig, advertise, parse_sharing
 
 __version__ = "0.1.0"
 
@@ -50,11 +75,17 @@ __all__ = [
     "Mount",
     "PciFacts",
     "Sample",
+    "SharingConfig",
+    "advertise",
     "device_settings",
     "hookimpl",
     "is_replica",
     "option",
+    "parse_options",
+    "parse_sharing",
     "pci_address_of",
     "pci_facts",
     "replica_base",
+    "resource_name_problem",
+    "write_atomic",
 ]

@@ -26,9 +26,9 @@ from hetero_dp import (
     Link,
     Mount,
     Sample,
+    advertise,
     hookimpl,
 )
-from hetero_dp.allocation.sharing import advertise
 
 from . import nvml
 from .discovery import NodeInfo, build_devices, check_layout, read_node

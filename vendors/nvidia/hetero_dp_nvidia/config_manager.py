@@ -30,8 +30,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from hetero_dp import ConfigError
-from hetero_dp.kits.atomic import write_atomic
+from hetero_dp import ConfigError, write_atomic
 
 log = logging.getLogger("hetero_dp_nvidia.config_manager")
 

@@ -26,8 +26,7 @@ from typing import Any
 
 import pynvml
 
-from hetero_dp import Check, Device, Sample, is_replica, replica_base
-from hetero_dp.allocation.sharing import SharingConfig
+from hetero_dp import Check, Device, Sample, SharingConfig, is_replica, replica_base
 
 from .discovery import GpuInfo, NodeInfo
 from .nvml import NVMLError

@@ -17,9 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any, Literal
 
-from hetero_dp import ConfigError, option
-from hetero_dp.allocation.sharing import SharingConfig, parse_sharing
-from hetero_dp.model.options import parse_options as read_schema
+from hetero_dp import ConfigError, SharingConfig, option, parse_sharing
+from hetero_dp import parse_options as read_schema
 
 from .mps import MpsSettings, parse_mps_settings
 

@@ -56,7 +56,7 @@ class UdevOptions:
 
 def options(raw: Mapping[str, Any]) -> UdevOptions:
     """:class:`UdevOptions` from a mapping, checked as the framework checks it."""
-    from hetero_dp.model.options import parse_options
+    from hetero_dp import parse_options
 
     return parse_options(UdevOptions, raw, field="backends.udev")
 

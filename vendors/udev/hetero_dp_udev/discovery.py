@@ -15,8 +15,7 @@ from fnmatch import fnmatchcase
 
 import pyudev
 
-from hetero_dp import Device, DeviceNode
-from hetero_dp.model.names import resource_name_problem
+from hetero_dp import Device, DeviceNode, resource_name_problem
 
 from .rules import Companion, Match, Rule, render, template_fields
 

@@ -17,8 +17,7 @@ from typing import Any
 
 import yaml
 
-from hetero_dp import ConfigError, Mount
-from hetero_dp.model.names import resource_name_problem
+from hetero_dp import ConfigError, Mount, resource_name_problem
 
 SHIPPED_PACKAGE = "hetero_dp_udev.rulesets"
 
