@@ -264,12 +264,19 @@ class Backend:
         await self._configure(self.read_options_from(cfg))
 
     def read_options_from(self, cfg: Config) -> Any:
-        """:meth:`read_options` with this backend's options from ``cfg``."""
-        return self.read_options(
-            cfg.backend_options(self.name),
-            source=cfg.options_source(self.name),
-            flagged=cfg.backend_flagged.get(self.name, frozenset()),
-        )
+        """:meth:`read_options` with this backend's options from ``cfg``; a refusal
+        names the option where the user wrote it."""
+        try:
+            return self.read_options(
+                cfg.backend_options(self.name),
+                source=cfg.options_source(self.name),
+                flagged=cfg.backend_flagged.get(self.name, frozenset()),
+            )
+        except ConfigError as e:
+            where = cfg.option_field(self.name, e.field or "")
+            if where == e.field:
+                raise
+            raise ConfigError(e.reason, field=where, source=e.source) from None
 
     async def _configure(self, value: Any) -> None:
         try:

@@ -120,6 +120,9 @@ class Config:
     # backend name -> the dotted option keys ``-o`` set (a flag wins over the
     # environment variable an option declares)
     backend_flagged: dict[str, frozenset[str]] = field(default_factory=dict)
+    # backend name -> {option key: where the user wrote it}, for options given outside
+    # ``backends.<name>`` (NVIDIA's ``flags.migStrategy``, ``resources.gpus``)
+    backend_fields: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def backend_options(self, name: str) -> dict[str, Any]:
         return dict(self.backends.get(name, {}))
@@ -127,6 +130,17 @@ class Config:
     def options_source(self, name: str) -> str:
         """Where a backend's options were given, for messages about them."""
         return self.backend_origins.get(name) or self.source or "config"
+
+    def option_field(self, name: str, field_name: str) -> str:
+        """``backends.<name>.<key>...`` as the user wrote it (``flags.<key>...`` for an
+        option from NVIDIA's ``flags`` section)."""
+        prefix = f"backends.{name}."
+        if not field_name.startswith(prefix):
+            return field_name
+        rest = field_name[len(prefix) :]
+        key = rest.split(".", 1)[0].split("[", 1)[0]
+        written = self.backend_fields.get(name, {}).get(key)
+        return written + rest[len(key) :] if written else field_name
 
     def resource_settings(self, name: str) -> dict[str, Any]:
         return dict(self.resources.get(name, {}))
@@ -363,6 +377,7 @@ def load_config(
     _check_paths(cfg, sources)
     cfg.sharing = parse_sharing(raw.get("sharing"), source)
     cfg.backends, cfg.backend_origins = _backends(raw, flags, source)
+    cfg.backend_fields = _backend_fields(raw, flags)
     cfg.backend_flagged = {
         str(name): frozenset(_dotted(options))
         for name, options in _mapping(flags.get("backends"), "backends", "flag -o").items()
@@ -436,6 +451,22 @@ def _backends(
         backends[name] = _merge(backends.get(name, {}), options)
         origins[str(name)] = f"flag -o {name}.{next(iter(options), '')}".rstrip(".")
     return backends, origins
+
+
+def _backend_fields(raw: Mapping[str, Any], flags: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """Where each option of NVIDIA's sections was written (see :func:`_backends`); an
+    option also given under ``backends.nvidia`` or ``-o`` is named there."""
+    written: dict[str, str] = {}
+    if isinstance(raw.get("flags"), Mapping):
+        written.update({str(k): f"flags.{k}" for k in raw["flags"]})
+    for key in ("resources", "imex", "sharing"):
+        if raw.get(key) is not None:
+            written[key] = key
+    for section in (raw.get("backends"), flags.get("backends")):
+        if isinstance(section, Mapping) and isinstance(section.get(NVIDIA_FLAGS_BACKEND), Mapping):
+            for k in section[NVIDIA_FLAGS_BACKEND]:
+                written.pop(str(k), None)
+    return {NVIDIA_FLAGS_BACKEND: written} if written else {}
 
 
 def _resources(value: Any, source: str) -> dict[str, dict[str, Any]]:

@@ -113,3 +113,25 @@ def test_string_slices_may_be_lists_in_the_file():
     assert parse_options({"cdiDisableHooks": "update-ldcache"}, {}).cdi_disabled_hooks == {
         "update-ldcache"
     }
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({"flags": {"migStrategy": "sometimes"}}, "flags.migStrategy"),
+        ({"flags": {"plugin": {"passDeviceSpecs": "maybe"}}}, "flags.plugin.passDeviceSpecs"),
+        (
+            {"flags": {"migStrategy": "mixed"}, "backends": {"nvidia": {"migStrategy": "x"}}},
+            "backends.nvidia.migStrategy",
+        ),
+    ],
+)
+def test_a_refusal_names_the_option_where_it_was_written(raw, field):
+    from hetero_dp.engine.config import load_config
+    from hetero_dp.engine.loading import load_backends
+
+    cfg = load_config(raw={"version": "v1", **raw}, env={})
+    [backend] = load_backends(["nvidia"], timeout=5)
+    with pytest.raises(ConfigError) as e:
+        backend.read_options_from(cfg)
+    assert e.value.field == field
