@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import AsyncIterator
 
 import kubernetes_validate
+import pytest_asyncio
 
 from hetero_dp import Device, DeviceNode, hookimpl
 from hetero_dp.dra import device_name
@@ -121,52 +123,54 @@ async def test_without_the_gate_declared_partitions_are_left_out_and_the_log_say
     assert list(api_server.devices_of(DRIVER)) == [device_name(CARD)]
 
 
-async def test_unprepare_undoes_what_prepare_made_also_after_a_restart(dra, kubelet):
+@pytest_asyncio.fixture
+async def carving(dra, kubelet) -> AsyncIterator[tuple[FakeAPIServer, Carving]]:
+    """A Carving backend served, registered, against a server with counters."""
     with FakeAPIServer(features=("DRAPartitionableDevices",)) as server:
         dra.api = server
         backend = Carving()
         await dra.start(backend)
         await kubelet.wait_registered(DRIVER)
-        part = device_name(f"{CARD}-p0x2")
-        ref = ClaimRef.of(
-            server.add_claim(make_claim("c", [("npu", part)], driver=DRIVER, pool="node-a"))
+        yield server, backend
+        await dra.stop_all()
+
+
+async def test_unprepare_undoes_what_prepare_made_also_after_a_restart(dra, kubelet, carving):
+    server, backend = carving
+    part = device_name(f"{CARD}-p0x2")
+    ref = ClaimRef.of(
+        server.add_claim(make_claim("c", [("npu", part)], driver=DRIVER, pool="node-a"))
+    )
+    entry = (await kubelet.node_prepare(DRIVER, [ref])).claims[ref.uid]
+    assert entry.error == "" and backend.made == {f"{CARD}-p0x2": ref.uid}
+
+    await dra.stop_all()
+    again = Carving()
+    again.made = dict(backend.made)  # what is on the device survives the process
+    again.fail_unprepare = "partition busy"
+    await dra.start(again)
+    await kubelet.wait_registered(DRIVER)
+    failed = (await kubelet.node_unprepare(DRIVER, [ref])).claims[ref.uid].error
+    assert "partition busy" in failed
+    assert again.unprepared == [(ref.uid, [f"{CARD}-p0x2"])]
+    again.fail_unprepare = ""  # the kubelet retries: the checkpoint still holds it
+    assert (await kubelet.node_unprepare(DRIVER, [ref])).claims[ref.uid].error == ""
+    assert again.made == {}
+    # unprepared: a retry has nothing left to undo
+    assert (await kubelet.node_unprepare(DRIVER, [ref])).claims[ref.uid].error == ""
+    assert len(again.unprepared) == 2
+
+
+async def test_a_prepare_that_fails_after_the_hook_undoes_what_it_made(dra, kubelet, carving):
+    server, backend = carving
+    dra.cdi_dir.mkdir(parents=True, exist_ok=True)
+    dra.cdi_dir.rmdir()
+    dra.cdi_dir.write_text("")  # the claim's CDI spec cannot be written
+    part = f"{CARD}-p3x1"
+    ref = ClaimRef.of(
+        server.add_claim(
+            make_claim("c", [("npu", device_name(part))], driver=DRIVER, pool="node-a")
         )
-        entry = (await kubelet.node_prepare(DRIVER, [ref])).claims[ref.uid]
-        assert entry.error == "" and backend.made == {f"{CARD}-p0x2": ref.uid}
-
-        await dra.stop_all()
-        again = Carving()
-        again.made = dict(backend.made)  # what is on the device survives the process
-        again.fail_unprepare = "partition busy"
-        await dra.start(again)
-        await kubelet.wait_registered(DRIVER)
-        failed = (await kubelet.node_unprepare(DRIVER, [ref])).claims[ref.uid].error
-        assert "partition busy" in failed
-        assert again.unprepared == [(ref.uid, [f"{CARD}-p0x2"])]
-        again.fail_unprepare = ""  # the kubelet retries: the checkpoint still holds it
-        assert (await kubelet.node_unprepare(DRIVER, [ref])).claims[ref.uid].error == ""
-        assert again.made == {}
-        # unprepared: a retry has nothing left to undo
-        assert (await kubelet.node_unprepare(DRIVER, [ref])).claims[ref.uid].error == ""
-        assert len(again.unprepared) == 2
-        await dra.stop_all()
-
-
-async def test_a_prepare_that_fails_after_the_hook_undoes_what_it_made(dra, kubelet):
-    with FakeAPIServer(features=("DRAPartitionableDevices",)) as server:
-        dra.api = server
-        backend = Carving()
-        await dra.start(backend)
-        await kubelet.wait_registered(DRIVER)
-        dra.cdi_dir.mkdir(parents=True, exist_ok=True)
-        dra.cdi_dir.rmdir()
-        dra.cdi_dir.write_text("")  # the claim's CDI spec cannot be written
-        part = f"{CARD}-p3x1"
-        ref = ClaimRef.of(
-            server.add_claim(
-                make_claim("c", [("npu", device_name(part))], driver=DRIVER, pool="node-a")
-            )
-        )
-        assert (await kubelet.node_prepare(DRIVER, [ref])).claims[ref.uid].error
-        assert backend.unprepared == [(ref.uid, [part])] and backend.made == {}
-        await dra.stop_all()
+    )
+    assert (await kubelet.node_prepare(DRIVER, [ref])).claims[ref.uid].error
+    assert backend.unprepared == [(ref.uid, [part])] and backend.made == {}

@@ -201,17 +201,26 @@ def _instance_at(handle: Any, profile_id: int, start: int) -> Any | None:
     return None
 
 
-def _compute_instances(gi: Any) -> list[Any]:
+def _ci_profiles(gi: Any) -> list[Any]:
+    """The compute instance profiles a GPU instance has (profile info, v1)."""
     out = []
     for enum in range(CI_PROFILE_COUNT):
         try:
-            info = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                gi, enum, ENGINE_SHARED, version=1
+            out.append(
+                pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                    gi, enum, ENGINE_SHARED, version=1
+                )
             )
         except NVMLError as err:
             if err.value in (nvml.NOT_SUPPORTED, nvml.INVALID_ARGUMENT):
                 continue
             raise
+    return out
+
+
+def _compute_instances(gi: Any) -> list[Any]:
+    out = []
+    for info in _ci_profiles(gi):
         n = max(int(info.instanceCount), 1)
         array = (pynvml.c_nvmlComputeInstance_t * n)()
         count = ctypes.c_uint(n)
@@ -222,15 +231,7 @@ def _compute_instances(gi: Any) -> list[Any]:
 
 def _whole_ci_profile(gi: Any, slices: int) -> int:
     """The compute instance profile ID that spans all ``slices`` of the GPU instance."""
-    for enum in range(CI_PROFILE_COUNT):
-        try:
-            info = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                gi, enum, ENGINE_SHARED, version=1
-            )
-        except NVMLError as err:
-            if err.value in (nvml.NOT_SUPPORTED, nvml.INVALID_ARGUMENT):
-                continue
-            raise
+    for info in _ci_profiles(gi):
         if int(info.sliceCount) == slices:
             return int(info.id)
     raise MigError(f"no compute instance profile spans the {slices} slices of the GPU instance")
