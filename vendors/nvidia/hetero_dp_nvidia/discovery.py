@@ -112,8 +112,9 @@ PROFILE_SUFFIX = {
     16: "+me.all",
 }
 GPU_INSTANCE_PROFILE_COUNT = 18
-# parent GPU UUID -> {profile ID the driver reports: profile enum}; fixed per GPU model
-_profile_enums: dict[str, dict[int, int]] = {}
+# GPU UUID -> (profile enum, profile info) of each GPU instance profile it has; fixed
+# per GPU model, so read once (naming MIG devices and dynamic MIG both use it)
+_gi_profiles: dict[str, list[tuple[int, Any]]] = {}
 
 
 def _gi_profile_info(handle: Any, enum: int) -> Any:
@@ -123,19 +124,25 @@ def _gi_profile_info(handle: Any, enum: int) -> Any:
         return pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum)
 
 
-def _enums(gpu: GpuInfo) -> dict[int, int]:
-    table = _profile_enums.get(gpu.uuid)
+def gi_profiles(gpu: GpuInfo) -> list[tuple[int, Any]]:
+    """(NVML profile enum, profile info) of every GPU instance profile ``gpu`` has."""
+    table = _gi_profiles.get(gpu.uuid)
     if table is None:
-        table = {}
+        table = []
         for enum in range(GPU_INSTANCE_PROFILE_COUNT):
             try:
-                table[int(_gi_profile_info(gpu.handle, enum).id)] = enum
+                table.append((enum, _gi_profile_info(gpu.handle, enum)))
             except NVMLError as err:
                 if err.value in (nvml.NOT_SUPPORTED, nvml.INVALID_ARGUMENT):
                     continue  # a profile this GPU does not have
                 raise
-        _profile_enums[gpu.uuid] = table
+        _gi_profiles[gpu.uuid] = table
     return table
+
+
+def _enums(gpu: GpuInfo) -> dict[int, int]:
+    """{profile ID the driver reports: NVML profile enum}."""
+    return {int(info.id): enum for enum, info in gi_profiles(gpu)}
 
 
 def profile_suffix(gpu: GpuInfo, gi: int) -> str:

@@ -35,10 +35,10 @@ from hetero_dp import Device
 
 from . import nvml
 from .discovery import (
-    GPU_INSTANCE_PROFILE_COUNT,
     PROFILE_SUFFIX,
     GpuInfo,
     NodeInfo,
+    gi_profiles,
     mig_profile,
     mig_record,
     read_migs,
@@ -67,6 +67,8 @@ class Placement:
     size: int  # memory slices
     profile: str  # NVIDIA's name, 1g.5gb
     memory_mib: int
+    gi_slices: int  # the profile's compute slices (a compute instance spanning them)
+    instances: int  # how many instances of the profile a GPU holds at most
 
     @property
     def id(self) -> str:
@@ -93,26 +95,6 @@ def parse_id(device_id: str) -> tuple[str, int, int] | None:
     return m["gpu"], int(m["profile"]), int(m["start"])
 
 
-def _profile_info(handle: Any, enum: int) -> Any:
-    try:
-        return pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum, version=1)
-    except TypeError:  # an older nvidia-ml-py without the version argument
-        return pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum)
-
-
-def profiles(handle: Any) -> list[tuple[int, Any]]:
-    """(profile enum, profile info) of each GPU instance profile the GPU has."""
-    out = []
-    for enum in range(GPU_INSTANCE_PROFILE_COUNT):
-        try:
-            out.append((enum, _profile_info(handle, enum)))
-        except NVMLError as err:
-            if err.value in (nvml.NOT_SUPPORTED, nvml.INVALID_ARGUMENT):
-                continue  # a profile this GPU does not have
-            raise
-    return out
-
-
 def possible(handle: Any, profile_id: int) -> list[tuple[int, int]]:
     """(start, size) of every placement of a profile, occupied or not."""
     count = ctypes.c_uint(0)
@@ -126,77 +108,49 @@ def possible(handle: Any, profile_id: int) -> list[tuple[int, int]]:
     return [(int(p.start), int(p.size)) for p in array[: count.value]]
 
 
-def memory_slices(handle: Any) -> int:
-    """How many memory slices the GPU has: the end of its furthest placement."""
-    end = 0
-    for _enum, info in profiles(handle):
-        for start, size in possible(handle, int(info.id)):
-            end = max(end, start + size)
-    return end
-
-
-def placements(handle: Any, gpu_uuid: str, gpu_memory_mib: int) -> list[Placement]:
-    """Every placement of every plain profile, less the full-size ones (the whole GPU).
+def placements(gpu: GpuInfo) -> list[Placement]:
+    """Every placement of every plain profile of ``gpu``, the full-size one included.
 
     Profiles with attributes (``+me``, ``+gfx`` ...) are left out: they share
     engines that memory-slice counters do not model.
     """
-    found = []
-    for enum, info in profiles(handle):
-        if enum in PROFILE_SUFFIX:
-            continue
-        places = possible(handle, int(info.id))
-        found.append((info, places))
+    found = [
+        (info, possible(gpu.handle, int(info.id)))
+        for enum, info in gi_profiles(gpu)
+        if enum not in PROFILE_SUFFIX
+    ]
     total = max((s + n for _i, places in found for s, n in places), default=0)
     out = []
     for info, places in found:
         for start, size in places:
-            if start == 0 and size == total:
-                continue  # the whole GPU
-            memory = int(info.memorySizeMB) or gpu_memory_mib * size // max(total, 1)
+            memory = int(info.memorySizeMB) or gpu.memory_mib * size // max(total, 1)
             out.append(
                 Placement(
-                    gpu_uuid=gpu_uuid,
+                    gpu_uuid=gpu.uuid,
                     profile_id=int(info.id),
                     start=start,
                     size=size,
                     profile=mig_profile(int(info.sliceCount), 0, memory),
                     memory_mib=memory,
+                    gi_slices=int(info.sliceCount),
+                    instances=max(int(info.instanceCount), 1),
                 )
             )
     return out
 
 
-def full(handle: Any, gpu_uuid: str, gpu_memory_mib: int) -> Placement:
-    """The full-size placement: what a claim for the whole GPU gets in MIG mode."""
-    best = None
-    for _enum, info in profiles(handle):
-        for start, size in possible(handle, int(info.id)):
-            if best is None or size > best[2]:
-                best = (info, start, size)
-    if best is None:
-        raise MigError(f"GPU {gpu_uuid} lists no MIG placements")
-    info, start, size = best
-    memory = int(info.memorySizeMB) or gpu_memory_mib
-    return Placement(
-        gpu_uuid, int(info.id), start, size, mig_profile(int(info.sliceCount), 0, memory), memory
-    )
+def memory_slices(places: list[Placement]) -> int:
+    """How many memory slices the GPU has: the end of its furthest placement."""
+    return max((p.start + p.size for p in places), default=0)
 
 
-def _instance_at(handle: Any, profile_id: int, start: int) -> Any | None:
-    """The GPU instance of ``profile_id`` at memory slice ``start``, if there is one."""
-    info = None
-    for _enum, p in profiles(handle):
-        if int(p.id) == profile_id:
-            info = p
-    if info is None:
-        return None
-    n = max(int(info.instanceCount), 1)
-    array = (pynvml.c_nvmlGpuInstance_t * n)()
-    count = ctypes.c_uint(n)
-    pynvml.nvmlDeviceGetGpuInstances(handle, profile_id, array, ctypes.byref(count))
+def _instance_at(handle: Any, place: Placement) -> Any | None:
+    """The GPU instance of ``place``'s profile at its first memory slice, if any."""
+    array = (pynvml.c_nvmlGpuInstance_t * place.instances)()
+    count = ctypes.c_uint(place.instances)
+    pynvml.nvmlDeviceGetGpuInstances(handle, place.profile_id, array, ctypes.byref(count))
     for gi in array[: count.value]:
-        if int(pynvml.nvmlGpuInstanceGetInfo(gi).placement.start) == start:
+        if int(pynvml.nvmlGpuInstanceGetInfo(gi).placement.start) == place.start:
             return gi
     return None
 
@@ -245,7 +199,7 @@ def create(handle: Any, place: Placement) -> int:
     """
     what = f"MIG {place.profile} at memory slice {place.start} of GPU {place.gpu_uuid}"
     try:
-        gi = _instance_at(handle, place.profile_id, place.start)
+        gi = _instance_at(handle, place)
         made = gi is None
         if gi is None:
             spot = pynvml.c_nvmlGpuInstancePlacement_t()
@@ -255,10 +209,10 @@ def create(handle: Any, place: Placement) -> int:
             )
         gi_info = pynvml.nvmlGpuInstanceGetInfo(gi)
         if not _compute_instances(gi):
-            own = [p for _e, p in profiles(handle) if int(p.id) == place.profile_id]
-            slices = int(own[0].sliceCount)
             try:
-                pynvml.nvmlGpuInstanceCreateComputeInstance(gi, _whole_ci_profile(gi, slices))
+                pynvml.nvmlGpuInstanceCreateComputeInstance(
+                    gi, _whole_ci_profile(gi, place.gi_slices)
+                )
             except BaseException:
                 if made:
                     pynvml.nvmlGpuInstanceDestroy(gi)
@@ -279,10 +233,10 @@ def create(handle: Any, place: Placement) -> int:
         raise MigError(nvml.explain(err, f"creating {what}", place.gpu_uuid)) from None
 
 
-def destroy(handle: Any, gpu_uuid: str, profile_id: int, start: int) -> bool:
-    """Destroy the instance of ``profile_id`` at ``start``; False when none was there."""
+def destroy(handle: Any, place: Placement) -> bool:
+    """Destroy the instance at ``place``; False when none was there."""
     try:
-        gi = _instance_at(handle, profile_id, start)
+        gi = _instance_at(handle, place)
         if gi is None:
             return False
         for ci in _compute_instances(gi):
@@ -290,13 +244,13 @@ def destroy(handle: Any, gpu_uuid: str, profile_id: int, start: int) -> bool:
         pynvml.nvmlGpuInstanceDestroy(gi)
         return True
     except NVMLError as err:
-        where = f"the MIG instance (profile {profile_id}) at memory slice {start}"
+        where = f"the MIG {place.profile} instance at memory slice {place.start}"
         if err.value == IN_USE:
             raise MigError(
-                f"cannot destroy {where} of GPU {gpu_uuid}: processes still use it; "
+                f"cannot destroy {where} of GPU {place.gpu_uuid}: processes still use it; "
                 "the kubelet retries once they are gone"
             ) from None
-        raise MigError(nvml.explain(err, f"destroying {where}", gpu_uuid)) from None
+        raise MigError(nvml.explain(err, f"destroying {where}", place.gpu_uuid)) from None
 
 
 # ---- device records ------------------------------------------------------------
@@ -306,10 +260,17 @@ _GPU_ONLY = ("uuid", "index", "minor", "memoryMiB", "migEnabled")
 
 
 class Partitioner:
-    """The backend's dynamic MIG state: memory slices per GPU (fixed per model)."""
+    """The backend's dynamic MIG state: the placements of each GPU in MIG mode (fixed
+    per GPU model, so read from NVML once)."""
 
     def __init__(self) -> None:
-        self._slices: dict[str, int] = {}  # GPU UUID -> memory slices
+        self._places: dict[str, list[Placement]] = {}  # GPU UUID -> every placement
+
+    def _placements_of(self, gpu: GpuInfo) -> list[Placement]:
+        places = self._places.get(gpu.uuid)
+        if places is None:
+            places = self._places[gpu.uuid] = placements(gpu)
+        return places
 
     def whole(self, node: NodeInfo, devices: list[Device]) -> list[Device]:
         """The GPU records, each GPU in MIG mode drawing every memory slice."""
@@ -317,31 +278,34 @@ class Partitioner:
         for d in devices:
             gpu = node.gpu(d.id)
             if gpu is not None and gpu.mig_enabled and not gpu.error and gpu.handle is not None:
-                n = self._slices.get(gpu.uuid)
-                if n is None:
-                    try:
-                        n = self._slices[gpu.uuid] = memory_slices(gpu.handle)
-                    except NVMLError as err:
-                        log_once(
-                            f"mig-slices:{gpu.uuid}:{err.value}",
-                            explain(err, "reading the MIG placements", gpu.uuid)
-                            + "; the GPU is published without MIG partitions",
-                        )
-                        n = 0
+                try:
+                    n = memory_slices(self._placements_of(gpu))
+                except NVMLError as err:
+                    log_once(
+                        f"mig-slices:{gpu.uuid}:{err.value}",
+                        explain(err, "reading the MIG placements", gpu.uuid)
+                        + "; the GPU is published without MIG partitions",
+                    )
+                    n = 0
                 if n:
                     d = dataclasses.replace(d, consumes=all_slices(n))
             out.append(d)
         return out
 
     def partitions(self, node: NodeInfo, devices: list[Device]) -> list[Device]:
-        """One record per placement of every GPU that draws memory slices."""
+        """One record per placement of every GPU that draws memory slices, less the
+        full-size one (the whole GPU)."""
         out = []
         for d in devices:
             gpu = node.gpu(d.id)
-            if not d.consumes or gpu is None or gpu.handle is None:
+            places = self._places.get(d.id)
+            if not d.consumes or gpu is None or not places:
                 continue
+            n = memory_slices(places)
             base = {k: v for k, v in d.attributes.items() if k not in _GPU_ONLY}
-            for place in placements(gpu.handle, gpu.uuid, gpu.memory_mib):
+            for place in places:
+                if place.start == 0 and place.size == n:
+                    continue  # the whole GPU
                 out.append(
                     Device(
                         id=place.id,
@@ -367,14 +331,20 @@ class Partitioner:
             gpu = node.gpu(parsed[0])
             if gpu is None or gpu.handle is None:
                 raise MigError(f"GPU {parsed[0]} of {device_id} is not on this node now")
-            for place in placements(gpu.handle, gpu.uuid, gpu.memory_mib):
+            try:
+                places = self._placements_of(gpu)
+            except NVMLError as err:
+                raise MigError(explain(err, "reading the MIG placements", gpu.uuid)) from None
+            for place in places:
                 if (place.profile_id, place.start) == parsed[1:]:
                     return gpu, place
             raise MigError(f"GPU {gpu.uuid} has no MIG placement {device_id}")
         gpu = node.gpu(device_id)
-        if gpu is None or gpu.handle is None or not self._slices.get(gpu.uuid):
+        places = self._places.get(device_id)
+        if gpu is None or gpu.handle is None or not places:
             return None  # a GPU without MIG mode: nothing to make
-        return gpu, full(gpu.handle, gpu.uuid, gpu.memory_mib)
+        # the full-size placement: what a claim for the whole GPU gets in MIG mode
+        return gpu, max(places, key=lambda p: p.size)
 
     def prepare(self, node: NodeInfo, devices: list[Device], opts: Options) -> list[Device]:
         """Make the claim's instances; the records to use (on failure, none is left)."""
@@ -408,7 +378,7 @@ class Partitioner:
         except BaseException:
             for gpu, place in made:
                 try:
-                    destroy(gpu.handle, gpu.uuid, place.profile_id, place.start)
+                    destroy(gpu.handle, place)
                 except MigError as e:
                     log.error("undoing a failed prepare: %s", e)
             raise
@@ -427,7 +397,7 @@ class Partitioner:
                 continue
             gpu, place = found
             try:
-                if not destroy(gpu.handle, gpu.uuid, place.profile_id, place.start):
+                if not destroy(gpu.handle, place):
                     log.info("unprepare: no MIG instance at %s (already destroyed)", device_id)
             except MigError as e:
                 errors.append(str(e))
