@@ -376,8 +376,7 @@ def load_config(
 
     _check_paths(cfg, sources)
     cfg.sharing = parse_sharing(raw.get("sharing"), source)
-    cfg.backends, cfg.backend_origins = _backends(raw, flags, source)
-    cfg.backend_fields = _backend_fields(raw, flags)
+    cfg.backends, cfg.backend_origins, cfg.backend_fields = _backends(raw, flags, source)
     cfg.backend_flagged = {
         str(name): frozenset(_dotted(options))
         for name, options in _mapping(flags.get("backends"), "backends", "flag -o").items()
@@ -424,12 +423,15 @@ def _dotted(options: Any, prefix: str = "") -> list[str]:
 
 def _backends(
     raw: Mapping[str, Any], flags: Mapping[str, Any], source: str
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """The options of each backend, and where each backend's were given (``flags``,
-    NVIDIA's section, is not counted: its file is shared with GPU feature discovery)."""
+) -> tuple[dict[str, Any], dict[str, str], dict[str, dict[str, str]]]:
+    """The options of each backend, where each backend's were given (``flags``,
+    NVIDIA's section, is not counted: its file is shared with GPU feature discovery),
+    and where each option taken from NVIDIA's sections was written (``flags.<key>``;
+    one also given under ``backends.nvidia`` or ``-o`` is named there)."""
     backends: dict[str, dict[str, Any]] = {}
     origins: dict[str, str] = {}
     nvidia_flags = dict(_mapping(raw.get("flags"), "flags", source))
+    written = {str(k): f"flags.{k}" for k in nvidia_flags}
     resources = _mapping(raw.get("resources"), "resources", source)
     renames = {k: resources[k] for k in NVIDIA_RESOURCE_KEYS if k in resources}
     if renames:
@@ -441,32 +443,24 @@ def _backends(
         # its memory guard and doctor need to know what is shared: it reads the same
         # block the core parsed (parse_sharing has checked it already).
         nvidia_flags["sharing"] = raw["sharing"]
+    written.update({k: k for k in ("resources", "imex", "sharing") if k in nvidia_flags})
     if nvidia_flags:
         backends[NVIDIA_FLAGS_BACKEND] = nvidia_flags
     for name, options in _mapping(raw.get("backends"), "backends", source).items():
         opts = _mapping(options, f"backends.{name}", source)
         backends[name] = _merge(backends.get(name, {}), opts)
         origins.setdefault(str(name), source)
+        if name == NVIDIA_FLAGS_BACKEND:
+            for k in opts:
+                written.pop(str(k), None)
     for name, options in _mapping(flags.get("backends"), "backends", "flag -o").items():
         backends[name] = _merge(backends.get(name, {}), options)
         origins[str(name)] = f"flag -o {name}.{next(iter(options), '')}".rstrip(".")
-    return backends, origins
-
-
-def _backend_fields(raw: Mapping[str, Any], flags: Mapping[str, Any]) -> dict[str, dict[str, str]]:
-    """Where each option of NVIDIA's sections was written (see :func:`_backends`); an
-    option also given under ``backends.nvidia`` or ``-o`` is named there."""
-    written: dict[str, str] = {}
-    if isinstance(raw.get("flags"), Mapping):
-        written.update({str(k): f"flags.{k}" for k in raw["flags"]})
-    for key in ("resources", "imex", "sharing"):
-        if raw.get(key) is not None:
-            written[key] = key
-    for section in (raw.get("backends"), flags.get("backends")):
-        if isinstance(section, Mapping) and isinstance(section.get(NVIDIA_FLAGS_BACKEND), Mapping):
-            for k in section[NVIDIA_FLAGS_BACKEND]:
+        if name == NVIDIA_FLAGS_BACKEND:
+            for k in options:
                 written.pop(str(k), None)
-    return {NVIDIA_FLAGS_BACKEND: written} if written else {}
+    fields = {NVIDIA_FLAGS_BACKEND: written} if written else {}
+    return backends, origins, fields
 
 
 def _resources(value: Any, source: str) -> dict[str, dict[str, Any]]:
