@@ -147,8 +147,9 @@ async def _driver(config: Config, backends: Sequence[Backend]) -> list[Finding]:
                     b.name,
                     "fail",
                     f"backend {b.name!r} refuses its options: {e}",
-                    f"fix the named option of backends.{b.name}: hetero-dp list --options "
-                    + b.name,
+                    "fix the option the message names (where it was written: "
+                    f"backends.{b.name}, or NVIDIA's flags); hetero-dp list --options {b.name} "
+                    "lists them all",
                 )
             )
             continue
