@@ -134,7 +134,10 @@ def prepare(
     "requests": [...], "parameters": {...}}``; ``requests`` empty means all.
     Return the device records to use for this claim (same IDs; for instance
     with extra ``env``: they shape the claim's CDI spec), or None to keep them.
-    Raise to fail the claim with the message; the kubelet retries.
+    Raise to fail the claim with the message; the kubelet retries. A call that
+    passes ``hookTimeout`` fails the claim too, and the kubelet's retries of that
+    claim are refused while the call is still stuck; once it returns, the next retry
+    calls the hook again, so make it idempotent (take over what the late call made).
     """
 
 

@@ -216,7 +216,11 @@ class DRADaemon(Daemon):
             if not mine or not rt.backend.implements("prepare"):
                 continue
             try:
-                result = await rt.backend.call("prepare", claim=claim, devices=mine, config=config)
+                # keyed by claim: while a call that passed hookTimeout is still stuck in
+                # the backend, the kubelet's retry is refused, never run beside it
+                result = await rt.backend.call(
+                    "prepare", key=ref.uid, claim=claim, devices=mine, config=config
+                )
             except BackendError as e:
                 raise ClaimError(str(e)) from None
             out.extend(mine if result is None else list(result))
@@ -235,7 +239,7 @@ class DRADaemon(Daemon):
             if not ids:
                 continue
             try:
-                await rt.backend.call("unprepare", claim=claim, device_ids=ids)
+                await rt.backend.call("unprepare", key=ref.uid, claim=claim, device_ids=ids)
             except BackendError as e:
                 errors.append(str(e))
         if errors:

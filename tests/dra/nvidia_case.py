@@ -185,3 +185,54 @@ async def test_dynamic_mig_publishes_placements_and_makes_instances_on_prepare(
         assert (await kubelet.node_unprepare(DRIVER, [full])).claims[full.uid].error == ""
         assert _instances(0) == {}
         await dra.stop_all()
+
+
+async def test_a_prepare_stuck_in_the_driver_is_not_raced_by_the_kubelets_retry(
+    dra, kubelet, fake_node
+):
+    """A MIG creation that never returns on its own (REFERENCE.md section 7): the
+    prepare is given up on after hookTimeout, the kubelet's retries are refused while
+    the call is stuck (never a second creation beside it), and once the driver call
+    returns the retry takes over the instance it made: one instance, destroyed on
+    unprepare."""
+    from hetero_dp.testing.dra import FakeAPIServer
+
+    node = fake_node(
+        "a100-dynamic-mig.scn",
+        "fault fn=nvmlDeviceCreateGpuInstanceWithPlacement hang=1 times=1",
+    )
+    with FakeAPIServer(features=("DRAPartitionableDevices",)) as server:
+        dra.api = server
+        await dra.start(
+            NvidiaBackend(environ={}),
+            config={"hookTimeout": 1},
+            options={"nvidia": {**node.options, "dynamicMig": True}},
+        )
+        await kubelet.wait_registered(DRIVER)
+        place = device_name(f"{node.uuid(0)}-mig-14-2")  # 2g.10gb on slices 2-3
+        ref = ClaimRef.of(
+            server.add_claim(make_claim("slow", [("mig", place)], driver=DRIVER, pool="node-a"))
+        )
+        first = (await kubelet.node_prepare(DRIVER, [ref])).claims[ref.uid].error
+        assert "timed out after 1s" in first
+        assert await asyncio.to_thread(node.lib.fake_nvml_wait_hanging, 1, 5000)
+        again = (await kubelet.node_prepare(DRIVER, [ref])).claims[ref.uid].error
+        assert "stuck" in again and "not called again until it returns" in again
+        assert _instances(0) == {}
+
+        node.lib.fake_nvml_release_hangs()
+        # the kubelet retries a failed prepare on its own schedule; here every 0.1 s
+        entry = None
+        for _ in range(100):
+            entry = (await kubelet.node_prepare(DRIVER, [ref])).claims[ref.uid]
+            if not entry.error:
+                break
+            assert "stuck" in entry.error, entry.error
+            await asyncio.sleep(0.1)
+        assert entry is not None and entry.error == ""
+        made = _instances(0)
+        assert list(made) == [2]
+        assert f"NVIDIA_VISIBLE_DEVICES={made[2]}" in _env(dra, entry.devices[0].cdi_device_ids[0])
+        assert (await kubelet.node_unprepare(DRIVER, [ref])).claims[ref.uid].error == ""
+        assert _instances(0) == {}
+        await dra.stop_all()

@@ -27,4 +27,4 @@ def test_nvidia_backend_serves_as_a_dra_driver(cli_env):
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "2 passed" in proc.stdout
+    assert "3 passed" in proc.stdout

@@ -15,6 +15,8 @@
  *   fake_nvml_set_value(gpu, name, value)           -> change temp/util/power/memused
  *   fake_nvml_reset()                               -> forget everything (next init reloads)
  *   fake_nvml_call_count(gpu)                       -> device calls so far on a GPU
+ *   fake_nvml_release_hangs()                       -> calls blocked by a hang=1 fault return
+ *   fake_nvml_wait_hanging(n, timeout_ms)           -> 1 once n calls block in a hang fault
  *   fake_nvml_set_present(n)                        -> only the first n GPUs are there
  *                                                      (hot-plug; scenario line "present n")
  *
@@ -211,6 +213,7 @@ struct fault {
     int dev; /* -1: any device (or none) */
     int mig; /* -1: any handle; >=0: only that MIG index of dev */
     int err;
+    int hang; /* the call blocks until fake_nvml_release_hangs(), then runs as usual */
     long after, times, hits, fired;
 };
 
@@ -428,6 +431,7 @@ static int load_scenario(const char *path) {
             ft->err = kvl(ntok, toks, "err", NVML_ERROR_UNKNOWN);
             ft->after = kvl(ntok, toks, "after", 0);
             ft->times = kvl(ntok, toks, "times", 0);
+            ft->hang = kvl(ntok, toks, "hang", 0);
         } else {
             fprintf(stderr, "fake-nvml: %s: unknown record %s\n", path, k);
         }
@@ -438,6 +442,20 @@ static int load_scenario(const char *path) {
 }
 
 /* ---- helpers ---- */
+
+/* A driver call that never returns on its own (REFERENCE.md section 7: a stuck call is
+ * gone for good): fault lines with hang=1 block here, the mutex released, until the
+ * test calls fake_nvml_release_hangs() (or fake_nvml_reset()). Called with mu held. */
+static int hang_gen;
+static int hanging;
+
+static void hang_here(void) {
+    int gen = hang_gen;
+    hanging++;
+    pthread_cond_broadcast(&cv); /* wakes fake_nvml_wait_hanging */
+    while (gen == hang_gen) pthread_cond_wait(&cv, &mu);
+    hanging--;
+}
 
 static int fault_check(const char *fn, struct fdev *d) {
     int phys = d ? (d->is_mig ? d->parent->index : d->index) : -1;
@@ -451,6 +469,10 @@ static int fault_check(const char *fn, struct fdev *d) {
         if (ft->hits <= ft->after) continue;
         if (ft->times && ft->fired >= ft->times) continue;
         ft->fired++;
+        if (ft->hang) {
+            hang_here();
+            return 0;
+        }
         return ft->err;
     }
     return 0;
@@ -910,7 +932,9 @@ nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t d, unsigned i
                                                       nvmlGpuInstance_t *gi) {
     ENTER(d);
     if (d->is_mig || !pl || !gi) return NVML_ERROR_INVALID_ARGUMENT;
-    if (!d->mig_capable || !d->mig_mode) return NVML_ERROR_NOT_SUPPORTED; /* guessed code */
+    /* NVML API reference, nvmlDeviceCreateGpuInstanceWithPlacement: NOT_SUPPORTED when the
+     * device has no MIG mode enabled */
+    if (!d->mig_capable || !d->mig_mode) return NVML_ERROR_NOT_SUPPORTED;
     int e = profile_enum(profile_id);
     if (e < 0) return NVML_ERROR_INVALID_ARGUMENT;
     int valid = 0;
@@ -1243,6 +1267,33 @@ int fake_nvml_set_lost(unsigned gpu, int lost) {
     return n;
 }
 
+void fake_nvml_release_hangs(void) {
+    pthread_once(&cv_once, cv_init);
+    pthread_mutex_lock(&mu);
+    hang_gen++;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+}
+
+/* 1 once n calls block in a hang fault (synchronisation without sleeps), else 0. */
+int fake_nvml_wait_hanging(int n, int timeout_ms) {
+    struct timespec until;
+    pthread_once(&cv_once, cv_init);
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&mu);
+    while (hanging < n)
+        if (pthread_cond_timedwait(&cv, &mu, &until) == ETIMEDOUT) break;
+    int ok = hanging >= n;
+    pthread_mutex_unlock(&mu);
+    return ok;
+}
+
 int fake_nvml_wait_waiters(int n, int timeout_ms) {
     struct timespec until;
     pthread_once(&cv_once, cv_init);
@@ -1289,5 +1340,7 @@ void fake_nvml_reset(void) {
     pthread_cond_broadcast(&cv);
     initialised = 0;
     reset_state();
+    hang_gen++; /* a stuck call left by a test returns now */
+    pthread_cond_broadcast(&cv);
     pthread_mutex_unlock(&mu);
 }

@@ -64,6 +64,7 @@ def fake_nvml_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     lib.fake_nvml_inject_xid.argtypes = [ctypes.c_uint, ctypes.c_ulonglong]
     lib.fake_nvml_set_lost.argtypes = [ctypes.c_uint, ctypes.c_int]
     lib.fake_nvml_wait_waiters.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.fake_nvml_wait_hanging.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.fake_nvml_set_value.argtypes = [ctypes.c_uint, ctypes.c_char_p, ctypes.c_long]
     lib.fake_nvml_call_count.argtypes = [ctypes.c_uint]
     lib.fake_nvml_call_count.restype = ctypes.c_long
