@@ -1,0 +1,75 @@
+"""Step 6, the CDI specs in the CDI dirs: each one parses and is a valid spec."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from hetero_dp.engine.config import Config
+from hetero_dp.ops.doctor.cdi_spec import spec_problems
+from hetero_dp.ops.doctor.findings import DoctorSettings, Finding
+
+
+def check_cdi_specs(config: Config, settings: DoctorSettings, needs: set[str]) -> list[Finding]:
+    step = "cdi"
+    dirs = list(dict.fromkeys(settings.cdi_dirs or [str(config.cdi["dir"]), "/etc/cdi"]))
+    files = [
+        p
+        for d in dirs
+        if settings.path(d).is_dir()
+        for p in sorted(settings.path(d).iterdir())
+        if p.suffix in (".json", ".yaml", ".yml") and not p.name.startswith(".")
+    ]
+    where = ", ".join(str(settings.path(d)) for d in dirs)
+    if not files:
+        if "cdi" in needs:
+            return [
+                Finding(
+                    step,
+                    "cdi specs",
+                    "fail",
+                    f"CDI delivery is configured but there is no spec in {where}",
+                    "the daemon writes its spec once it runs: check its log for CDI write "
+                    "errors, and that cdi.dir is mounted from the host",
+                )
+            ]
+        return [Finding(step, "cdi specs", "skip", f"no CDI specs in {where}; CDI is not used")]
+    out = []
+    good = []
+    for p in files:
+        try:
+            text = p.read_text()
+            doc = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+        except (OSError, ValueError, yaml.YAMLError) as e:
+            out.append(
+                Finding(
+                    step,
+                    p.name,
+                    "fail",
+                    f"{p} does not parse: {e}",
+                    "remove or regenerate it (restarting the plugin rewrites its own specs); "
+                    "the runtime refuses every device of a broken spec",
+                )
+            )
+            continue
+        problems = spec_problems(doc)
+        if problems:
+            shown = "; ".join(problems[:5]) + (
+                f" (+{len(problems) - 5} more)" * (len(problems) > 5)
+            )
+            out.append(
+                Finding(
+                    step,
+                    p.name,
+                    "fail",
+                    f"{p} is not a valid CDI spec: {shown}",
+                    "remove or regenerate it (restarting the plugin rewrites its own specs); "
+                    "the runtime refuses every device of an invalid spec",
+                )
+            )
+        else:
+            good.append(f"{p.name} ({doc['kind']}, {len(doc['devices'])} devices)")
+    if good:
+        out.append(Finding(step, "cdi specs", "pass", "valid: " + ", ".join(good)))
+    return out
