@@ -50,7 +50,7 @@ def run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
             f"check_dists: FAILED ({proc.returncode}): {' '.join(map(str, cmd))}\n"
             f"{proc.stdout}{proc.stderr}"
         )
-    say(f"ok {time.monotonic() - started:5.1f}s  {' '.join(map(str, cmd))[:110]}")
+    say(f"ok {time.monotonic() - started:5.1f}s  {' '.join(map(str, cmd))}")
     return proc
 
 

@@ -124,10 +124,26 @@ def resolve(spec: str | ModuleType | object) -> tuple[str, object]:
             except Exception as e:
                 raise ConfigError(f"loading backend {spec!r} failed: {e!r}", field="backend") from e
     known = ", ".join(sorted(available_backends())) or "none installed"
+    bundled = BUNDLED_BACKENDS.get(spec)
+    hint = (
+        f"; it is the package {bundled}: pip install {bundled}, or from a source checkout "
+        f"pip install -e vendors/{spec} (make demo installs it)"
+        if bundled
+        else ""
+    )
     raise ConfigError(
-        f"unknown backend {spec!r} (installed: {known}; or give a path to a .py file)",
+        f"unknown backend {spec!r} (installed: {known}; or give a path to a .py file){hint}",
         field="backend",
     )
+
+
+#: The backends built from this repository's vendors/, by name -> their distribution,
+#: so that naming one that is not installed says what to install.
+BUNDLED_BACKENDS = {
+    "simulated": "hetero-dp-simulated",
+    "udev": "hetero-dp-udev",
+    "nvidia": "hetero-dp-nvidia",
+}
 
 
 def _where(function: Any) -> str:

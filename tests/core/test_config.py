@@ -194,6 +194,37 @@ def test_cli_unknown_backend_exits_2(cli_env, hetero_dp_cmd):
     assert proc.returncode == 2 and "unknown backend 'no-such-backend'" in proc.stderr
 
 
+def test_a_bundled_backend_that_is_not_installed_says_what_to_install(monkeypatch):
+    """After `make demo` or a wheel install without a vendor package, naming its backend
+    says which package holds it (the table is checked against vendors/ below)."""
+    from hetero_dp.engine import loading
+
+    monkeypatch.setitem(loading.BUNDLED_BACKENDS, "tenstorrent", "hetero-dp-tenstorrent")
+    with pytest.raises(ConfigError) as e:
+        loading.resolve("tenstorrent")
+    assert "unknown backend 'tenstorrent'" in str(e.value)
+    assert "pip install hetero-dp-tenstorrent" in str(e.value)
+    assert "pip install -e vendors/tenstorrent" in str(e.value)
+
+
+def test_the_bundled_backends_table_is_vendors():
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: the dependency hetero-dp declares there
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    from hetero_dp.engine.loading import BUNDLED_BACKENDS
+
+    root = Path(__file__).resolve().parents[2]
+    found = {}
+    for pyproject in sorted(root.glob("vendors/*/pyproject.toml")):
+        project = tomllib.loads(pyproject.read_text())["project"]
+        for name in project["entry-points"]["hetero_dp"]:
+            found[name] = project["name"]
+            assert pyproject.parent.name == name
+    assert found == BUNDLED_BACKENDS
+
+
 # -o values: the common plain ones are read without importing PyYAML, exactly as
 # PyYAML reads them (hypothesis over words, numbers and paths, plus YAML's own words)
 from hypothesis import given  # noqa: E402

@@ -51,3 +51,98 @@ def test_python_given_on_the_command_line_is_used_as_it_is():
     assert "/opt/py/bin/python3 -m pip install" in out
     assert "/opt/py/bin/python3 -m hetero_dp demo" in out
     assert "-m venv" not in out
+
+
+def phony_targets() -> list[str]:
+    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    line = next(ln for ln in text.splitlines() if ln.startswith(".PHONY:"))
+    return [t for t in line.split(":", 1)[1].split() if t != "FORCE"]
+
+
+#: Targets that run a [dev] tool (pytest, ruff, mkdocs, build, ...): on a fresh clone
+#: they must install the dev extra before their first command.
+DEV_TARGETS = ["test", "lint", "proto", "docs", "dists", "check-dists", "deploy-check", "bench"]
+
+
+def test_the_dev_targets_are_all_the_targets_that_need_the_dev_tools():
+    assert set(DEV_TARGETS) | {
+        "demo",
+        "install",
+        "system-deps",
+        "test-matrix",
+        "tools",
+        "images",
+    } == set(phony_targets())
+
+
+@pytest.mark.parametrize("target", sorted(set(phony_targets()) - {"system-deps", "test-matrix"}))
+def test_every_target_from_a_fresh_clone_makes_the_venv_before_using_it(
+    tmp_path: Path, target: str
+):
+    venv = tmp_path / "venv"
+    lines = dry_run(f"VENV={venv}", target).splitlines()
+    uses = [i for i, ln in enumerate(lines) if f"{venv}/bin/python" in ln]
+    made = [i for i, ln in enumerate(lines) if f"-m venv {venv}" in ln]
+    assert uses and made and made[0] < uses[0], "\n".join(lines)
+    if target in DEV_TARGETS:
+        install = [i for i, ln in enumerate(lines) if "pip install" in ln and "'.[dev]'" in ln]
+        runs = [i for i in uses if "pip install" not in lines[i]]
+        assert install and install[0] < runs[0], "\n".join(lines)
+
+
+def test_the_demo_installs_every_bundled_backend(tmp_path: Path):
+    """After `make demo`, `hetero-dp doctor nvidia` and `list udev` work."""
+    out = dry_run(f"VENV={tmp_path / 'venv'}", "demo")
+    install = next(ln for ln in out.splitlines() if "pip install" in ln)
+    for vendor in ("simulated", "udev", "nvidia"):
+        assert f"-e vendors/{vendor}" in install
+    assert "[dev]" not in install  # the demo stays light
+
+
+def test_a_second_run_does_not_install_again(tmp_path: Path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").touch()
+    (venv / ".hetero-dp-installed-dev").touch()
+    out = dry_run(f"VENV={venv}", "docs")
+    assert "pip install" not in out and "-m venv" not in out
+    assert f"{venv}/bin/python -m mkdocs build" in out
+    # ... and `make install` always installs, and the demo takes the dev install
+    assert "pip install" in dry_run(f"VENV={venv}", "install")
+    assert "pip install" not in dry_run(f"VENV={venv}", "demo")
+
+
+def test_a_python_given_by_name_gets_pip_every_time():
+    """No environment of ours to put a stamp in: pip decides what is missing."""
+    out = dry_run("PYTHON=/opt/py/bin/python3", "docs")
+    assert "/opt/py/bin/python3 -m pip install" in out
+
+
+def test_make_test_names_skip_reasons_and_shows_the_whole_coverage_table():
+    out = dry_run("PYTHON=/opt/py/bin/python3", "test")
+    pytest_line = next(ln for ln in out.splitlines() if "-m pytest" in ln and "coverage run" in ln)
+    assert " -rs" in pytest_line
+    report = next(ln for ln in out.splitlines() if "coverage report" in ln)
+    assert "|" not in report  # nothing cuts the table (tail cut its header)
+    assert "about 14 minutes" in out
+
+
+def test_the_docs_say_what_each_target_installs():
+    table = (ROOT / "docs" / "install.md").read_text().split("## Make targets", 1)[1]
+    for target in phony_targets():
+        assert f"| `make {target}` |" in table, target
+    assert "14 minutes" in table
+
+
+def test_check_dists_prints_whole_command_lines(capsys: pytest.CaptureFixture[str]):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "check_dists", ROOT / "scripts" / "check_dists.py"
+    )
+    assert spec and spec.loader
+    check_dists = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check_dists)
+    long_arg = "x" * 300
+    check_dists.run(["true", long_arg])
+    assert f"true {long_arg}" in capsys.readouterr().out
