@@ -1,56 +1,31 @@
-"""Calling one backend's hooks safely.
+"""One loaded backend: its hooks, called safely, their results checked.
 
-Each hook is called per backend, in a worker thread unless it is a coroutine,
-under a timeout; an exception, a timeout or garbage becomes a
-:class:`~hetero_dp.model.errors.BackendError` that the caller turns into Unhealthy
-devices, never a dead daemon. Finding and loading backends is
-:mod:`hetero_dp.engine.loading`.
+The three jobs live in their own modules, each usable without a daemon:
+:mod:`.hookrunner` runs hooks (threads, timeouts, containment; ``async def`` hooks
+on the loop), :mod:`.results` checks what they return, :mod:`.binding` binds the
+options ``configure`` declares; :mod:`.healthcalls` runs ``check_health`` over many
+devices. :class:`Backend` puts them together for the engine. Finding and loading
+backends is :mod:`hetero_dp.engine.loading`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import inspect
-import logging
-import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-from hetero_dp.engine.workers import PoolExhausted, WorkerPool
-from hetero_dp.kits.aiotools import with_timeout
+from hetero_dp.engine import results
+from hetero_dp.engine.binding import OptionBinder, configure_error
+from hetero_dp.engine.healthcalls import check_health_many
+from hetero_dp.engine.hookrunner import REQUEST_HOOKS, HookRunner, hook_impls
 from hetero_dp.model.device import Check, Device, Link, Sample
-from hetero_dp.model.errors import AllocationError, BackendError, ConfigError
-from hetero_dp.model.options import parse_options, schema_of
+from hetero_dp.model.errors import BackendError, ConfigError
 
 if TYPE_CHECKING:
     from hetero_dp.engine.config import Config
 
-log = logging.getLogger(__name__)
-
-# Hooks the kubelet is waiting on: they run in their own threads (see Backend).
-REQUEST_HOOKS = frozenset({"allocate", "pre_start_container", "preferred_allocation"})
-WORKERS = 4  # threads for a backend's other blocking hooks (health, discovery...)
-REQUEST_WORKERS = 2
-# Calls given up on (past hookTimeout) whose threads may stay stuck, per pool; past
-# this the backend counts as broken (all its devices Unhealthy) until some return.
-MAX_STUCK_CALLS = 8
-HEALTH_CHUNK = 256  # devices per worker call in a health poll
-HEALTH_YIELD_EVERY = 8
-
-
-class _HealthBatch:
-    """Devices one worker call checks in turn; ``current`` is (index, start time) of
-    the device at hand, set by the worker (one assignment, read by the loop)."""
-
-    def __init__(self, devices: list[Device]) -> None:
-        self.devices = devices
-        self.current: tuple[int, float] | None = None
-        self.results: dict[str, tuple[bool, str] | BackendError] = {}
-        self.abandoned = False
+__all__ = ["REQUEST_HOOKS", "Backend"]
 
 
 class Backend:
@@ -67,159 +42,69 @@ class Backend:
         self.name = name
         self.plugin = plugin
         self.pm = pm
-        self.timeout = timeout
+        impls = hook_impls(plugin, pm)
+        if "discover" not in impls:
+            raise ConfigError(f"backend {name!r} implements no 'discover' hook", field="backend")
+        self.runner = HookRunner(name, impls, timeout=timeout)
+        self.binder = OptionBinder(name, self.runner.hook_function("configure"))
+        self.schema = self.binder.schema
         # what the hooks get as ``options``: the declared options dataclass's
         # instance, or the mapping as given to a backend that declares none
         self.options: Any = {}
-        # Called (from any thread) when the number of stuck calls changes, and with
-        # (hook, key) when a call that was given up on finally returns; the engine
-        # sets them to re-judge the backend and the device.
-        self.on_stuck_change: Callable[[], None] | None = None
-        self.on_returned: Callable[[str, str], None] | None = None
-        self._pool = WorkerPool(
-            f"hdp-{name}", WORKERS, MAX_STUCK_CALLS, lambda: self._stuck_changed()
-        )
-        # The kubelet waits on these: a pool of their own, so health checks or a
-        # discovery hanging in the backend cannot queue an Allocate behind them.
-        self._request_pool = WorkerPool(
-            f"hdp-{name}-req", REQUEST_WORKERS, MAX_STUCK_CALLS, lambda: self._stuck_changed()
-        )
-        # (hook, key) -> (the call still running after its caller gave up, since when)
-        self._stuck: dict[tuple[str, str], tuple[concurrent.futures.Future[Any], float]] = {}
-        self._impls: dict[str, pluggy.HookImpl] = {}
-        for hook_name in dir(pm.hook):
-            if hook_name.startswith("_"):
-                continue
-            caller = getattr(pm.hook, hook_name)
-            for impl in caller.get_hookimpls():
-                if impl.plugin is plugin:
-                    self._impls[hook_name] = impl
-        if "discover" not in self._impls:
-            raise ConfigError(f"backend {name!r} implements no 'discover' hook", field="backend")
-        self.schema = schema_of(self.hook_function("configure"))
+
+    # -- running hooks (HookRunner) ---------------------------------------------
+
+    @property
+    def timeout(self) -> float:
+        return self.runner.timeout
+
+    @timeout.setter
+    def timeout(self, value: float) -> None:
+        self.runner.timeout = value
+
+    @property
+    def on_stuck_change(self) -> Callable[[], None] | None:
+        """Called (from any thread) when the number of stuck calls changes."""
+        return self.runner.on_stuck_change
+
+    @on_stuck_change.setter
+    def on_stuck_change(self, callback: Callable[[], None] | None) -> None:
+        self.runner.on_stuck_change = callback
+
+    @property
+    def on_returned(self) -> Callable[[str, str], None] | None:
+        """Called with (hook, key) when a call that was given up on finally returns."""
+        return self.runner.on_returned
+
+    @on_returned.setter
+    def on_returned(self, callback: Callable[[str, str], None] | None) -> None:
+        self.runner.on_returned = callback
+
+    @property
+    def stuck_reason(self) -> str:
+        return self.runner.stuck_reason
 
     def implements(self, hook: str) -> bool:
-        return hook in self._impls
+        return self.runner.implements(hook)
 
     def hook_function(self, hook: str) -> Any:
         """The backend's own function for ``hook`` (None if it has none), for hooks
         the engine runs itself rather than through :meth:`call` (``watch``)."""
-        impl = self._impls.get(hook)
-        return None if impl is None else impl.function
-
-    def _call_sync(self, hook: str, kwargs: Mapping[str, Any]) -> Any:
-        impl = self._impls[hook]
-        args = {k: kwargs[k] for k in impl.argnames}
-        result = impl.function(**args)
-        if inspect.isgenerator(result):  # discover may yield
-            result = list(result)
-        return result
+        return self.runner.hook_function(hook)
 
     def warm(self) -> None:
-        """Start the thread of the kubelet's hooks now (when the backend has any of
-        them), so the first Allocate does not pay for starting it."""
-        if any(h in self._impls for h in REQUEST_HOOKS):
-            self._request_pool.warm()
-
-    def _stuck_changed(self) -> None:
-        if self.on_stuck_change is not None:
-            self.on_stuck_change()
-
-    @property
-    def stuck_reason(self) -> str:
-        """Why the whole backend counts as broken ('' when it does not): too many of
-        its calls never returned."""
-        pools = [p for p in (self._pool, self._request_pool) if p.exhausted]
-        if not pools:
-            return ""
-        stuck = sum(p.stranded for p in (self._pool, self._request_pool))
-        return (
-            f"backend {self.name!r}: {stuck} hook calls are stuck in the backend and never "
-            f"returned (at most {MAX_STUCK_CALLS} per pool); new calls are refused until "
-            "they return"
-        )
-
-    def _still_stuck(self, hook: str, key: str, limit: float) -> BackendError | None:
-        """The error for calling ``hook`` for ``key`` while an earlier call is stuck."""
-        entry = self._stuck.get((hook, key))
-        if entry is None:
-            return None
-        return BackendError(
-            f"backend {self.name!r} hook {hook} for {key} has not returned for "
-            f"{time.monotonic() - entry[1]:.0f}s (stuck; hookTimeout is {limit:g}s); "
-            "not called again until it returns"
-        )
-
-    async def _in_thread(self, hook: str, key: str | None, limit: float, kwargs: Any) -> Any:
-        pool = self._request_pool if hook in REQUEST_HOOKS else self._pool
-        if key is not None and (stuck := self._still_stuck(hook, key, limit)) is not None:
-            raise stuck
-        try:
-            cf = pool.submit(self._call_sync, hook, kwargs)
-        except PoolExhausted as e:
-            raise BackendError(f"backend {self.name!r} hook {hook} not called: {e}") from None
-        started = time.monotonic()
-        try:
-            return await with_timeout(asyncio.wrap_future(cf), limit)
-        except asyncio.TimeoutError:
-            pool.strand(cf)
-            if key is not None:
-                self._stuck[(hook, key)] = (cf, started)
-                cf.add_done_callback(lambda _f: self._returned(hook, key, cf))
-            raise
-
-    def _returned(self, hook: str, key: str, cf: concurrent.futures.Future[Any]) -> None:
-        """A stuck call finally returned (in its worker thread)."""
-        entry = self._stuck.get((hook, key))
-        if entry is not None and entry[0] is cf:
-            del self._stuck[(hook, key)]
-            if self.on_returned is not None:
-                self.on_returned(hook, key)
+        self.runner.warm()
 
     async def call(
         self, hook: str, *, timeout: float | None = None, key: str | None = None, **kwargs: Any
     ) -> Any:
-        """Call one hook of this backend; BackendError on raise, timeout or coroutine misuse.
+        """Call one hook of this backend (see :meth:`.HookRunner.call`)."""
+        return await self.runner.call(hook, timeout=timeout, key=key, **kwargs)
 
-        A blocking hook runs in a worker thread; when it passes its timeout the call
-        is given up on and its thread replaced (see :mod:`.workers`). With ``key``
-        (a device ID), a call still stuck for that key is not started again: the
-        BackendError says since when it is stuck.
-        """
-        impl = self._impls.get(hook)
-        if impl is None:
-            return None
-        function: Any = impl.function
-        limit = self.timeout if timeout is None else timeout
-        try:
-            if inspect.iscoroutinefunction(impl.function) or inspect.isasyncgenfunction(
-                impl.function
-            ):
-                args = {k: kwargs[k] for k in impl.argnames}
-                if inspect.isasyncgenfunction(impl.function):
+    def close(self) -> None:
+        self.runner.close()
 
-                    async def collect() -> list[Any]:
-                        return [x async for x in function(**args)]
-
-                    return await with_timeout(collect(), limit)
-                return await with_timeout(function(**args), limit)
-            return await self._in_thread(hook, key, limit, kwargs)
-        except asyncio.TimeoutError as e:
-            raise BackendError(
-                f"backend {self.name!r} hook {hook} timed out after {limit:g}s"
-            ) from e
-        except (asyncio.CancelledError, BackendError):
-            raise
-        except AllocationError as e:
-            if hook in REQUEST_HOOKS:  # a documented refusal: its own code and message
-                raise
-            raise BackendError(f"backend {self.name!r} hook {hook} raised {e!r}") from e
-        except Exception as e:
-            if hook in ("allocate", "configure") and isinstance(e, ConfigError | ValueError):
-                raise
-            raise BackendError(f"backend {self.name!r} hook {hook} raised {e!r}") from e
-
-    # Typed wrappers: each checks the shape of what the backend returned.
+    # -- options (OptionBinder) -------------------------------------------------
 
     def read_options(
         self,
@@ -228,23 +113,13 @@ class Backend:
         source: str = "",
         flagged: frozenset[str] = frozenset(),
     ) -> Any:
-        """What the hooks get as ``options``: an instance of the options dataclass
-        that ``configure`` declares (checked: ConfigError naming the option), or the
-        mapping as given. Options for a backend with no ``configure`` hook are refused:
-        nothing would read them."""
-        field = f"backends.{self.name}"
-        if self.schema is not None:
-            return parse_options(
-                self.schema, options, field=field, source=source or "config", flagged=flagged
-            )
-        if options and not self.implements("configure"):
-            raise ConfigError(
-                f"unknown option: backend {self.name!r} takes no options (it has no "
-                "configure hook)",
-                field=f"{field}.{next(iter(options))}",
-                source=source or "config",
-            )
-        return options
+        """What the hooks get as ``options`` (see :meth:`.OptionBinder.read`)."""
+        return self.binder.read(options, source=source, flagged=flagged)
+
+    def read_options_from(self, cfg: Config) -> Any:
+        """:meth:`read_options` with this backend's options from ``cfg``; a refusal
+        names the option where the user wrote it."""
+        return self.binder.read_from(cfg)
 
     async def configure(
         self,
@@ -259,67 +134,39 @@ class Backend:
         await self._configure(self.read_options(options, source=source, flagged=flagged))
 
     async def configure_from(self, cfg: Config) -> None:
-        """:meth:`configure` with this backend's options from ``cfg`` (the file, the
-        environment and ``-o`` flags)."""
+        """:meth:`configure` with this backend's options from ``cfg``."""
         await self._configure(self.read_options_from(cfg))
-
-    def read_options_from(self, cfg: Config) -> Any:
-        """:meth:`read_options` with this backend's options from ``cfg``; a refusal
-        names the option where the user wrote it."""
-        try:
-            return self.read_options(
-                cfg.backend_options(self.name),
-                source=cfg.options_source(self.name),
-                flagged=cfg.backend_flagged.get(self.name, frozenset()),
-            )
-        except ConfigError as e:
-            where = cfg.option_field(self.name, e.field or "")
-            if where == e.field:
-                raise
-            raise ConfigError(e.reason, field=where, source=e.source) from None
 
     async def _configure(self, value: Any) -> None:
         try:
             await self.call("configure", options=value)
-        except ConfigError as e:
-            source = e.source or f"backend {self.name}"
-            raise ConfigError(e.reason, field=e.field, source=source) from None
-        except (ValueError, BackendError) as e:
-            raise ConfigError(str(e), source=f"backend {self.name}") from None
+        except (ConfigError, ValueError, BackendError) as e:
+            raise configure_error(self.name, e) from None
         self.options = value
 
+    def parse_args(self, args: list[str]) -> dict[str, Any]:
+        """Run the ``parse_args`` hook (synchronously: before any loop starts); a
+        refusal or a failure is a ConfigError naming this backend."""
+        if not self.implements("parse_args"):
+            return {}
+        try:
+            result = self.runner.call_sync("parse_args", {"args": list(args)})
+        except ConfigError as e:
+            raise configure_error(self.name, e) from None
+        except Exception as e:
+            raise ConfigError(
+                f"backend {self.name!r} hook parse_args raised {e!r}", source="command line"
+            ) from None
+        return results.parsed_args(self.name, result)
+
+    # -- typed hooks: each result checked (results) -----------------------------
+
     async def discover(self) -> list[Device]:
-        result = await self.call("discover")
-        if result is None:
-            return []
-        if not isinstance(result, Iterable):
-            raise BackendError(f"backend {self.name!r} discover returned {type(result).__name__}")
-        devices = list(result)
-        bad = [d for d in devices if not isinstance(d, Device)]
-        if bad:
-            raise BackendError(
-                f"backend {self.name!r} discover returned non-Device items: {bad[:3]!r}"
-            )
-        dupes = sorted(i for i, n in Counter(d.id for d in devices).items() if n > 1)
-        if dupes:
-            raise BackendError(f"backend {self.name!r} discover returned duplicate IDs: {dupes}")
-        return devices
+        return results.devices(self.name, await self.call("discover"))
 
     def health_verdict(self, result: Any) -> tuple[bool, str]:
         """A check_health result as (healthy, reason); BackendError for garbage."""
-        if result is None or result is True:
-            return True, ""
-        if result is False:
-            return False, "health check failed"
-        if isinstance(result, str):
-            return False, result
-        if isinstance(result, tuple) and len(result) == 2:
-            why = result[1]
-            return bool(result[0]), why if isinstance(why, str) else str(why)
-        raise BackendError(
-            f"backend {self.name!r} check_health returned {result!r}; "
-            "expected True/None, False or a reason string"
-        )
+        return results.health_verdict(self.name, result)
 
     async def check_health(self, device: Device) -> tuple[bool, str]:
         result = await self.call("check_health", key=device.id, device=device)
@@ -328,186 +175,26 @@ class Backend:
     async def check_health_many(
         self, devices: list[Device], on_error: Callable[[BackendError], None] | None = None
     ) -> dict[str, tuple[bool, str]]:
-        """check_health over ``devices``: a verdict per device ID (a failure, a timeout
-        or a call still stuck is an Unhealthy verdict naming the hook and the limit).
-
-        A blocking hook runs over chunks of devices, one worker call per chunk (the
-        event loop handles a few dozen futures for 10,000 devices, not 10,000);
-        each device is still under the timeout: when one hangs, it alone is judged
-        stuck, its thread is given up on, and the rest of its chunk goes on in
-        another thread.
-        """
-        impl = self._impls.get("check_health")
-        if impl is None or not devices:
-            return {}
-        out: dict[str, tuple[bool, str]] = {}
-
-        def failed(device_id: str, e: BackendError) -> None:
-            if on_error is not None:
-                on_error(e)
-            out[device_id] = (False, str(e))
-
-        if inspect.iscoroutinefunction(impl.function):
-
-            async def one(d: Device) -> None:
-                try:
-                    out[d.id] = await self.check_health(d)
-                except BackendError as e:
-                    failed(d.id, e)
-
-            await asyncio.gather(*(one(d) for d in devices))
-            return out
-        limit = self.timeout
-        todo = []
-        for d in devices:
-            if (stuck := self._still_stuck("check_health", d.id, limit)) is not None:
-                failed(d.id, stuck)
-            else:
-                todo.append(d)
-        size = max(1, min(HEALTH_CHUNK, -(-len(todo) // WORKERS)))
-        chunks = [todo[i : i + size] for i in range(0, len(todo), size)]
-        await asyncio.gather(*(self._check_chunk(c, limit, out, failed) for c in chunks))
-        return out
-
-    async def _check_chunk(
-        self,
-        devices: list[Device],
-        limit: float,
-        out: dict[str, tuple[bool, str]],
-        failed: Callable[[str, BackendError], None],
-    ) -> None:
-        while devices:
-            batch = _HealthBatch(devices)
-            try:
-                cf = self._pool.submit(self._run_health_batch, batch)
-            except PoolExhausted as e:
-                for d in devices:
-                    failed(d.id, BackendError(f"backend {self.name!r} hook check_health: {e}"))
-                return
-            fut = asyncio.wrap_future(cf)
-            devices = []
-            while True:
-                current = batch.current
-                wait = limit if current is None else limit - (time.monotonic() - current[1])
-                done, _ = await asyncio.wait({fut}, timeout=max(wait, 0.001))
-                if done:
-                    break
-                current = batch.current
-                if current is None or time.monotonic() - current[1] < limit:
-                    continue  # still queued, or the device at hand is within its time
-                index, started = current
-                stuck = batch.devices[index]
-                batch.abandoned = True
-                self._pool.strand(cf)
-                key = stuck.id
-                self._stuck[("check_health", key)] = (cf, started)
-                cf.add_done_callback(self._on_batch_returned(key, cf))
-                failed(
-                    key,
-                    BackendError(
-                        f"backend {self.name!r} hook check_health for {key} timed out "
-                        f"after {limit:g}s"
-                    ),
-                )
-                devices = batch.devices[index + 1 :]  # the rest go on in another thread
-                break
-            for device_id, verdict in list(batch.results.items()):
-                if isinstance(verdict, BackendError):
-                    failed(device_id, verdict)
-                else:
-                    out[device_id] = verdict
-
-    def _on_batch_returned(
-        self, key: str, cf: concurrent.futures.Future[Any]
-    ) -> Callable[[concurrent.futures.Future[Any]], None]:
-        return lambda _f: self._returned("check_health", key, cf)
-
-    def _run_health_batch(self, batch: _HealthBatch) -> None:
-        """In a worker thread: check each device in turn, saying which one is at hand."""
-        function: Any = self._impls["check_health"].function
-        for i, d in enumerate(batch.devices):
-            if batch.abandoned:
-                return
-            if i % HEALTH_YIELD_EVERY == HEALTH_YIELD_EVERY - 1:
-                # give the GIL to the event loop now and then: a long chunk of cheap
-                # Python checks would otherwise hold it for a whole switch interval
-                # (5 ms) at a time, and an Allocate waits behind it
-                time.sleep(0)
-            batch.current = (i, time.monotonic())
-            try:
-                verdict: tuple[bool, str] | BackendError = self.health_verdict(function(device=d))
-            except BackendError as e:
-                verdict = e
-            except Exception as e:
-                verdict = BackendError(f"backend {self.name!r} hook check_health raised {e!r}")
-            if batch.abandoned:  # this call came back after it was given up on
-                return
-            batch.results[d.id] = verdict
+        """check_health over ``devices``: a verdict per device ID (see
+        :mod:`.healthcalls`)."""
+        return await check_health_many(self.runner, self.health_verdict, devices, on_error)
 
     async def links(self, devices: list[Device]) -> list[Link]:
-        result = await self.call("links", devices=devices)
-        links = list(result or [])
-        if any(not isinstance(x, Link) for x in links):
-            raise BackendError(f"backend {self.name!r} links returned non-Link items")
-        return links
+        return results.links(self.name, await self.call("links", devices=devices))
 
     async def labels(self, devices: list[Device]) -> dict[str, str]:
-        result = await self.call("labels", devices=devices)
-        if result is None:
-            return {}
-        if not isinstance(result, Mapping):
-            raise BackendError(f"backend {self.name!r} labels returned {type(result).__name__}")
-        return {str(k): str(v) for k, v in result.items()}
+        return results.labels(self.name, await self.call("labels", devices=devices))
 
     async def metrics(self, devices: list[Device]) -> list[Sample]:
-        result = await self.call("metrics", devices=devices)
-        samples = list(result or [])
-        if any(not isinstance(x, Sample) for x in samples):
-            raise BackendError(f"backend {self.name!r} metrics returned non-Sample items")
-        return samples
+        return results.samples(self.name, await self.call("metrics", devices=devices))
 
     async def doctor(self, options: Mapping[str, Any]) -> list[Check]:
-        result = await self.call("doctor", options=options)
-        return [c for c in (result or []) if isinstance(c, Check)]
+        return results.checks(await self.call("doctor", options=options))
 
     async def resource_defaults(self, resource: str) -> dict[str, Any]:
         result = await self.call("resource_defaults", resource=resource)
-        return dict(result or {})
-
-    def parse_args(self, args: list[str]) -> dict[str, Any]:
-        """Run the ``parse_args`` hook (synchronously: before any loop starts).
-
-        A refusal (ConfigError, ValueError) or a failure is a ConfigError naming this
-        backend (unless it names its own source).
-        """
-        try:
-            result = self._call_sync("parse_args", {"args": list(args)})
-        except ConfigError as e:
-            source = e.source or f"backend {self.name}"
-            raise ConfigError(e.reason, field=e.field, source=source) from None
-        except Exception as e:
-            raise ConfigError(
-                f"backend {self.name!r} hook parse_args raised {e!r}", source="command line"
-            ) from None
-        if result is None:
-            return {}
-        if not isinstance(result, Mapping):
-            raise ConfigError(
-                f"backend {self.name!r} parse_args returned {type(result).__name__}",
-                source="command line",
-            )
-        return dict(result)
+        return results.mapping(self.name, "resource_defaults", result)
 
     async def cdi_spec_edits(self, kind: str, devices: list[Device]) -> dict[str, Any]:
         result = await self.call("cdi_spec_edits", kind=kind, devices=devices)
-        if result is None:
-            return {}
-        if not isinstance(result, Mapping):
-            raise BackendError(
-                f"backend {self.name!r} cdi_spec_edits returned {type(result).__name__}"
-            )
-        return dict(result)
-
-    def close(self) -> None:
-        self._pool.shutdown()
-        self._request_pool.shutdown()
+        return results.mapping(self.name, "cdi_spec_edits", result)

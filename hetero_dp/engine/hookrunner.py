@@ -1,0 +1,211 @@
+"""Running one backend's hooks safely: threads, timeouts, containment.
+
+A hook declared ``async def`` (or an async generator) runs on the event loop with
+no thread hop; any other hook runs in a worker thread. Either way it runs under the
+hook timeout, and an exception, a timeout or a call into a pool whose threads are
+all stuck becomes a :class:`~hetero_dp.model.errors.BackendError`. What the hooks
+return is checked by :mod:`.results`; options are bound by :mod:`.binding`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pluggy
+
+from hetero_dp.engine.workers import PoolExhausted, WorkerPool
+from hetero_dp.kits.aiotools import with_timeout
+from hetero_dp.model.errors import AllocationError, BackendError, ConfigError
+
+# Hooks the kubelet is waiting on: they run in their own threads (see HookRunner).
+REQUEST_HOOKS = frozenset({"allocate", "pre_start_container", "preferred_allocation"})
+WORKERS = 4  # threads for a backend's other blocking hooks (health, discovery...)
+REQUEST_WORKERS = 2
+# Calls given up on (past hookTimeout) whose threads may stay stuck, per pool; past
+# this the backend counts as broken (all its devices Unhealthy) until some return.
+MAX_STUCK_CALLS = 8
+
+
+def hook_impls(plugin: object, pm: pluggy.PluginManager) -> dict[str, pluggy.HookImpl]:
+    """``plugin``'s implementation of each hook it implements, by hook name."""
+    out: dict[str, pluggy.HookImpl] = {}
+    for hook_name in dir(pm.hook):
+        if hook_name.startswith("_"):
+            continue
+        for impl in getattr(pm.hook, hook_name).get_hookimpls():
+            if impl.plugin is plugin:
+                out[hook_name] = impl
+    return out
+
+
+def runs_on_loop(function: Any) -> bool:
+    """Whether a hook function runs on the event loop (``async def``, async generator)."""
+    return inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function)
+
+
+class HookRunner:
+    """Safe calls of one backend's hooks: the worker pools, the timeout, the calls
+    given up on (stuck) and the errors a caller can rely on."""
+
+    def __init__(
+        self, name: str, impls: Mapping[str, pluggy.HookImpl], *, timeout: float = 10.0
+    ) -> None:
+        self.name = name
+        self.timeout = timeout
+        self._impls = dict(impls)
+        # Called (from any thread) when the number of stuck calls changes, and with
+        # (hook, key) when a call that was given up on finally returns.
+        self.on_stuck_change: Callable[[], None] | None = None
+        self.on_returned: Callable[[str, str], None] | None = None
+        self.pool = WorkerPool(f"hdp-{name}", WORKERS, MAX_STUCK_CALLS, self._stuck_changed)
+        # The kubelet waits on these: a pool of their own, so health checks or a
+        # discovery hanging in the backend cannot queue an Allocate behind them.
+        self.request_pool = WorkerPool(
+            f"hdp-{name}-req", REQUEST_WORKERS, MAX_STUCK_CALLS, self._stuck_changed
+        )
+        # (hook, key) -> (the call still running after its caller gave up, since when)
+        self._stuck: dict[tuple[str, str], tuple[concurrent.futures.Future[Any], float]] = {}
+
+    def implements(self, hook: str) -> bool:
+        return hook in self._impls
+
+    def hook_function(self, hook: str) -> Any:
+        """The backend's own function for ``hook`` (None if it has none)."""
+        impl = self._impls.get(hook)
+        return None if impl is None else impl.function
+
+    def call_sync(self, hook: str, kwargs: Mapping[str, Any]) -> Any:
+        """Call ``hook`` here and now (in a worker thread, or before any loop runs)."""
+        impl = self._impls[hook]
+        result = impl.function(**{k: kwargs[k] for k in impl.argnames})
+        if inspect.isgenerator(result):  # discover may yield
+            result = list(result)
+        return result
+
+    def warm(self) -> None:
+        """Start the thread of the kubelet's hooks now (when the backend runs any of
+        them in threads), so the first Allocate does not pay for starting it."""
+        if any(
+            h in self._impls and not runs_on_loop(self._impls[h].function) for h in REQUEST_HOOKS
+        ):
+            self.request_pool.warm()
+
+    def _stuck_changed(self) -> None:
+        if self.on_stuck_change is not None:
+            self.on_stuck_change()
+
+    @property
+    def stuck_reason(self) -> str:
+        """Why the whole backend counts as broken ('' when it does not): too many of
+        its calls never returned."""
+        pools = (self.pool, self.request_pool)
+        if not any(p.exhausted for p in pools):
+            return ""
+        stuck = sum(p.stranded for p in pools)
+        return (
+            f"backend {self.name!r}: {stuck} hook calls are stuck in the backend and never "
+            f"returned (at most {MAX_STUCK_CALLS} per pool); new calls are refused until "
+            "they return"
+        )
+
+    def still_stuck(self, hook: str, key: str, limit: float) -> BackendError | None:
+        """The error for calling ``hook`` for ``key`` while an earlier call is stuck."""
+        entry = self._stuck.get((hook, key))
+        if entry is None:
+            return None
+        return BackendError(
+            f"backend {self.name!r} hook {hook} for {key} has not returned for "
+            f"{time.monotonic() - entry[1]:.0f}s (stuck; hookTimeout is {limit:g}s); "
+            "not called again until it returns"
+        )
+
+    def give_up(
+        self,
+        pool: WorkerPool,
+        cf: concurrent.futures.Future[Any],
+        hook: str,
+        key: str | None,
+        started: float,
+    ) -> None:
+        """Give up on a call past its timeout: its thread is replaced, and with ``key``
+        the hook is not called for that key again until the call returns."""
+        pool.strand(cf)
+        if key is not None:
+            self._stuck[(hook, key)] = (cf, started)
+            cf.add_done_callback(lambda _f: self._returned(hook, key, cf))
+
+    def _returned(self, hook: str, key: str, cf: concurrent.futures.Future[Any]) -> None:
+        """A stuck call finally returned (in its worker thread)."""
+        entry = self._stuck.get((hook, key))
+        if entry is not None and entry[0] is cf:
+            del self._stuck[(hook, key)]
+            if self.on_returned is not None:
+                self.on_returned(hook, key)
+
+    async def _in_thread(self, hook: str, key: str | None, limit: float, kwargs: Any) -> Any:
+        pool = self.request_pool if hook in REQUEST_HOOKS else self.pool
+        if key is not None and (stuck := self.still_stuck(hook, key, limit)) is not None:
+            raise stuck
+        try:
+            cf = pool.submit(self.call_sync, hook, kwargs)
+        except PoolExhausted as e:
+            raise BackendError(f"backend {self.name!r} hook {hook} not called: {e}") from None
+        started = time.monotonic()
+        try:
+            return await with_timeout(asyncio.wrap_future(cf), limit)
+        except asyncio.TimeoutError:
+            self.give_up(pool, cf, hook, key, started)
+            raise
+
+    async def call(
+        self, hook: str, *, timeout: float | None = None, key: str | None = None, **kwargs: Any
+    ) -> Any:
+        """Call one hook; BackendError on raise, timeout or a stuck call.
+
+        An ``async def`` hook runs on the loop with no thread hop; a blocking hook
+        runs in a worker thread, and when it passes its timeout the call is given up
+        on and its thread replaced (see :mod:`.workers`). With ``key`` (a device ID),
+        a call still stuck for that key is not started again: the BackendError says
+        since when it is stuck. The kubelet's hooks may refuse with AllocationError,
+        ``allocate`` and ``configure`` with ConfigError or ValueError: those pass
+        through as raised.
+        """
+        impl = self._impls.get(hook)
+        if impl is None:
+            return None
+        function: Any = impl.function
+        limit = self.timeout if timeout is None else timeout
+        try:
+            if inspect.iscoroutinefunction(function):
+                return await with_timeout(function(**{k: kwargs[k] for k in impl.argnames}), limit)
+            if inspect.isasyncgenfunction(function):
+                args = {k: kwargs[k] for k in impl.argnames}
+
+                async def collect() -> list[Any]:
+                    return [x async for x in function(**args)]
+
+                return await with_timeout(collect(), limit)
+            return await self._in_thread(hook, key, limit, kwargs)
+        except asyncio.TimeoutError as e:
+            raise BackendError(
+                f"backend {self.name!r} hook {hook} timed out after {limit:g}s"
+            ) from e
+        except (asyncio.CancelledError, BackendError):
+            raise
+        except AllocationError as e:
+            if hook in REQUEST_HOOKS:  # a documented refusal: its own code and message
+                raise
+            raise BackendError(f"backend {self.name!r} hook {hook} raised {e!r}") from e
+        except Exception as e:
+            if hook in ("allocate", "configure") and isinstance(e, ConfigError | ValueError):
+                raise
+            raise BackendError(f"backend {self.name!r} hook {hook} raised {e!r}") from e
+
+    def close(self) -> None:
+        self.pool.shutdown()
+        self.request_pool.shutdown()

@@ -1,0 +1,98 @@
+"""Checking what a backend's hooks return.
+
+Pure functions, one per hook whose result the engine reads: each takes the
+backend's name and the raw result, and returns it in the engine's shape or raises
+a :class:`~hetero_dp.model.errors.BackendError` (a ConfigError for ``parse_args``,
+which runs before start-up) that names the backend, the hook and what came back.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from hetero_dp.model.device import Check, Device, Link, Sample
+from hetero_dp.model.errors import BackendError, ConfigError
+
+
+def devices(name: str, result: Any) -> list[Device]:
+    """``discover``: Devices with unique IDs (None: none)."""
+    if result is None:
+        return []
+    if not isinstance(result, Iterable):
+        raise BackendError(f"backend {name!r} discover returned {type(result).__name__}")
+    found = list(result)
+    bad = [d for d in found if not isinstance(d, Device)]
+    if bad:
+        raise BackendError(f"backend {name!r} discover returned non-Device items: {bad[:3]!r}")
+    dupes = sorted(i for i, n in Counter(d.id for d in found).items() if n > 1)
+    if dupes:
+        raise BackendError(f"backend {name!r} discover returned duplicate IDs: {dupes}")
+    return found
+
+
+def health_verdict(name: str, result: Any) -> tuple[bool, str]:
+    """``check_health``: (healthy, reason) from True/None, False, a reason string or a
+    (bool, reason) pair."""
+    if result is None or result is True:
+        return True, ""
+    if result is False:
+        return False, "health check failed"
+    if isinstance(result, str):
+        return False, result
+    if isinstance(result, tuple) and len(result) == 2:
+        why = result[1]
+        return bool(result[0]), why if isinstance(why, str) else str(why)
+    raise BackendError(
+        f"backend {name!r} check_health returned {result!r}; "
+        "expected True/None, False or a reason string"
+    )
+
+
+def links(name: str, result: Any) -> list[Link]:
+    found = list(result or [])
+    if any(not isinstance(x, Link) for x in found):
+        raise BackendError(f"backend {name!r} links returned non-Link items")
+    return found
+
+
+def labels(name: str, result: Any) -> dict[str, str]:
+    if result is None:
+        return {}
+    if not isinstance(result, Mapping):
+        raise BackendError(f"backend {name!r} labels returned {type(result).__name__}")
+    return {str(k): str(v) for k, v in result.items()}
+
+
+def samples(name: str, result: Any) -> list[Sample]:
+    found = list(result or [])
+    if any(not isinstance(x, Sample) for x in found):
+        raise BackendError(f"backend {name!r} metrics returned non-Sample items")
+    return found
+
+
+def checks(result: Any) -> list[Check]:
+    """``doctor``: the Checks (anything else is dropped)."""
+    return [c for c in (result or []) if isinstance(c, Check)]
+
+
+def mapping(name: str, hook: str, result: Any) -> dict[str, Any]:
+    """A hook that returns a mapping or None (``cdi_spec_edits``, ``resource_defaults``)."""
+    if result is None:
+        return {}
+    if not isinstance(result, Mapping):
+        raise BackendError(f"backend {name!r} {hook} returned {type(result).__name__}")
+    return dict(result)
+
+
+def parsed_args(name: str, result: Any) -> dict[str, Any]:
+    """``parse_args``: options by backend section (None: none)."""
+    if result is None:
+        return {}
+    if not isinstance(result, Mapping):
+        raise ConfigError(
+            f"backend {name!r} parse_args returned {type(result).__name__}",
+            source="command line",
+        )
+    return dict(result)

@@ -1,0 +1,134 @@
+"""The three jobs of a Backend, each without a daemon: running hooks (HookRunner),
+checking what they return (results), binding options (OptionBinder)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+
+import pytest
+
+from hetero_dp import Device, Link, hookimpl, option
+from hetero_dp.engine import results
+from hetero_dp.engine.binding import OptionBinder
+from hetero_dp.engine.hookrunner import HookRunner, hook_impls
+from hetero_dp.engine.loading import new_manager
+from hetero_dp.model.errors import AllocationError, BackendError, ConfigError
+
+
+def runner_for(plugin: object, timeout: float = 5.0) -> HookRunner:
+    pm = new_manager()
+    pm.register(plugin, name="t")
+    return HookRunner("t", hook_impls(plugin, pm), timeout=timeout)
+
+
+class Hooks:
+    def __init__(self) -> None:
+        self.threads: dict[str, int] = {}
+        self.release = threading.Event()
+
+    @hookimpl
+    async def allocate(self, devices, response) -> None:
+        self.threads["allocate"] = threading.get_ident()
+        if devices == ["refuse"]:
+            raise AllocationError("no")
+
+    @hookimpl
+    def discover(self):
+        self.threads["discover"] = threading.get_ident()
+        yield Device(id="d0", resource="example.com/x")
+
+    @hookimpl
+    def check_health(self, device):
+        self.release.wait(10)
+        return True
+
+    @hookimpl
+    async def labels(self, devices):
+        await asyncio.Event().wait()  # never returns
+
+
+async def test_async_hook_runs_on_the_loop_and_a_blocking_one_in_a_thread() -> None:
+    hooks = Hooks()
+    runner = runner_for(hooks)
+    try:
+        await runner.call("allocate", devices=[], response=None)
+        assert await runner.call("discover") == [Device(id="d0", resource="example.com/x")]
+        assert hooks.threads["allocate"] == threading.get_ident()  # no thread hop
+        assert hooks.threads["discover"] != threading.get_ident()
+        with pytest.raises(AllocationError):  # a refusal of the kubelet's hook passes as is
+            await runner.call("allocate", devices=["refuse"], response=None)
+    finally:
+        runner.close()
+
+
+async def test_async_hook_is_under_the_same_timeout() -> None:
+    runner = runner_for(Hooks(), timeout=0.05)
+    try:
+        with pytest.raises(BackendError, match=r"hook labels timed out after 0\.05s"):
+            await runner.call("labels", devices=[])
+    finally:
+        runner.close()
+
+
+async def test_a_stuck_blocking_call_is_not_started_again_for_its_key() -> None:
+    hooks = Hooks()
+    runner = runner_for(hooks, timeout=0.05)
+    returned = threading.Event()
+    runner.on_returned = lambda hook, key: returned.set()
+    try:
+        with pytest.raises(BackendError, match="timed out"):
+            await runner.call("check_health", key="d0", device=None)
+        with pytest.raises(BackendError, match="check_health for d0 has not returned"):
+            await runner.call("check_health", key="d0", device=None)
+        hooks.release.set()
+        assert await asyncio.to_thread(returned.wait, 10)
+        assert runner.still_stuck("check_health", "d0", 0.05) is None
+    finally:
+        hooks.release.set()
+        runner.close()
+
+
+def test_results_name_the_backend_and_what_came_back() -> None:
+    d = Device(id="a", resource="example.com/x")
+    assert results.devices("b", None) == []
+    with pytest.raises(BackendError, match=r"discover returned duplicate IDs: \['a'\]"):
+        results.devices("b", [d, d])
+    with pytest.raises(BackendError, match="non-Device items"):
+        results.devices("b", ["a"])
+    assert results.health_verdict("b", (False, 3)) == (False, "3")
+    assert results.health_verdict("b", "gone") == (False, "gone")
+    with pytest.raises(BackendError, match="check_health returned 7"):
+        results.health_verdict("b", 7)
+    assert results.links("b", [Link("a", "b", 1)]) == [Link("a", "b", 1)]
+    with pytest.raises(BackendError, match="labels returned list"):
+        results.labels("b", [])
+    with pytest.raises(BackendError, match="cdi_spec_edits returned str"):
+        results.mapping("b", "cdi_spec_edits", "x")
+    with pytest.raises(ConfigError, match="parse_args returned int"):
+        results.parsed_args("b", 1)
+
+
+@dataclass(frozen=True)
+class Opts:
+    device_glob: str = option("/dev/x*", help="nodes")
+
+
+def test_binder_reads_declared_options_and_names_the_field() -> None:
+    def configure(options: Opts) -> None: ...
+
+    binder = OptionBinder("acme", configure)
+    assert binder.read({"deviceGlob": "/dev/y*"}) == Opts("/dev/y*")
+    with pytest.raises(ConfigError) as e:
+        binder.read({"deviceGlb": "/dev/y*"}, source="/etc/hdp.yaml")
+    assert e.value.field == "backends.acme.deviceGlb" and e.value.source == "/etc/hdp.yaml"
+    assert "did you mean 'deviceGlob'?" in str(e.value)
+
+
+def test_binder_refuses_options_for_a_backend_that_takes_none() -> None:
+    binder = OptionBinder("acme", None)
+    assert binder.read({}) == {}
+    with pytest.raises(ConfigError, match="takes no options") as e:
+        binder.read({"x": 1})
+    assert e.value.field == "backends.acme.x"
