@@ -6,7 +6,21 @@ automatically (entry point ``pytest11``) once hetero-dp is installed.
 
 from __future__ import annotations
 
-from hetero_dp.testing.fake_kubelet import FakeDevice, FakeKubelet, FakeResource
+from hetero_dp.testing.fake_kubelet import (
+    AdmissionError,
+    FakeDevice,
+    FakeKubelet,
+    FakeResource,
+    HealthPoint,
+)
 from hetero_dp.testing.runner import PluginRunner, short_tempdir
 
-__all__ = ["FakeDevice", "FakeKubelet", "FakeResource", "PluginRunner", "short_tempdir"]
+__all__ = [
+    "AdmissionError",
+    "FakeDevice",
+    "FakeKubelet",
+    "FakeResource",
+    "HealthPoint",
+    "PluginRunner",
+    "short_tempdir",
+]

@@ -5,10 +5,25 @@ It behaves as the kubelet's device manager does (REFERENCE section 1):
 - serves ``Registration`` on ``kubelet.sock``; ``Register`` checks the version and
   the resource name, dials the plugin back on ``<dir>/<endpoint>``, calls
   ``GetDevicePluginOptions`` (the options must agree with the request) and only
-  then answers; a second registration of a resource replaces the first;
+  then answers;
 - opens ``ListAndWatch`` right after registration and keeps the latest device
-  set per resource (capacity: all devices; allocatable: healthy ones); when a
-  stream ends, every device of that resource turns unhealthy;
+  set per resource (capacity: all devices; allocatable: healthy ones);
+- a second registration of a resource, and the end of a stream, behave as in the
+  kubelet 1.32 device manager (``pkg/kubelet/cm/devicemanager/plugin/v1beta1/
+  handler.go`` and ``manager.go``): ``Register`` makes the new client the current
+  one for the name (``registerClient`` overwrites ``clients[name]``) without
+  closing the old one, whose ListAndWatch keeps running and whose updates still
+  land in the resource's device sets (``PluginListAndWatchReceiver`` is keyed by
+  name); the endpoint is replaced (``PluginConnected``) and the device sets stay
+  until a stream sends new ones. When ANY client's stream ends, ``runClient``
+  looks up the *current* client of that name (``getClient(name)``) and
+  disconnects it (``disconnectClient``: its connection closed,
+  ``PluginDisconnected`` -> ``markResourceUnhealthy``: every device unhealthy,
+  allocatable 0, and ``setStopTime``) until the next ``Register``. So an old
+  instance that leaves after a new one registered takes the new one down too;
+- :attr:`FakeKubelet.timeline` records each change of a resource's healthy count
+  and :meth:`FakeKubelet.admit` models pod admission (it fails for good when too
+  few devices are healthy), so upgrade tests assert on events, not on times;
 - watcher mode: finds sockets created in ``plugins_registry``, calls ``GetInfo``,
   dials the endpoint and answers ``NotifyRegistrationStatus``; deleting the
   socket deregisters;
@@ -28,9 +43,11 @@ import logging
 import os
 import socket
 import stat
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -88,6 +105,11 @@ class FakeResource:
     stream_task: asyncio.Task[None] | None = None
     generation: int = 0
     registry_socket: str = ""
+    # True while this is the kubelet's current client for the name (handler.go
+    # ``clients[name]``); False once replaced by a later Register or disconnected.
+    current: bool = True
+    # True once the kubelet disconnected this endpoint (``PluginDisconnected``).
+    stopped: bool = False
 
     @property
     def capacity(self) -> int:
@@ -102,6 +124,21 @@ class FakeResource:
         return [d.id for d in self.devices.values() if d.healthy]
 
 
+class AdmissionError(Exception):
+    """The kubelet refused a pod at admission (``UnexpectedAdmissionError``): the
+    pod fails for good, it is not retried."""
+
+
+@dataclass(frozen=True)
+class HealthPoint:
+    """One change of a resource's healthy device count, as the kubelet saw it."""
+
+    at: float  # time.monotonic()
+    resource: str
+    healthy: int
+    why: str  # "update", "disconnect", "restart", "register"
+
+
 class _RegistrationServicer(pb_grpc.RegistrationServicer):
     def __init__(self, kubelet: FakeKubelet) -> None:
         self.kubelet = kubelet
@@ -109,7 +146,7 @@ class _RegistrationServicer(pb_grpc.RegistrationServicer):
     async def Register(
         self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext
     ) -> pb.Empty:
-        problem = await self.kubelet._register_classic(request)
+        problem = await self.kubelet.register(request)
         if problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         return pb.Empty()
@@ -139,10 +176,19 @@ class FakeKubelet(ChangeWaiter):
         self.rejections: list[str] = []
         self.restarts = 0
         self.down = False  # inside a restart's downtime
+        # Every client the kubelet dialled and has not dropped: the current one per
+        # name and the replaced ones whose streams still run.
+        self.clients: list[FakeResource] = []
+        # (resource, socket of the stream that ended, socket disconnected) per
+        # disconnect the end of a stream caused (handler.go runClient).
+        self.disconnects: list[tuple[str, str, str]] = []
+        self.timeline: list[HealthPoint] = []
+        self.in_use: set[str] = set()  # device IDs admitted pods hold
+        self._tearing_down = False
         self._server: grpc.aio.Server | None = None
         self._init_changes()
         self._watcher: DirectoryWatcher | None = None
-        self._watcher_tasks: set[asyncio.Task[None]] = set()
+        self._watcher_tasks: set[asyncio.Task[Any]] = set()
 
     @property
     def socket_path(self) -> Path:
@@ -180,8 +226,12 @@ class FakeKubelet(ChangeWaiter):
             self._watcher = None
         for t in list(self._watcher_tasks):
             t.cancel()
-        for res in list(self.resources.values()):
-            await self._drop(res)
+        self._tearing_down = True  # the kubelet dies: no runClient follows
+        try:
+            for res in list(self.clients):
+                await self._drop(res)
+        finally:
+            self._tearing_down = False
         if self._server is not None:
             await self._server.stop(0)
             self._server = None
@@ -216,12 +266,15 @@ class FakeKubelet(ChangeWaiter):
         for res in self.resources.values():
             res.devices.clear()  # back from the checkpoint with 0 devices
             res.generation = -1
+            self._record(res.name, "restart")
         await self.start()
         await self._notify()
 
     # --- registration ----------------------------------------------------
 
-    async def _register_classic(self, req: pb.RegisterRequest) -> str | None:
+    async def register(self, req: pb.RegisterRequest) -> str | None:
+        """What the kubelet does with a ``Register`` call: None when it accepted it,
+        else why not (the call then fails with INVALID_ARGUMENT)."""
         if req.version != API_VERSION:
             return self._reject(f"unsupported API version {req.version!r}; want {API_VERSION}")
         problem = resource_name_problem(req.resource_name)
@@ -260,13 +313,22 @@ class FakeKubelet(ChangeWaiter):
                 f"options disagree: Register said {request_options!r}, "
                 f"GetDevicePluginOptions said {options!r}"
             )
+        res = FakeResource(name=name, endpoint=endpoint_path, options=options, mode=mode)
         old = self.resources.get(name)
         if old is not None:
-            await self._drop(old)
-        res = FakeResource(name=name, endpoint=endpoint_path, options=options, mode=mode)
+            # handler.go registerClient overwrites clients[name] and closes nothing:
+            # the old client's stream keeps running. manager.go PluginConnected replaces
+            # the endpoint; the device sets stay until the next ListAndWatch response.
+            old.current = False
+            res.devices = {
+                i: FakeDevice(d.id, d.health, d.numa_nodes) for i, d in old.devices.items()
+            }
+            res.generation = old.generation
         res.channel = channel
         self.resources[name] = res
+        self.clients.append(res)
         self.registrations.append((name, mode))
+        self._record(name, "register")
         if self.open_streams:
             res.stream_task = asyncio.get_running_loop().create_task(self._stream(res, stub))
         await self._notify()
@@ -278,12 +340,16 @@ class FakeKubelet(ChangeWaiter):
             res.stream_open = True
             await self._notify()
             async for msg in call:
-                res.devices = {
+                # manager.go PluginListAndWatchReceiver: keyed by the resource name,
+                # so a replaced client's updates still set the name's devices
+                target = self.resources.get(res.name, res)
+                target.devices = {
                     d.ID: FakeDevice(d.ID, d.health, tuple(n.ID for n in d.topology.nodes))
                     for d in msg.devices
                 }
-                res.updates += 1
-                res.generation += 1
+                target.updates += 1
+                target.generation += 1
+                self._record(res.name, "update")
                 await self._notify()
         except grpc.aio.AioRpcError:
             pass
@@ -293,10 +359,63 @@ class FakeKubelet(ChangeWaiter):
         finally:
             res.stream_open = False
             res.stream_ended = True
-            for d in res.devices.values():  # the kubelet marks everything unhealthy
-                d.health = "Unhealthy"
+            if self._tearing_down:  # the kubelet itself stops: everything goes
+                res.current = False
+                self._mark_unhealthy(res)
+            else:
+                self._client_ended(res)
             with contextlib.suppress(RuntimeError):
                 await self._notify()
+
+    def _client_ended(self, ended: FakeResource) -> None:
+        """handler.go ``runClient`` after ``c.Run`` returns: disconnect the *current*
+        client of the name (1.32 ``getClient(name)``), which need not be ``ended``."""
+        if ended in self.clients:
+            self.clients.remove(ended)
+        if ended.channel is not None:  # ours to close; 1.32 leaks a replaced client's
+            channel, ended.channel = ended.channel, None
+            self._spawn(channel.close())
+        cur = self.resources.get(ended.name)
+        if cur is None or not cur.current:
+            return  # deregistered already: nothing to disconnect
+        # disconnectClient: deregisterClient (clients[name] deleted), then Disconnect:
+        # the connection closed and PluginDisconnected -> markResourceUnhealthy
+        cur.current = False
+        cur.stopped = True
+        self.disconnects.append((ended.name, ended.endpoint, cur.endpoint))
+        log.info(
+            "fake kubelet: stream of %s ended; disconnecting current client %s",
+            ended.endpoint,
+            cur.endpoint,
+        )
+        self._mark_unhealthy(cur)
+        if cur is not ended:
+            if cur in self.clients:
+                self.clients.remove(cur)
+            task, cur.stream_task = cur.stream_task, None
+            channel, cur.channel = cur.channel, None
+            if task is not None:
+                task.cancel()
+            if channel is not None:
+                self._spawn(channel.close())
+
+    def _mark_unhealthy(self, res: FakeResource) -> None:
+        for d in res.devices.values():  # markResourceUnhealthy: allocatable 0
+            d.health = "Unhealthy"
+        if self.resources.get(res.name) is res:
+            self._record(res.name, "disconnect")
+
+    def _record(self, name: str, why: str) -> None:
+        res = self.resources.get(name)
+        healthy = res.allocatable if res is not None else 0
+        last = next((p for p in reversed(self.timeline) if p.resource == name), None)
+        if last is None or last.healthy != healthy:
+            self.timeline.append(HealthPoint(time.monotonic(), name, healthy, why))
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._watcher_tasks.add(task)
+        task.add_done_callback(self._watcher_tasks.discard)
 
     async def _drop(self, res: FakeResource) -> None:
         if res.stream_task is not None:
@@ -307,9 +426,12 @@ class FakeKubelet(ChangeWaiter):
         if res.channel is not None:
             await res.channel.close()
             res.channel = None
+        if res in self.clients:
+            self.clients.remove(res)
 
     async def drop_stream(self, name: str) -> None:
-        """Cancel a resource's ListAndWatch as a flaky kubelet would (no re-open)."""
+        """Cancel a resource's ListAndWatch as a flaky kubelet would (no re-open); the
+        kubelet then disconnects the resource's current client, as for any stream end."""
         await self._drop(self.resources[name])
         await self._notify()
 
@@ -326,9 +448,8 @@ class FakeKubelet(ChangeWaiter):
             for res in list(self.resources.values()):
                 if res.mode == "watcher" and res.registry_socket == str(path):
                     self.resources.pop(res.name, None)
-                    task = asyncio.get_running_loop().create_task(self._drop(res))
-                    self._watcher_tasks.add(task)
-                    task.add_done_callback(self._watcher_tasks.discard)
+                    res.current = False
+                    self._spawn(self._drop(res))
 
     async def _watcher_register(self, path: Path) -> None:
         try:
@@ -389,6 +510,33 @@ class FakeKubelet(ChangeWaiter):
     def registration_count(self, name: str) -> int:
         return sum(1 for n, _ in self.registrations if n == name)
 
+    def healthy_counts(self, name: str, since: float = 0.0) -> list[int]:
+        """The healthy device counts ``name`` went through since ``since`` (a
+        ``time.monotonic()`` value), the one in force at ``since`` first."""
+        points = [p for p in self.timeline if p.resource == name]
+        before = [p.healthy for p in points if p.at < since]
+        return before[-1:] + [p.healthy for p in points if p.at >= since]
+
+    def zero_windows(
+        self, name: str, since: float = 0.0, until: float | None = None
+    ) -> list[float]:
+        """The lengths in seconds of each stretch since ``since`` during which ``name``
+        had no healthy device (one still open at ``until``, default now, ends there)."""
+        end = time.monotonic() if until is None else until
+        points = [p for p in self.timeline if p.resource == name and p.at <= end]
+        out: list[float] = []
+        start: float | None = None
+        for p in points:
+            if p.healthy == 0 and start is None:
+                start = max(p.at, since)
+            elif p.healthy > 0 and start is not None:
+                if p.at >= since:
+                    out.append(p.at - start)
+                start = None
+        if start is not None:
+            out.append(end - start)
+        return out
+
     async def wait_devices(
         self,
         name: str,
@@ -405,6 +553,39 @@ class FakeKubelet(ChangeWaiter):
         return self.resources[name].devices
 
     # --- calls the kubelet makes -----------------------------------------
+
+    async def admit(self, name: str, count: int = 1, *, timeout: float = 10.0) -> list[str]:
+        """Admit a pod asking for ``count`` devices of ``name``, as the kubelet does:
+        pick healthy devices not in use and call Allocate on the current endpoint.
+
+        Raises :class:`AdmissionError` when fewer than ``count`` devices are healthy
+        (kubelet 1.32 ``manager.go`` ``devicesToAllocate``: the pod fails with
+        ``UnexpectedAdmissionError``, for good) or when Allocate fails. Returns the
+        device IDs given. Devices stay in use until :meth:`release`.
+        """
+        res = self.resources.get(name)
+        if res is None:
+            raise AdmissionError(f"{name}: unknown resource")
+        free = [i for i in res.healthy_ids if i not in self.in_use]
+        if len(free) < count:
+            raise AdmissionError(
+                f"Allocate failed due to no healthy devices present for {name} "
+                f"({len(free)} healthy and free, {count} requested)"
+            )
+        ids = free[:count]
+        if res.stopped or res.channel is None:
+            raise AdmissionError(f"{name}: endpoint {res.endpoint} stopped")
+        self.in_use.update(ids)
+        try:
+            await self.allocate(name, ids, timeout=timeout)
+        except grpc.aio.AioRpcError as e:
+            self.in_use.difference_update(ids)
+            raise AdmissionError(f"Allocate of {ids} failed: {e.code().name}: {e.details()}") from e
+        return ids
+
+    def release(self, ids: Sequence[str]) -> None:
+        """The pods holding ``ids`` ended: their devices are free again."""
+        self.in_use.difference_update(ids)
 
     def _stub(self, name: str) -> pb_grpc.DevicePluginStub:
         res = self.resources.get(name)
