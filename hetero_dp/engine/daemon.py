@@ -26,6 +26,7 @@ from typing import Any
 
 from hetero_dp.allocation.cdi import CDIWriter
 from hetero_dp.allocation.delivery import CDIPublisher, parse_delivery
+from hetero_dp.allocation.gate import gate_device
 from hetero_dp.allocation.preferred import link_scores
 from hetero_dp.engine.backend import Backend
 from hetero_dp.engine.config import Config
@@ -387,7 +388,7 @@ class Daemon:
             return
         rt.discovery_applied = number
         rt.faults.pop("discover", None)
-        rt.discovered = {d.id: d for d in devices}
+        rt.discovered = {d.id: gate_device(d) for d in devices}
         rt.discovered_at = started_at
         known = set(rt.discovered) | {d.parent for d in devices if d.parent}
         for overlay in (rt.event_health, rt.poll_health):

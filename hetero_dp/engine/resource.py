@@ -10,6 +10,7 @@ from typing import Any
 
 from hetero_dp.allocation.allocate import build_response, show_ids, validate_ids
 from hetero_dp.allocation.delivery import Delivery, apply_delivery, parse_delivery
+from hetero_dp.allocation.gate import response_problems
 from hetero_dp.allocation.preferred import choose_preferred
 from hetero_dp.allocation.sharing import SharingConfig, to_physical
 from hetero_dp.engine.backend import Backend
@@ -92,6 +93,20 @@ class Resource:
                 f"{show_ids(ids)}: {e}",
                 code="INTERNAL",
             ) from e
+        # Built from records the gate passed at discovery; an allocate hook may add more.
+        problems = response_problems(response) if self.backend.implements("allocate") else []
+        if problems:
+            log.error(
+                "Allocate of %s refused by the container gate: %s",
+                show_ids(ids),
+                "; ".join(problems[:3]),
+                extra={"resource": self.name},
+            )
+            raise AllocationError(
+                f"{self.name}: backend {self.backend.name!r} answered {show_ids(ids)} with "
+                f"what may not go into a container: {'; '.join(problems[:3])}",
+                code="INTERNAL",
+            )
         return response
 
     async def pre_start(self, ids: Sequence[str]) -> None:

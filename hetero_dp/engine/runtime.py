@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from hetero_dp.allocation.gate import Refused
 from hetero_dp.engine.backend import Backend
 from hetero_dp.model.device import Device
 from hetero_dp.model.events import EventSink
@@ -69,6 +70,9 @@ class BackendRuntime:
         fault = "; ".join(self.faults.values())
         out = []
         for d in self.discovered.values():
+            if isinstance(d.reason, Refused):
+                out.append(d)  # refused by the gate: no event or poll makes it serve
+                continue
             own: Verdict = (d.healthy, d.reason, self.discovered_at)
             reported = self.newest(d.id)
             if reported is not None and reported[2] > own[2]:

@@ -6,6 +6,7 @@ import functools
 import re
 from collections.abc import Iterable
 
+from hetero_dp.model.device import REPLICA_SEPARATOR
 from hetero_dp.model.errors import ConfigError
 
 API_VERSION = "v1beta1"
@@ -92,7 +93,9 @@ def device_id_problem(device_id: object) -> str | None:
 
     Refused: an empty ID, one over :data:`MAX_DEVICE_ID_BYTES` bytes, a ``/`` (the
     kubelet's checkpoint and CDI names use IDs as name parts), and control
-    characters such as NUL (C strings on the way end there; logs break lines).
+    characters such as NUL (C strings on the way end there; logs break lines), and
+    the replica separator ``::`` (a shared device's replicas are ``<id>::<n>``: such
+    an ID would be read as a replica of another device at Allocate).
     """
     if not isinstance(device_id, str) or not device_id:
         return "a device ID must be a non-empty string"
@@ -101,6 +104,11 @@ def device_id_problem(device_id: object) -> str | None:
         if bad.group() == "/":
             return "a device ID must not contain '/'"
         return f"a device ID must not contain control characters, found {bad.group()!r}"
+    if REPLICA_SEPARATOR in device_id:
+        return (
+            f"a device ID must not contain {REPLICA_SEPARATOR!r}, the separator of "
+            "time-slicing replicas (<id>::<n>)"
+        )
     if len(device_id) * 4 > MAX_DEVICE_ID_BYTES:  # UTF-8 has at most 4 bytes a character
         try:
             size = len(device_id.encode())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import shlex
 import shutil
 import subprocess
@@ -96,10 +97,12 @@ def make_node(
     gpus, migs = parse_scenario(text)
     dev = root / "driver" / "dev"
     dev.mkdir(parents=True, exist_ok=True)
+    # Each node a link to /dev/null: a character device, as the driver's are (the
+    # container gate refuses a regular file as a device node).
     for name in control_nodes:
-        (dev / name).touch()
+        _fake_node(dev / name)
     for g in gpus:
-        (dev / f"nvidia{g.get('minor', '0')}").touch()
+        _fake_node(dev / f"nvidia{g.get('minor', '0')}")
         bus = g["pci"].lower()[4:]
         pci = root / "sys/bus/pci/devices" / bus
         pci.mkdir(parents=True, exist_ok=True)
@@ -115,6 +118,11 @@ def make_node(
         (gi_dir / "access").write_text(f"DeviceFileMinor: {m['gicap']}\nDeviceFileMode: 292\n")
         (ci_dir / "access").write_text(f"DeviceFileMinor: {m['cicap']}\nDeviceFileMode: 292\n")
     return FakeNode(lib, root, scenario, gpus, migs)
+
+
+def _fake_node(path: Path) -> None:
+    if not path.is_symlink():
+        os.symlink("/dev/null", path)
 
 
 def _write_all_caps(root: Path, minor: str) -> None:
