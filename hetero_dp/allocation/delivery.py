@@ -75,6 +75,13 @@ class Delivery:
         return self.kind or resource
 
 
+def without_cdi(delivery: Delivery) -> Delivery:
+    """The fallback where the container runtime cannot consume CDI: device specs, plus
+    any strategy that needs no CDI."""
+    kept = tuple(s for s in delivery.strategies if s not in (CDI_ANNOTATIONS, CDI_CRI))
+    return Delivery(kept or (DEVICE_SPECS,), delivery.kind, delivery.annotation_prefix)
+
+
 def _sub(field: str, name: str) -> str:
     return f"{field}.{name}" if field else name
 

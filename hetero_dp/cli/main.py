@@ -104,6 +104,12 @@ def main() -> None:
     help="Write node labels for Node Feature Discovery into DIR (config labels.enabled/dir).",
 )
 @click.option(
+    "--cdi-runtime-config",
+    envvar="HETERO_DP_CDI_RUNTIME_CONFIG",
+    help="The container runtime's config (containerd config.toml, docker daemon.json); "
+    "where it has CDI off, CDI delivery falls back to device specs (config cdi.runtimeConfig).",
+)
+@click.option(
     "--mode",
     type=click.Choice(["device-plugin", "dra"]),
     default="device-plugin",
@@ -146,6 +152,7 @@ def run(
     log_format: str | None,
     metrics_address: str | None,
     labels_dir: str | None,
+    cdi_runtime_config: str | None,
     mode: str,
     node_name: str | None,
     driver_names: tuple[str, ...],
@@ -180,6 +187,8 @@ def run(
         flags["metrics"] = {"address": metrics_address}
     if labels_dir:
         flags["labels"] = {"enabled": True, "dir": labels_dir}
+    if cdi_runtime_config:
+        flags["cdi"] = {"runtimeConfig": cdi_runtime_config}
     trial_root = None
     if fake_kubelet:
         from hetero_dp.cli.trial import fake_kubelet_dirs

@@ -79,7 +79,10 @@ SECTION_KEYS: dict[str, dict[str, tuple[type, Any]]] = {
     # enabled unset (None): specs are written for the resources that deliver through
     # CDI, the dir checked when the first one is needed; false: never; true: the
     # dir is checked at start-up.
-    "cdi": {"enabled": (bool, None), "dir": (str, "/var/run/cdi")},
+    # runtimeConfig: the node's container runtime config (containerd's config.toml or
+    # dockerd's daemon.json, mounted read-only); where it says CDI is off, a CDI
+    # delivery falls back to device specs with a warning (docs/cdi.md).
+    "cdi": {"enabled": (bool, None), "dir": (str, "/var/run/cdi"), "runtimeConfig": (str, "")},
     "labels": {
         "enabled": (bool, False),
         "dir": (str, "/etc/kubernetes/node-feature-discovery/features.d"),

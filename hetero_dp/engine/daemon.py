@@ -22,6 +22,7 @@ import inspect
 import logging
 import signal
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from hetero_dp.allocation.cdi import CDIWriter
@@ -62,6 +63,7 @@ class Daemon:
         self.config = config
         self.backends = backends
         self.runtimes = {b.name: BackendRuntime(b) for b in backends}
+        self.cdi_off: str | None = None  # why the runtime cannot consume CDI (cdi.runtimeConfig)
         self.resources: dict[str, Resource] = {}
         self.endpoints: dict[str, PluginEndpoint] = {}
         self.resource_defaults: dict[str, dict[str, Any]] = {}  # from backends' hook
@@ -88,6 +90,11 @@ class Daemon:
         for b in self.backends:
             b.timeout = self.config.hook_timeout
             await b.configure_from(self.config)
+        runtime_config = self.config.cdi.get("runtimeConfig")
+        if runtime_config:  # a CDI delivery the runtime would ignore falls back (resource.py)
+            from hetero_dp.ops.doctor.runtime import runtime_cdi_off
+
+            self.cdi_off = runtime_cdi_off(Path(runtime_config))
         enabled = self.config.cdi.get("enabled")
         if enabled is not False:
             writer = CDIWriter(self.config.cdi["dir"])
@@ -244,7 +251,11 @@ class Daemon:
             )
             return None
         res = Resource(
-            name, rt.backend, settings=self.settings_for(name), sharing=self.config.sharing
+            name,
+            rt.backend,
+            settings=self.settings_for(name),
+            sharing=self.config.sharing,
+            cdi_off=self.cdi_off,
         )
         if self.serve_device_plugins:
             try:

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hetero_dp.allocation.allocate import build_response, show_ids, validate_ids
-from hetero_dp.allocation.delivery import Delivery, apply_delivery, parse_delivery
+from hetero_dp.allocation.delivery import Delivery, apply_delivery, parse_delivery, without_cdi
 from hetero_dp.allocation.gate import response_problems
 from hetero_dp.allocation.preferred import choose_preferred
 from hetero_dp.allocation.sharing import SharingConfig, to_physical
@@ -30,9 +30,12 @@ class Resource:
         *,
         settings: Mapping[str, Any] | None = None,
         sharing: SharingConfig | None = None,
+        cdi_off: str | None = None,
     ) -> None:
         self.name = name
         self.backend = backend
+        # why the node's container runtime cannot consume CDI (None: it can, or unknown)
+        self.cdi_off = cdi_off
         self.settings = dict(settings or {})
         self.sharing = sharing or SharingConfig()
         self.state = ResourceState(name)
@@ -55,6 +58,17 @@ class Resource:
             self._delivery: Delivery | None = parse_delivery(self._settings, resource=self.name)
         except ConfigError:
             self._delivery = None
+        if self._delivery is not None and self._delivery.uses_cdi and self.cdi_off:
+            fallback = without_cdi(self._delivery)
+            log.warning(
+                "%s: delivery %s needs CDI, but %s: delivering with %s instead, so pods "
+                "get their device nodes",
+                self.name,
+                ",".join(self._delivery.strategies),
+                self.cdi_off,
+                ",".join(fallback.strategies),
+            )
+            self._delivery = fallback
 
     @property
     def pre_start_required(self) -> bool:

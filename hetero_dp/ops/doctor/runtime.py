@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hetero_dp.ops.doctor.findings import DoctorSettings, Finding
+
+log = logging.getLogger(__name__)
 
 try:
     import tomllib
@@ -103,6 +106,38 @@ def docker_view(path: Path) -> RuntimeView:
         str(doc.get("default-runtime") or "runc"),
         bool(features.get("cdi")),
     )
+
+
+def runtime_cdi_off(path: Path) -> str | None:
+    """Why the runtime whose config is ``path`` cannot consume CDI, or None when it can
+    (or when ``path`` cannot be read: that is logged, and nothing is assumed).
+
+    The same reading as the runtime step: containerd's config.toml (CDI on from config
+    version 3, containerd 2.x; ``enable_cdi`` under the CRI plugin for 1.7; 1.6 has no
+    CDI), or dockerd's daemon.json (``features.cdi``). A config mounted elsewhere
+    (``/host/etc/containerd/config.toml``) has its imports read from there. The daemon
+    calls it for ``cdi.runtimeConfig``.
+    """
+    root = Path("/")
+    for tail in ("etc/containerd/config.toml", "etc/docker/daemon.json"):
+        if str(path).endswith("/" + tail):
+            root = Path(str(path)[: -len(tail)])
+    try:
+        if path.suffix == ".json":
+            view = docker_view(path)
+        else:
+            view = containerd_view(path, DoctorSettings(root=root))
+    except (ValueError, OSError, TypeError) as e:
+        log.warning("cannot tell whether the container runtime has CDI: %s: %s", path, e)
+        return None
+    if view.cdi:
+        return None
+    fix = (
+        'enable_cdi = true under [plugins."io.containerd.grpc.v1.cri"] (containerd 1.7+)'
+        if view.name == "containerd"
+        else '"features": {"cdi": true} (docker 25+)'
+    )
+    return f"{view.name} has CDI off ({path}; to turn it on: {fix})"
 
 
 def _judge_runtime(view: RuntimeView, settings: DoctorSettings, needs: set[str]) -> Finding:
