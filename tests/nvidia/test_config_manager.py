@@ -17,6 +17,7 @@ from hetero_dp_nvidia.config_manager import (
     choose,
     main,
     make_api,
+    parse_fallbacks,
     run,
 )
 
@@ -33,6 +34,16 @@ def test_choice_rules_are_nvidias():
     assert choose(None, ["a100", "h100"], "h100") == "h100"  # no label: the default
     assert choose(None, ["only"], "") == "only"  # no default: the single config
     assert choose(None, ["a", "b"], "") is None  # neither: the empty config
+    # NVIDIA's FALLBACK_STRATEGIES (cmd/config-manager/main.go): named = a config
+    # named "default", single = the only one, empty = none; tried in the order given
+    assert choose(None, ["default", "b"], "", ("named", "single")) == "default"
+    assert choose(None, ["only"], "", ("named", "single")) == "only"
+    assert choose(None, ["a", "b"], "", ("empty",)) is None
+    with pytest.raises(ConfigError, match="no fallback strategy \\(named,single\\) applies"):
+        choose(None, ["a", "b"], "", ("named", "single"))
+    assert parse_fallbacks("named, single") == ("named", "single")
+    with pytest.raises(ConfigError, match="unknown fallback strategy 'nearest'"):
+        parse_fallbacks("named,nearest")
     with pytest.raises(ConfigError, match="names no config \\(there are: a, b\\)"):
         choose("c", ["a", "b"], "")
     with pytest.raises(ConfigError, match="DEFAULT_CONFIG 'z'"):

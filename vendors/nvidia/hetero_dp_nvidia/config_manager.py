@@ -6,12 +6,18 @@ chosen config file atomically to ``CONFIG_FILE_DST``, which the plugin reads as
 its ``CONFIG_FILE``, and the plugin's hot reload applies it (only resources whose
 settings changed restart).
 
-Choice (NVIDIA's ``FALLBACK_STRATEGIES=named,single``): the label's value names a
-file in ``CONFIG_FILE_SRCDIR`` (the mounted ConfigMap); without the label,
-``DEFAULT_CONFIG`` if set, else the only config if there is one, else none (an
-empty config: the plugin's defaults). A label naming a config that does not
-exist is logged, naming the label and the configs there are, and the current
-config stays.
+Choice (NVIDIA's config-manager, cmd/config-manager/main.go ``updateConfigName``):
+the label's value names a file in ``CONFIG_FILE_SRCDIR`` (the mounted ConfigMap);
+without the label, ``DEFAULT_CONFIG`` if set; else the ``FALLBACK_STRATEGIES`` in
+order: ``named`` (a config named ``default``), ``single`` (the only config, if there
+is one), ``empty`` (an empty config: the plugin's defaults). NVIDIA's chart passes
+``named,single``; unset, all three apply. A label naming a config that does not
+exist, or no strategy that applies, is logged, naming the label and the configs
+there are, and the current config stays.
+
+SIGTERM (the kubelet stopping the pod) ends it at once, also while it waits on a
+watch: in a container it is PID 1, for which the kernel ignores a signal that has
+no handler, so without one every pod stop would wait out its grace period.
 
 Run as ``hetero-dp-nvidia-config-manager`` (``--oneshot`` as an init container,
 so the plugin starts with the right file). Needs the ``kubernetes`` client
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import threading
 from collections.abc import Iterator, Mapping
@@ -46,11 +53,32 @@ def available(srcdir: Path) -> list[str]:
         return []
 
 
-def choose(label: str | None, names: list[str], default: str) -> str | None:
+FALLBACKS = ("named", "single", "empty")
+NAMED_FALLBACK = "default"  # NVIDIA's NamedConfigFallback
+
+
+def parse_fallbacks(text: str) -> tuple[str, ...]:
+    """``named,single`` -> ("named", "single"); unknown names raise ConfigError."""
+    names = tuple(s.strip() for s in text.split(",") if s.strip())
+    unknown = [n for n in names if n not in FALLBACKS]
+    if unknown:
+        raise ConfigError(
+            f"unknown fallback strategy {unknown[0]!r} (known: {', '.join(FALLBACKS)})",
+            field="FALLBACK_STRATEGIES",
+        )
+    return names
+
+
+def choose(
+    label: str | None,
+    names: list[str],
+    default: str,
+    fallbacks: tuple[str, ...] = FALLBACKS,
+) -> str | None:
     """The config to use for a node label value; None for the empty config.
 
     Raises ConfigError when the label (or the default) names a config that is
-    not there.
+    not there, or when no fallback strategy applies.
     """
     if label:
         if label not in names:
@@ -68,17 +96,36 @@ def choose(label: str | None, names: list[str], default: str) -> str | None:
                 field="DEFAULT_CONFIG",
             )
         return default
-    return names[0] if len(names) == 1 else None
+    for fallback in fallbacks:
+        if fallback == "named" and NAMED_FALLBACK in names:
+            return NAMED_FALLBACK
+        if fallback == "single" and len(names) == 1:
+            return names[0]
+        if fallback == "empty":
+            return None
+    raise ConfigError(
+        f"no node label {NODE_LABEL}, no DEFAULT_CONFIG, and no fallback strategy "
+        f"({','.join(fallbacks) or 'none'}) applies (configs: {', '.join(names) or 'none'})",
+        field="FALLBACK_STRATEGIES",
+    )
 
 
 class ConfigManager:
     """Keeps ``dst`` equal to the config the node's label chooses."""
 
-    def __init__(self, srcdir: Path, dst: Path, default: str = "", label: str = NODE_LABEL):
+    def __init__(
+        self,
+        srcdir: Path,
+        dst: Path,
+        default: str = "",
+        label: str = NODE_LABEL,
+        fallbacks: tuple[str, ...] = FALLBACKS,
+    ):
         self.srcdir = srcdir
         self.dst = dst
         self.default = default
         self.label = label
+        self.fallbacks = fallbacks
         self.current: str | None = None
         self.applied = 0  # how many times dst was written
         self.seen = 0  # how many label states were looked at
@@ -101,7 +148,7 @@ class ConfigManager:
     def _apply(self, labels: Mapping[str, str] | None) -> bool:
         value = (labels or {}).get(self.label)
         try:
-            name = choose(value, available(self.srcdir), self.default)
+            name = choose(value, available(self.srcdir), self.default, self.fallbacks)
         except ConfigError as e:
             log.error("%s; the current config (%s) stays", e, self.current or "none")
             return False
@@ -201,6 +248,11 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     parser.add_argument("--config-file-srcdir", default=env.get("CONFIG_FILE_SRCDIR", ""))
     parser.add_argument("--config-file-dst", default=env.get("CONFIG_FILE_DST", ""))
     parser.add_argument("--default-config", default=env.get("DEFAULT_CONFIG", ""))
+    parser.add_argument(
+        "--fallback-strategies",
+        default=env.get("FALLBACK_STRATEGIES", ",".join(FALLBACKS)),
+        help="without label and default: named, single, empty, tried in order",
+    )
     parser.add_argument("--api-server", default=env.get("KUBERNETES_API_SERVER", ""))
     parser.add_argument(
         "--oneshot",
@@ -222,18 +274,43 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     if missing:
         print(f"config-manager: set {', '.join(missing)}", file=sys.stderr)
         return 2
-    manager = ConfigManager(
-        Path(args.config_file_srcdir),
-        Path(args.config_file_dst),
-        args.default_config,
-        args.node_label,
-    )
     try:
-        ok = run(manager, make_api(args.api_server or None), args.node_name, oneshot=args.oneshot)
+        manager = ConfigManager(
+            Path(args.config_file_srcdir),
+            Path(args.config_file_dst),
+            args.default_config,
+            args.node_label,
+            parse_fallbacks(args.fallback_strategies),
+        )
+        api = make_api(args.api_server or None)
     except ConfigError as e:
         print(f"config-manager: {e}", file=sys.stderr)
         return 2
+    stop = threading.Event()
+    handle_termination(stop)
+    try:
+        ok = run(manager, api, args.node_name, oneshot=args.oneshot, stop=stop)
+    except Terminated:
+        log.info("stopped by signal; the current config (%s) stays", manager.current or "none")
+        return 0
     return 0 if ok else 1
+
+
+class Terminated(BaseException):
+    """Raised in the main thread by the SIGTERM/SIGINT handler (leaves any wait)."""
+
+
+def handle_termination(stop: threading.Event) -> None:
+    """SIGTERM and SIGINT set ``stop`` and raise :class:`Terminated` in the main
+    thread, which leaves a blocking watch read (PEP 475 retries a read only when the
+    handler returns)."""
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+        raise Terminated(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
 
 
 if __name__ == "__main__":
