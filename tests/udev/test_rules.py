@@ -268,3 +268,68 @@ def test_resource_names_follow_the_kubelet(name: str, ok: bool) -> None:
     else:
         with pytest.raises(ConfigError, match=r"inline.*resources\[0\]\.name"):
             parse_rules(text, source="inline")
+
+
+# --- hostile rules (issue #29) -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("entry", "fld"),
+    [
+        ("    env: {X: '{attribute:../../../../etc/passwd}'}\n", "env.X"),
+        ("    annotations: {a.io/x: '{attribute:/etc/passwd}'}\n", "annotations.a.io/x"),
+        ("    id: attribute:../../etc/hostname\n", "id"),
+        ("    index: [attribute:./../x]\n", "index"),
+        ("    health: {attribute: ../../etc/shadow, equals: x}\n", "health.attribute"),
+        ("    nodeTemplates: ['/dev/../etc/shadow{index}']\n", "nodeTemplates[0]"),
+        ("    nodeTemplates: ['/dev//accel{index}']\n", "nodeTemplates[0]"),
+        ("    sharedNodes: ['/dev/../etc/passwd']\n", "sharedNodes[0]"),
+        ("    mounts: [{hostPath: /opt/../etc, containerPath: /x}]\n", "mounts[0].hostPath"),
+    ],
+)
+def test_rules_reaching_out_of_sysfs_or_dev_are_refused(entry: str, fld: str) -> None:
+    text = "resources:\n  - name: example.com/x\n    match: {subsystem: accel}\n" + entry
+    with pytest.raises(ConfigError) as err:
+        parse_rules(text, source="hostile.yaml")
+    assert fld in str(err.value) and "hostile.yaml" in str(err.value)
+
+
+def test_match_attribute_names_with_dotdot_are_refused() -> None:
+    text = (
+        "resources:\n  - name: example.com/x\n    match:\n"
+        "      attributes: {../../etc/passwd: root}\n"
+    )
+    with pytest.raises(ConfigError, match=r"match\.attributes"):
+        parse_rules(text, source="hostile.yaml")
+
+
+def test_catastrophic_regex_matches_in_linear_time() -> None:
+    """``(a+)+b`` on 'aaa...c' takes Python's re about 2**n steps (holding the GIL, so
+    neither a timeout nor SIGTERM could act); RE2 answers at once. The match runs in
+    a thread waited on with a bound, so a backtracking engine fails the test instead
+    of hanging it."""
+    import threading
+
+    text = (
+        "resources:\n  - name: example.com/x\n    match:\n      subsystem: accel\n"
+        "      properties: {ID_MODEL: {regex: '(a+)+b'}}\n"
+    )
+    (rule,) = parse_rules(text, source="hostile.yaml")
+    pattern = rule.match.properties["ID_MODEL"]
+    result: list[bool] = []
+    t = threading.Thread(
+        target=lambda: result.append(pattern.matches("a" * 4000 + "c")), daemon=True
+    )
+    t.start()
+    t.join(10)
+    assert result == [False]
+    assert pattern.matches("aaab")
+
+
+def test_regex_with_backreference_is_refused_naming_re2() -> None:
+    text = (
+        "resources:\n  - name: example.com/x\n    match:\n      subsystem: accel\n"
+        "      attributes: {class: {regex: '(a)\\1'}}\n"
+    )
+    with pytest.raises(ConfigError, match="RE2"):
+        parse_rules(text, source="hostile.yaml")

@@ -17,7 +17,7 @@ import pyudev
 
 from hetero_dp import Device, DeviceNode, resource_name_problem
 
-from .rules import Companion, Match, Rule, render, template_fields
+from .rules import Companion, Match, Rule, attribute_name_problem, render, template_fields
 
 log = logging.getLogger("hetero_dp_udev")
 
@@ -59,6 +59,8 @@ def attribute(dev: pyudev.Device, name: str) -> str | None:
     """A sysfs attribute as stripped text, or None when absent or unreadable. A name
     whose first part is a glob (``rom.*/VBNV``) reads it under the first matching
     subdirectory, in sorted order."""
+    if attribute_name_problem(name):
+        return None  # refused at load; never read a path out of the device's directory
     head, slash, rest = name.partition("/")
     if slash and any(c in head for c in "*?["):
         try:
@@ -69,10 +71,21 @@ def attribute(dev: pyudev.Device, name: str) -> str | None:
         if not subdirs:
             return None
         name = f"{subdirs[0]}/{rest}"
+    if "/" in name and not _inside_sysfs(dev, name):
+        return None
     try:
         return str(dev.attributes.asstring(name)).strip()
     except (KeyError, OSError, UnicodeDecodeError):
         return None
+
+
+def _inside_sysfs(dev: pyudev.Device, name: str) -> bool:
+    """Whether the attribute's file, links resolved, is in sysfs: a name through a
+    link of the device's directory (``device/vendor``) reads another sysfs
+    directory, never a host file (a fake sysfs could hold a link to /etc)."""
+    root = os.path.realpath(dev.context.sys_path)
+    real = os.path.realpath(os.path.join(dev.sys_path, name))
+    return real.startswith(root.rstrip("/") + "/")
 
 
 def pci_device(dev: pyudev.Device) -> pyudev.Device | None:

@@ -7,7 +7,6 @@ invalid resource names are ``ConfigError``s naming the file and the entry.
 
 from __future__ import annotations
 
-import re
 import string
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import re2
 import yaml
 
 from hetero_dp import ConfigError, Mount, resource_name_problem
@@ -33,7 +33,7 @@ class Pattern:
     """A value test: equality with ``equals`` or a full match of ``regex``."""
 
     equals: str | None = None
-    regex: re.Pattern[str] | None = None
+    regex: Any = None  # an RE2 pattern (linear-time matching): see _regex
 
     def matches(self, value: str | None) -> bool:
         if value is None:
@@ -439,6 +439,30 @@ def _ids(value: object, ctx: _Entry, fld: str) -> frozenset[int]:
     return frozenset(out)
 
 
+def attribute_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot name a sysfs attribute of the device, or None: attributes
+    are read only inside the device's own sysfs directory (and the directories its
+    glob head names), so no ``..``, ``.``, empty part or absolute path."""
+    if not isinstance(name, str) or not name:
+        return f"must be a sysfs attribute name, got {name!r}"
+    if name.startswith("/") or any(p in ("", ".", "..") for p in name.split("/")):
+        return (
+            f"{name!r} must be a path inside the device's sysfs directory "
+            "(no leading '/', no '.' or '..' parts)"
+        )
+    if any(ord(c) < 0x20 or c == "\x7f" for c in name):
+        return f"{name!r} holds control characters"
+    return None
+
+
+def _attribute_name(name: object, ctx: _Entry, fld: str) -> str:
+    problem = attribute_name_problem(name)
+    if problem:
+        raise ctx.error(fld, problem)
+    assert isinstance(name, str)
+    return name
+
+
 def _pattern(value: object, ctx: _Entry, fld: str) -> Pattern:
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
         return Pattern(equals=str(value))
@@ -449,13 +473,30 @@ def _pattern(value: object, ctx: _Entry, fld: str) -> Pattern:
     raise ctx.error(fld, f"must be a value, {{equals: value}} or {{regex: pattern}}, got {value!r}")
 
 
-def _regex(value: object, ctx: _Entry, fld: str) -> re.Pattern[str]:
+def _regex(value: object, ctx: _Entry, fld: str) -> Any:
+    """A rule regex compiled by RE2 (google-re2): matching takes time linear in the
+    value, so no pattern can hang discovery or hold the interpreter lock past a
+    SIGTERM, as Python's backtracking ``re`` does with ``(a+)+b`` (issue #29). RE2
+    has no backreferences or lookaround; such a pattern is refused here. Its syntax:
+    https://github.com/google/re2/wiki/Syntax"""
     if not isinstance(value, str):
         raise ctx.error(fld, f"must be a string, got {value!r}")
     try:
-        return re.compile(value)
-    except re.error as exc:
-        raise ctx.error(fld, f"bad regex {value!r}: {exc}") from None
+        return re2.compile(value, _RE2_OPTIONS)
+    except re2.error as exc:
+        detail = exc.args[0].decode(errors="replace") if exc.args else str(exc)
+        if isinstance(exc.args[0] if exc.args else None, str):
+            detail = exc.args[0]
+        raise ctx.error(
+            fld,
+            f"bad regex {value!r}: {detail} (rules use RE2 syntax, which runs in linear "
+            "time: no backreferences or lookaround)",
+        ) from None
+
+
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # the refusal is our ConfigError, not a line on stderr
+_RE2_OPTIONS.max_mem = 8 << 20  # a pattern that needs more is refused at load
 
 
 def _parse_match(raw: object, ctx: _Entry) -> Match:
@@ -485,6 +526,9 @@ def _parse_match(raw: object, ctx: _Entry) -> Match:
 def _patterns(raw: object, ctx: _Entry, fld: str) -> dict[str, Pattern]:
     if not isinstance(raw, dict):
         raise ctx.error(fld, f"must be a mapping of name to value or {{regex: ...}}, got {raw!r}")
+    if fld.endswith("attributes"):
+        for k in raw:
+            _attribute_name(k, ctx, f"{fld}.{k}")
     return {str(k): _pattern(v, ctx, f"{fld}.{k}") for k, v in raw.items()}
 
 
@@ -494,7 +538,7 @@ def _parse_id(raw: object, ctx: _Entry) -> tuple[str, str | None, str | None]:
     if isinstance(raw, str) and "{" in raw:  # a template: Ascend910-{index}
         return "template", None, _template(raw, ctx, "id")
     if isinstance(raw, str) and raw.startswith("attribute:") and raw[10:]:
-        return "attribute", raw[10:], None
+        return "attribute", _attribute_name(raw[10:], ctx, "id"), None
     raise ctx.error(
         "id",
         f"must be one of {', '.join(ID_KINDS)}, attribute:<name> or a template "
@@ -516,6 +560,9 @@ def _parse_index(raw: object, ctx: _Entry) -> tuple[str, ...]:
                 "each source must be order, sysnum, attribute:<name>, property:<name> or "
                 f"child:<subsystem>, got {item!r}",
             )
+    for item in items:
+        if item.startswith("attribute:"):
+            _attribute_name(item[10:], ctx, "index")
     if not items:
         raise ctx.error("index", "must name at least one source")
     return tuple(items)
@@ -571,11 +618,14 @@ def _template(value: object, ctx: _Entry, fld: str, node: bool = False) -> str:
     if not isinstance(value, str):
         raise ctx.error(fld, f"must be a string, got {value!r}")
     try:
-        template_fields(value)
+        fields = template_fields(value)
     except ValueError as exc:
         raise ctx.error(fld, f"bad template {value!r}: {exc}") from None
-    if node and not value.startswith("/dev/"):
-        raise ctx.error(fld, f"must be a path under /dev/, got {value!r}")
+    for f in fields:
+        if f.startswith("attribute:"):
+            _attribute_name(f[10:], ctx, fld)
+    if node:
+        _dev_path(render(value, _Sample()), ctx, fld, shown=value)
     return value
 
 
@@ -601,10 +651,21 @@ class _Placeholders(dict[str, object]):
         return f"<{str(key).rpartition(':')[2].rpartition('/')[2]}>"
 
 
-def _dev_path(value: object, ctx: _Entry, fld: str) -> str:
+def _dev_path(value: object, ctx: _Entry, fld: str, shown: object = None) -> str:
+    shown = value if shown is None else shown
     if not isinstance(value, str) or not value.startswith("/dev/"):
-        raise ctx.error(fld, f"must be a path under /dev/, got {value!r}")
+        raise ctx.error(fld, f"must be a path under /dev/, got {shown!r}")
+    if _normal(value) != value:
+        raise ctx.error(
+            fld, f"must be a normalised path under /dev/ (no '.', '..', '//'), got {shown!r}"
+        )
     return value
+
+
+def _normal(path: str) -> str:
+    import posixpath
+
+    return posixpath.normpath(path) if not path.startswith("//") else path[1:]
 
 
 def _parse_mount(raw: object, ctx: _Entry, fld: str) -> Mount:
@@ -612,11 +673,17 @@ def _parse_mount(raw: object, ctx: _Entry, fld: str) -> Mount:
         raise ctx.error(fld, "must be a mapping with hostPath, containerPath, readOnly")
     ctx.no_unknown(raw, MOUNT_KEYS, fld)
     host = raw.get("hostPath")
-    if not isinstance(host, str) or not host.startswith("/"):
-        raise ctx.error(f"{fld}.hostPath", f"must be an absolute path, got {host!r}")
+    if not isinstance(host, str) or not host.startswith("/") or _normal(host) != host:
+        raise ctx.error(f"{fld}.hostPath", f"must be an absolute, normalised path, got {host!r}")
     container = raw.get("containerPath", host)
-    if not isinstance(container, str) or not container.startswith("/"):
-        raise ctx.error(f"{fld}.containerPath", f"must be an absolute path, got {container!r}")
+    if (
+        not isinstance(container, str)
+        or not container.startswith("/")
+        or _normal(container) != container
+    ):
+        raise ctx.error(
+            f"{fld}.containerPath", f"must be an absolute, normalised path, got {container!r}"
+        )
     read_only = raw.get("readOnly", True)
     if not isinstance(read_only, bool):
         raise ctx.error(f"{fld}.readOnly", f"must be true or false, got {read_only!r}")
@@ -640,9 +707,7 @@ def _parse_health(raw: object, ctx: _Entry) -> HealthRule:
     if not isinstance(raw, dict):
         raise ctx.error("health", "must be a mapping with attribute and equals or regex")
     ctx.no_unknown(raw, HEALTH_KEYS, "health")
-    attribute = raw.get("attribute")
-    if not isinstance(attribute, str) or not attribute or attribute.startswith("/"):
-        raise ctx.error("health.attribute", f"must be a sysfs attribute name, got {attribute!r}")
+    attribute = _attribute_name(raw.get("attribute"), ctx, "health.attribute")
     if ("equals" in raw) == ("regex" in raw):
         raise ctx.error("health", "needs exactly one of equals, regex")
     if "regex" in raw:
