@@ -88,7 +88,7 @@ demo: $(DEMO)
 test: system-deps $(DEV)
 	@echo "make: the whole suite takes about 14 minutes; one directory: $(PYTHON) -m pytest -q tests/core"
 	$(PYTHON) -m coverage run --source=hetero_dp -m pytest -q -rs
-	$(PYTHON) -m coverage report --skip-covered --omit='hetero_dp/kubelet/api/*'
+	$(PYTHON) -m coverage report --skip-covered --omit='hetero_dp/api/*'
 
 # The version-sensitive tests on every Python that requires-python promises, each in its
 # own venv (.venv-3.10 ...), made by `make install` from pyenv's or PATH's python3.X.

@@ -27,7 +27,7 @@ from typing import Any
 
 import grpc
 
-API = Path(__file__).resolve().parent.parent / "hetero_dp" / "kubelet" / "api"
+API = Path(__file__).resolve().parent.parent / "hetero_dp" / "api"
 SERVICE = "v1beta1.DevicePlugin"
 
 

@@ -45,8 +45,8 @@ from typing import Any
 from benchmarks import ROOT, ensure_bytecode, median, percentile, row, subprocess_env
 from benchmarks import _import_costs as import_costs
 from benchmarks import _udev_tree as udev_tree
-from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2 as pb
-from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from hetero_dp.api import deviceplugin_v1beta1_pb2 as pb
+from hetero_dp.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from hetero_dp.testing import FakeKubelet, short_tempdir
 
 QUICK = os.environ.get("HDP_BENCH_QUICK", "") not in ("", "0")

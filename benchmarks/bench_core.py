@@ -26,9 +26,9 @@ from typing import Any
 import grpc
 
 from benchmarks import ROOT, ensure_bytecode, median, percentile, row, subprocess_env
-from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2 as pb
-from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from hetero_dp.kubelet.convert import list_and_watch_response
+from hetero_dp.api import deviceplugin_v1beta1_pb2 as pb
+from hetero_dp.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from hetero_dp.deviceplugin.convert import list_and_watch_response
 from hetero_dp.testing import FakeKubelet, PluginRunner, short_tempdir
 
 RES = "hetero-dp.io/sim"

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Regenerate hetero_dp/kubelet/api/ from proto/ (run: python3 scripts/gen_proto.py).
+"""Regenerate hetero_dp/api/ from proto/ (run: python3 scripts/gen_proto.py).
 
 ``--check`` regenerates into a temp dir and exits 1 if the checked-in code differs.
 The protos are staged under their package path so the generated imports are absolute
-(``from hetero_dp.kubelet.api import ...``).
+(``from hetero_dp.api import ...``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
-PACKAGE = Path("hetero_dp/kubelet/api")
+PACKAGE = Path("hetero_dp/api")
 
 
 def generate(out_root: Path) -> list[Path]:

@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from hetero_dp.kits.atomic import create_unique, write_atomic
 from hetero_dp.model.device import Device, DeviceNode, Mount
 from hetero_dp.model.errors import ConfigError
 
@@ -331,18 +328,6 @@ def with_edits(spec: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, A
     return out
 
 
-def _load_spec_file(path: Path) -> Any:
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
-        return json.loads(text)
-    import yaml  # only when a YAML spec sits in the dir
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ValueError(str(e)) from e
-
-
 def render_spec(spec: Mapping[str, Any]) -> str:
     """The spec as the JSON text written to disk (stable, so unchanged specs compare equal)."""
     return json.dumps(spec, indent=2) + "\n"
@@ -357,145 +342,3 @@ def spec_file_name(kind: str) -> str:
     validate_kind(kind)
     vendor, _, cls = kind.partition("/")
     return f"{SPEC_FILE_PREFIX}{vendor}_{cls}.json"
-
-
-class CDIWriter:
-    """Writes and removes this daemon's spec files in a CDI spec dir.
-
-    Only files named ``hetero-dp_*.json`` (and the temp files of their atomic
-    writes) are ever touched. Specs are deliberately left in place at shutdown:
-    the runtime resolves CDI names at every container (re)start, so a spec must
-    outlive a plugin restart while containers that use it run.
-    """
-
-    def __init__(self, directory: str | os.PathLike[str] = DEFAULT_CDI_DIR) -> None:
-        self.dir = Path(directory)
-
-    def path_for(self, kind: str) -> Path:
-        """Where the spec of ``kind`` lives."""
-        return self.dir / spec_file_name(kind)
-
-    def check(self, field: str = "cdi.dir") -> None:
-        """Start-up check: the dir exists (created if missing) and takes new files.
-
-        Also removes temp files that a killed write left behind. Raises
-        ConfigError naming the path otherwise.
-        """
-        if self.dir.exists() and not self.dir.is_dir():
-            raise ConfigError(f"CDI spec dir {str(self.dir)!r} is not a directory", field=field)
-        try:
-            self.dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-        except OSError as e:
-            raise ConfigError(
-                f"CDI spec dir {str(self.dir)!r} is missing and cannot be created: "
-                f"{e.strerror or e}",
-                field=field,
-            ) from e
-        try:
-            # A real file, not os.access(): root passes access() on read-only mounts.
-            fd, probe = create_unique(self.dir, f".{SPEC_FILE_PREFIX}probe.")
-            os.close(fd)
-            os.unlink(probe)
-        except OSError as e:
-            raise ConfigError(
-                f"CDI spec dir {str(self.dir)!r} is not writable: {e.strerror or e}", field=field
-            ) from e
-        # Hidden ".hetero-dp_*" files are ours and transient: temp files of atomic
-        # writes (".<spec name>.<random>.tmp") and probes that a killed process left.
-        for p in self.dir.glob(f".{SPEC_FILE_PREFIX}*"):
-            if p.is_file():
-                p.unlink(missing_ok=True)
-
-    def write(self, kind: str, devices: Sequence[Device]) -> Path | None:
-        """Write the spec of ``kind`` for ``devices`` atomically; skip if unchanged.
-
-        With no devices the spec is removed (CDI rejects a spec without devices).
-        Returns the spec's path, or None when there is none.
-        """
-        if not devices:
-            self.remove(kind)
-            return None
-        return self.write_spec(kind, build_spec(kind, devices))
-
-    def write_spec(self, kind: str, spec: Mapping[str, Any]) -> Path:
-        """Write an already built spec of ``kind`` atomically; skip if unchanged."""
-        path = self.path_for(kind)
-        text = render_spec(spec)
-        try:
-            same = path.read_text(encoding="utf-8") == text
-        except (FileNotFoundError, UnicodeDecodeError):
-            same = False
-        if not same:
-            write_atomic(path, text, SPEC_MODE)
-        self.set_aside_conflicts(kind, spec)  # a replaced plugin's spec may be back
-        return path
-
-    def set_aside_conflicts(self, kind: str, spec: Mapping[str, Any]) -> list[Path]:
-        """Rename other specs in the dir that define devices of ``spec`` again.
-
-        Two specs of one dir that define the same ``kind=name`` make the CDI cache
-        drop that device as conflicting, so every container asking for it fails: the
-        usual case is the spec a replaced plugin left behind (NVIDIA's plugin writes
-        ``k8s.device-plugin.nvidia.com-gpu.json``). Such a file is renamed to
-        ``<name>.hetero-dp-superseded`` (runtimes load only ``*.json``/``*.yaml``, and
-        nothing is lost), with a warning naming it. Returns the new paths.
-        """
-        ours = {str(d.get("name")) for d in spec.get("devices", ())}
-        moved = []
-        for other in sorted(self.dir.iterdir()):
-            if other.name.startswith((SPEC_FILE_PREFIX, ".")) or other.suffix not in (
-                ".json",
-                ".yaml",
-            ):
-                continue
-            try:
-                data = _load_spec_file(other)
-            except (OSError, ValueError):
-                continue  # not readable as a spec: the runtime skips it as well
-            if not isinstance(data, Mapping) or data.get("kind") != kind:
-                continue
-            names = {str(d.get("name")) for d in data.get("devices") or () if isinstance(d, dict)}
-            clash = sorted(ours & names)
-            if not clash:
-                continue
-            target = other.with_name(other.name + SUPERSEDED_SUFFIX)
-            try:
-                other.rename(target)
-            except OSError as e:
-                log.error(
-                    "CDI spec %s defines %d devices of %s again (e.g. %s), so the runtime "
-                    "refuses them, and it cannot be renamed: %s; remove it",
-                    other,
-                    len(clash),
-                    kind,
-                    clash[0],
-                    e.strerror or e,
-                )
-                continue
-            log.warning(
-                "CDI spec %s defined %d devices of %s again (e.g. %s), which makes the runtime "
-                "refuse them; renamed to %s",
-                other,
-                len(clash),
-                kind,
-                clash[0],
-                target.name,
-            )
-            moved.append(target)
-        return moved
-
-    def remove(self, kind: str) -> bool:
-        """Delete the spec of ``kind``; True if there was one."""
-        try:
-            self.path_for(kind).unlink()
-        except FileNotFoundError:
-            return False
-        return True
-
-    def read(self, kind: str) -> dict[str, Any] | None:
-        """The spec of ``kind`` as written, or None."""
-        try:
-            data: dict[str, Any] = json.loads(self.path_for(kind).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None
-        return data

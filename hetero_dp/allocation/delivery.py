@@ -14,26 +14,19 @@ With CDI strategies only, the response carries no DeviceSpecs and no mounts
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from hetero_dp.allocation.cdi import (
     CDINameError,
-    CDIWriter,
-    build_spec,
     check_device_names,
     kind_problem,
-    merge_edits,
-    with_edits,
 )
 from hetero_dp.model.device import Device
-from hetero_dp.model.errors import AllocationError, BackendError, ConfigError
+from hetero_dp.model.errors import AllocationError, ConfigError
 from hetero_dp.model.response import ContainerResponse
 
 log = logging.getLogger(__name__)
@@ -222,176 +215,3 @@ def apply_delivery(
         key = annotation_key(delivery.annotation_prefix, kind, [d.id for d in devices])
         out.annotations[key] = ",".join(names)
     return out
-
-
-def _spec_view(devices: Sequence[Device]) -> list[tuple[Any, ...]]:
-    """What of the devices a CDI spec is built from (health and attributes are not)."""
-    return [(d.id, d.nodes, d.mounts, dict(d.env)) for d in devices]
-
-
-class _Backend(Protocol):
-    """What :class:`CDIPublisher` calls on a backend (``plugins.Backend``)."""
-
-    @property
-    def name(self) -> str: ...
-
-    def implements(self, hook: str) -> bool: ...
-
-    async def cdi_spec_edits(self, kind: str, devices: list[Device]) -> dict[str, Any]: ...
-
-
-class _Runtime(Protocol):
-    """What :class:`CDIPublisher` reads of the daemon's per-backend runtime."""
-
-    @property
-    def backend(self) -> _Backend: ...
-
-    published: dict[str, Device]
-    resources: dict[str, set[str]]
-    discoveries: int
-
-
-class CDIPublisher:
-    """A daemon publisher that keeps CDI specs in step with the device records.
-
-    After every publish of a backend it works out, per physical resource, which
-    advertised resources deliver through CDI and under which kind (``cdiKind``, or
-    the physical resource name, exactly as :func:`apply_delivery` names devices),
-    and rewrites the spec of each kind with all physical devices under it (a
-    renamed shared resource and the plain one share a spec). Backends that
-    implement ``cdi_spec_edits`` add their spec-wide edits (driver files, hooks).
-    Unchanged specs are not rewritten. Errors are logged and the previous spec is
-    kept. Writes run in a worker thread, one at a time.
-
-    ``check_first`` (``cdi.enabled`` left unset): the spec dir is checked (created,
-    probed) only when a spec is first needed, so a daemon without CDI resources
-    never touches it.
-    """
-
-    def __init__(
-        self,
-        writer: CDIWriter,
-        settings_for: Callable[[str], Mapping[str, Any]],
-        *,
-        check_first: bool = False,
-    ) -> None:
-        self.writer = writer
-        self.settings_for = settings_for
-        self.check_first = check_first
-        # kind -> physical resource -> its devices, across all backends
-        self._devices: dict[str, dict[str, list[Device]]] = {}
-        self._backends: dict[str, _Backend] = {}  # physical resource -> its backend
-        self._edits: dict[str, dict[str, Any]] = {}  # kind -> backends' edits last written
-        self._discoveries: dict[str, int] = {}  # backend -> its discovery count last seen
-        self._lock = asyncio.Lock()
-
-    def remove_specs(self) -> None:
-        """Remove every spec this publisher wrote (it is being replaced)."""
-        for kind in list(self._devices):
-            with contextlib.suppress(OSError):
-                self.writer.remove(kind)
-        self._devices.clear()
-
-    def kinds(self, physical: str, advertised: set[str]) -> set[str]:
-        """The CDI kinds whose specs hold the devices of ``physical``."""
-        out = set()
-        for name in advertised or {physical}:
-            delivery = parse_delivery(self.settings_for(name), f"resources.{name}")
-            if delivery.uses_cdi:
-                out.add(delivery.kind_for(physical))
-        return out
-
-    async def __call__(self, rt: _Runtime) -> None:
-        changed = set()
-        for physical, advertised in rt.resources.items():
-            devices = [d for d in rt.published.values() if d.resource == physical]
-            self._backends[physical] = rt.backend
-            try:
-                kinds = self.kinds(physical, advertised)
-            except ConfigError as e:
-                log.error("CDI spec for %s not written: %s", physical, e)
-                continue
-            for kind, per_resource in self._devices.items():
-                if kind not in kinds and per_resource.pop(physical, None) is not None:
-                    changed.add(kind)
-            for kind in kinds:
-                per_resource = self._devices.setdefault(kind, {})
-                before = per_resource.get(physical)
-                per_resource[physical] = devices
-                if before is None or _spec_view(before) != _spec_view(devices):
-                    changed.add(kind)  # not for a health change: the spec has no health
-        # After a discovery (not a health-only publish), kinds holding this backend's
-        # devices are looked at again even when the devices did not change: its
-        # spec-wide edits may have (options reloaded, driver files replaced).
-        ours = set(rt.resources)
-        fresh = self._discoveries.get(rt.backend.name) != rt.discoveries
-        self._discoveries[rt.backend.name] = rt.discoveries
-        if fresh and rt.backend.implements("cdi_spec_edits"):
-            touched = {k for k, per in self._devices.items() if ours & set(per)}
-        else:
-            touched = set()
-        async with self._lock:
-            if (changed or touched) and self.check_first:
-                try:
-                    await asyncio.to_thread(self.writer.check, "cdi.dir")
-                except ConfigError as e:
-                    log.error("CDI specs not written: %s", e)
-                    return  # checked again at the next change
-                self.check_first = False
-            for kind in sorted(changed | touched):
-                per_resource = self._devices.get(kind, {})
-                devices = [d for ds in per_resource.values() for d in ds]
-                extra = await self._extra_edits(kind, per_resource) if devices else {}
-                if extra is None:
-                    continue  # a backend failed: the previous spec stays
-                if kind not in changed and self._edits.get(kind) == extra:
-                    continue
-                self._edits[kind] = extra
-                await asyncio.to_thread(self._write, kind, devices, extra)
-
-    async def _extra_edits(
-        self, kind: str, per_resource: Mapping[str, list[Device]]
-    ) -> dict[str, Any] | None:
-        """The spec-wide edits the kind's backends add, or None when one failed."""
-        extra: dict[str, Any] = {}
-        by_backend: dict[str, tuple[_Backend, list[Device]]] = {}
-        for physical, devices in per_resource.items():
-            backend = self._backends.get(physical)
-            if devices and backend is not None and backend.implements("cdi_spec_edits"):
-                by_backend.setdefault(backend.name, (backend, []))[1].extend(devices)
-        for backend, devices in by_backend.values():
-            try:
-                edits = await backend.cdi_spec_edits(kind, devices)
-                extra = merge_edits(extra, edits)
-            except (BackendError, ConfigError) as e:
-                log.error(
-                    "CDI spec of %s not updated (the previous one stays): backend %s: %s",
-                    kind,
-                    backend.name,
-                    e,
-                )
-                return None
-        return extra
-
-    def _write(self, kind: str, devices: list[Device], extra: Mapping[str, Any]) -> None:
-        try:
-            if devices:
-                path: Path | None = self.writer.write_spec(
-                    kind, with_edits(build_spec(kind, devices), extra)
-                )
-            else:
-                path = self.writer.write(kind, devices)
-        except (ConfigError, OSError) as e:
-            log.error(
-                "CDI spec of %s not updated (the previous one stays): %s",
-                kind,
-                e,
-                extra={"kind": kind, "devices": [d.id for d in devices]},
-            )
-            return
-        log.info(
-            "CDI spec of %s: %s",
-            kind,
-            f"{len(devices)} devices in {path}" if path else "removed (no devices)",
-            extra={"kind": kind},
-        )

@@ -25,7 +25,9 @@ from typing import Any
 
 import grpc
 
-from hetero_dp.allocation.cdi import CDIWriter
+from hetero_dp.api import pluginregistration_v1_pb2 as reg_pb
+from hetero_dp.api import pluginregistration_v1_pb2_grpc as reg_grpc
+from hetero_dp.deviceplugin.endpoint import check_socket_path, remove_socket
 from hetero_dp.dra.api import APIError, ResourceAPI
 from hetero_dp.dra.checkpoint import Checkpoint, CheckpointError
 from hetero_dp.dra.claimspec import claim_kind
@@ -36,12 +38,10 @@ from hetero_dp.dra.publisher import SlicePublisher
 from hetero_dp.dra.servicer import DRARegistrationServicer, add_dra_services
 from hetero_dp.dra.slices import VERSIONS
 from hetero_dp.dra.watch import SliceWatch
+from hetero_dp.engine.cdi_publisher import CDIWriter
 from hetero_dp.kits import observe
 from hetero_dp.kits.aiotools import wait_event
 from hetero_dp.kits.inotify import DirectoryWatcher
-from hetero_dp.kubelet.api import pluginregistration_v1_pb2 as reg_pb
-from hetero_dp.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
-from hetero_dp.kubelet.endpoint import check_socket_path, remove_socket
 from hetero_dp.model.device import Device
 from hetero_dp.model.errors import ConfigError
 

@@ -25,9 +25,7 @@ from typing import Any
 
 import grpc
 
-from hetero_dp.dra.names import device_name
-from hetero_dp.kits.aiotools import with_timeout
-from hetero_dp.kubelet.api import (
+from hetero_dp.api import (
     dra_health_v1_pb2,
     dra_health_v1_pb2_grpc,
     dra_health_v1alpha1_pb2,
@@ -35,6 +33,8 @@ from hetero_dp.kubelet.api import (
     dra_health_v1beta1_pb2,
     dra_health_v1beta1_pb2_grpc,
 )
+from hetero_dp.dra.names import device_name
+from hetero_dp.kits.aiotools import with_timeout
 from hetero_dp.model.device import Device
 
 MAX_MESSAGE = 1024  # the kubelet cuts longer messages

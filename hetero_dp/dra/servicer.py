@@ -13,10 +13,10 @@ from typing import Any
 
 import grpc
 
+from hetero_dp.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from hetero_dp.api import pluginregistration_v1_pb2 as reg_pb
+from hetero_dp.deviceplugin.registration import WatcherRegistrationServicer
 from hetero_dp.dra.prepare import ClaimPreparer, ClaimRef
-from hetero_dp.kubelet.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
-from hetero_dp.kubelet.api import pluginregistration_v1_pb2 as reg_pb
-from hetero_dp.kubelet.registration import WatcherRegistrationServicer
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ event loop, and owns their lifecycle (start, stop, signals).
 The pieces it wires live beside it: each backend's devices and health overlays
 (:mod:`.runtime`), its watch hook (:mod:`.watching`), what a publish sends to
 which resource (:mod:`.publishing`), a config applied while running
-(:mod:`.reconfigure`), and the kubelet dir watch (:mod:`hetero_dp.kubelet.dirwatch`).
+(:mod:`.reconfigure`), and the kubelet dir watch (:mod:`hetero_dp.deviceplugin.dirwatch`).
 
 Public surface for day-two pieces (``hetero_dp.ops``), which the engine never
 imports: :attr:`Daemon.resources` and :meth:`Daemon.devices` (what each resource
@@ -25,11 +25,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hetero_dp.allocation.cdi import CDIWriter
-from hetero_dp.allocation.delivery import CDIPublisher, parse_delivery
+from hetero_dp.allocation.delivery import parse_delivery
 from hetero_dp.allocation.gate import gate_device
 from hetero_dp.allocation.preferred import link_scores
+from hetero_dp.deviceplugin.dirwatch import KubeletDirWatch
+from hetero_dp.deviceplugin.endpoint import PluginEndpoint
 from hetero_dp.engine.backend import Backend
+from hetero_dp.engine.cdi_publisher import make_cdi_publisher
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.extension import Extension
 from hetero_dp.engine.polling import HealthPolls
@@ -40,8 +42,6 @@ from hetero_dp.engine.watching import HookWatch
 from hetero_dp.kits import observe
 from hetero_dp.kits.aiotools import cancel_and_wait, wait_event
 from hetero_dp.kits.signals import held
-from hetero_dp.kubelet.dirwatch import KubeletDirWatch
-from hetero_dp.kubelet.endpoint import PluginEndpoint
 from hetero_dp.model.device import Device
 from hetero_dp.model.errors import BackendError, ConfigError
 from hetero_dp.model.events import EventSink
@@ -95,18 +95,9 @@ class Daemon:
             from hetero_dp.ops.doctor.runtime import runtime_cdi_off
 
             self.cdi_off = runtime_cdi_off(Path(runtime_config))
-        enabled = self.config.cdi.get("enabled")
-        if enabled is not False:
-            writer = CDIWriter(self.config.cdi["dir"])
-            if enabled:
-                try:
-                    writer.check(field="cdi.dir")
-                except ConfigError as e:
-                    raise ConfigError(e.reason, field=e.field, source=self.config.source) from None
-            # unset: write specs for CDI resources only, checking the dir when needed
-            self.publishers.append(
-                CDIPublisher(writer, self.settings_for, check_first=enabled is None)
-            )
+        cdi = make_cdi_publisher(self.config.cdi, self.settings_for, self.config.source)
+        if cdi is not None:
+            self.publishers.append(cdi)
         for rt in self.runtimes.values():
             await self._discover(rt)
         self._check_startup_names()

@@ -8,9 +8,9 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 
 from hetero_dp.allocation.sharing import SharingConfig, advertise
+from hetero_dp.deviceplugin.convert import MAX_LIST_AND_WATCH_BYTES, list_and_watch_size
 from hetero_dp.engine.runtime import BackendRuntime
 from hetero_dp.kits import observe
-from hetero_dp.kubelet.convert import MAX_LIST_AND_WATCH_BYTES, list_and_watch_size
 from hetero_dp.model.device import Device
 from hetero_dp.model.names import device_id_problem, resource_name_problem
 

@@ -15,10 +15,9 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
-from hetero_dp.allocation.cdi import CDIWriter
-from hetero_dp.allocation.delivery import CDIPublisher
 from hetero_dp.allocation.sharing import SharingConfig
 from hetero_dp.engine.backend import Backend
+from hetero_dp.engine.cdi_publisher import CDIPublisher, make_cdi_publisher
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.extension import Extension
 from hetero_dp.model.errors import ConfigError
@@ -78,28 +77,12 @@ async def _configure_changed(daemon: Daemon, old: Config, new: Config) -> list[B
     return changed
 
 
-def _check_cdi(old: Config, new: Config) -> CDIWriter | None:
-    """A writer for the new ``cdi`` section, checked before anything changes
-    (``enabled`` unset: checked when the first spec is needed)."""
-    if old.cdi == new.cdi or new.cdi.get("enabled") is False:
-        return None
-    if new.cdi.get("enabled") is None:
-        return CDIWriter(new.cdi["dir"])
-    writer = CDIWriter(new.cdi["dir"])
-    try:
-        writer.check(field="cdi.dir")
-    except ConfigError as e:
-        raise ConfigError(e.reason, field=e.field, source=new.source) from None
-    return writer
-
-
-def _swap_cdi_publisher(daemon: Daemon, writer: CDIWriter | None) -> None:
+def _swap_cdi_publisher(daemon: Daemon, new: CDIPublisher | None) -> None:
     for old in [p for p in daemon.publishers if isinstance(p, CDIPublisher)]:
         daemon.publishers.remove(old)
         old.remove_specs()  # specs nobody keeps up to date any more
-    if writer is not None:
-        lazy = daemon.config.cdi.get("enabled") is None
-        daemon.publishers.append(CDIPublisher(writer, daemon.settings_for, check_first=lazy))
+    if new is not None:
+        daemon.publishers.append(new)
 
 
 async def apply_config(daemon: Daemon, new: Config) -> dict[str, list[str]]:
@@ -128,7 +111,12 @@ async def apply_config(daemon: Daemon, new: Config) -> dict[str, list[str]]:
         for ext in daemon.extensions:  # e.g. binds a new probe address, or refuses
             await ext.prepare(old, new)
             prepared.append(ext)
-        cdi_writer = _check_cdi(old, new)
+        # a publisher for the new ``cdi`` section, its dir checked before anything changes
+        cdi = (
+            make_cdi_publisher(new.cdi, daemon.settings_for, new.source)
+            if old.cdi != new.cdi
+            else None
+        )
         changed = await _configure_changed(daemon, old, new)  # last: it rolls back itself
     except ConfigError:
         for ext in prepared:
@@ -160,7 +148,7 @@ async def apply_config(daemon: Daemon, new: Config) -> dict[str, list[str]]:
         res.settings = daemon.settings_for(res.name)  # backend defaults under the new section
     restart |= affected & set(daemon.resources)
     if old.cdi != new.cdi:
-        _swap_cdi_publisher(daemon, cdi_writer)
+        _swap_cdi_publisher(daemon, cdi)
 
     for b in changed:
         await daemon.rediscover(b.name)

@@ -51,11 +51,11 @@ from typing import Any
 
 import grpc
 
+from hetero_dp.api import deviceplugin_v1beta1_pb2 as pb
+from hetero_dp.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from hetero_dp.api import pluginregistration_v1_pb2 as reg_pb
+from hetero_dp.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from hetero_dp.kits.inotify import DirectoryWatcher
-from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2 as pb
-from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from hetero_dp.kubelet.api import pluginregistration_v1_pb2 as reg_pb
-from hetero_dp.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from hetero_dp.model.names import (
     API_VERSION,
     CHECKPOINT_FILE,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hetero_dp import ConfigError
-from hetero_dp.allocation.cdi import CDIWriter
+from hetero_dp.engine.cdi_publisher import CDIWriter
 from tests.cdi import samples
 from tests.cdi.crash import REPO, FrozenWriter
 from tests.cdi.schema_check import assert_valid_cdi_spec
@@ -51,7 +51,7 @@ _CHECK_AS_NOBODY = textwrap.dedent(
     """
     import os, sys
     from hetero_dp import ConfigError
-    from hetero_dp.allocation.cdi import CDIWriter
+    from hetero_dp.engine.cdi_publisher import CDIWriter
     if os.getuid() == 0:  # root writes anywhere: check as an ordinary user
         os.setgid(65534)
         os.setuid(65534)
@@ -178,7 +178,7 @@ def test_kill_between_write_and_rename_keeps_previous_spec(tmp_path: Path) -> No
     before = path.read_bytes()
     child = FrozenWriter(
         "replace",
-        "from hetero_dp.allocation.cdi import CDIWriter\n"
+        "from hetero_dp.engine.cdi_publisher import CDIWriter\n"
         "from tests.cdi import samples\n"
         f"CDIWriter({str(tmp_path)!r}).write({KIND!r}, samples.accel_glob(1))\n",
     )

@@ -104,7 +104,7 @@ def modules() -> dict[str, Path]:
     return {
         module_name(p): p
         for p in sorted(PACKAGE.rglob("*.py"))
-        if "kubelet/api" not in p.as_posix()
+        if "hetero_dp/api/" not in p.as_posix()
     }
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks import ROOT, subprocess_env
 from benchmarks import _udev_tree as udev_tree
-from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2 as pb
+from hetero_dp.api import deviceplugin_v1beta1_pb2 as pb
 from hetero_dp.testing import FakeKubelet, short_tempdir
 
 

@@ -117,8 +117,8 @@ def test_demo_runs_and_exits_0(cli_env, hetero_dp_cmd):
 
 async def test_fake_kubelet_rejects_bad_registrations(tmp_path):
     """The fake kubelet validates as the real one does (version, name, dial-back)."""
-    from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2 as pb
-    from hetero_dp.kubelet.registration import register_once
+    from hetero_dp.api import deviceplugin_v1beta1_pb2 as pb
+    from hetero_dp.deviceplugin.registration import register_once
     from hetero_dp.testing import short_tempdir
 
     root = short_tempdir()
@@ -149,7 +149,7 @@ def test_generated_protobuf_code_matches_proto(repo_root):
 
 
 def test_wire_names_and_field_numbers():
-    from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2 as pb
+    from hetero_dp.api import deviceplugin_v1beta1_pb2 as pb
 
     svc = pb.DESCRIPTOR.services_by_name["DevicePlugin"]
     assert svc.full_name == "v1beta1.DevicePlugin"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2 as pb
-from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from hetero_dp.api import deviceplugin_v1beta1_pb2 as pb
+from hetero_dp.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
 from .scripted import Scripted, WithPreStart, make_devices
 

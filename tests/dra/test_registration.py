@@ -5,9 +5,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from hetero_dp.api import pluginregistration_v1_pb2 as reg_pb
+from hetero_dp.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from hetero_dp.dra import device_name, driver_name_for
-from hetero_dp.kubelet.api import pluginregistration_v1_pb2 as reg_pb
-from hetero_dp.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from hetero_dp.model.errors import ConfigError
 from hetero_dp.testing.dra import ClaimRef, FakeDRAKubelet, make_claim
 

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from hetero_dp import Device, hookimpl
+from hetero_dp.deviceplugin.convert import MAX_LIST_AND_WATCH_BYTES
 from hetero_dp.engine.config import load_config
-from hetero_dp.kubelet.convert import MAX_LIST_AND_WATCH_BYTES
 from hetero_dp.ops.reload import ConfigReloader
 from tests.core.scripted import Scripted, make_devices
 

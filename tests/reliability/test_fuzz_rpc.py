@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2 as pb
-from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from hetero_dp.api import deviceplugin_v1beta1_pb2 as pb
+from hetero_dp.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from hetero_dp.testing import FakeKubelet, PluginRunner, short_tempdir
 
 from .conftest import SIM, simulated

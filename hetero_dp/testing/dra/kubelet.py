@@ -23,11 +23,11 @@ from typing import Any
 
 import grpc
 
+from hetero_dp.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from hetero_dp.api import pluginregistration_v1_pb2 as reg_pb
+from hetero_dp.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from hetero_dp.dra.names import is_dns_subdomain
 from hetero_dp.kits.inotify import DirectoryWatcher
-from hetero_dp.kubelet.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
-from hetero_dp.kubelet.api import pluginregistration_v1_pb2 as reg_pb
-from hetero_dp.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from hetero_dp.testing.dra.apiserver import FakeAPIServer
 from hetero_dp.testing.waiting import ChangeWaiter
 

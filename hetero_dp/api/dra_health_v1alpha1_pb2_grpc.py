@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from hetero_dp.kubelet.api import dra_health_v1_pb2 as hetero__dp_dot_kubelet_dot_api_dot_dra__health__v1__pb2
+from hetero_dp.api import dra_health_v1alpha1_pb2 as hetero__dp_dot_api_dot_dra__health__v1alpha1__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in hetero_dp/kubelet/api/dra_health_v1_pb2_grpc.py depends on'
+        + ' but the generated code in hetero_dp/api/dra_health_v1alpha1_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -35,9 +35,9 @@ class DRAResourceHealthStub:
             channel: A grpc.Channel.
         """
         self.NodeWatchResources = channel.unary_stream(
-                '/v1.DRAResourceHealth/NodeWatchResources',
-                request_serializer=hetero__dp_dot_kubelet_dot_api_dot_dra__health__v1__pb2.NodeWatchResourcesRequest.SerializeToString,
-                response_deserializer=hetero__dp_dot_kubelet_dot_api_dot_dra__health__v1__pb2.NodeWatchResourcesResponse.FromString,
+                '/v1alpha1.DRAResourceHealth/NodeWatchResources',
+                request_serializer=hetero__dp_dot_api_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesRequest.SerializeToString,
+                response_deserializer=hetero__dp_dot_api_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesResponse.FromString,
                 _registered_method=True)
 
 
@@ -55,14 +55,14 @@ def add_DRAResourceHealthServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'NodeWatchResources': grpc.unary_stream_rpc_method_handler(
                     servicer.NodeWatchResources,
-                    request_deserializer=hetero__dp_dot_kubelet_dot_api_dot_dra__health__v1__pb2.NodeWatchResourcesRequest.FromString,
-                    response_serializer=hetero__dp_dot_kubelet_dot_api_dot_dra__health__v1__pb2.NodeWatchResourcesResponse.SerializeToString,
+                    request_deserializer=hetero__dp_dot_api_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesRequest.FromString,
+                    response_serializer=hetero__dp_dot_api_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'v1.DRAResourceHealth', rpc_method_handlers)
+            'v1alpha1.DRAResourceHealth', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('v1.DRAResourceHealth', rpc_method_handlers)
+    server.add_registered_method_handlers('v1alpha1.DRAResourceHealth', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
@@ -83,9 +83,9 @@ class DRAResourceHealth:
         return grpc.experimental.unary_stream(
             request,
             target,
-            '/v1.DRAResourceHealth/NodeWatchResources',
-            hetero__dp_dot_kubelet_dot_api_dot_dra__health__v1__pb2.NodeWatchResourcesRequest.SerializeToString,
-            hetero__dp_dot_kubelet_dot_api_dot_dra__health__v1__pb2.NodeWatchResourcesResponse.FromString,
+            '/v1alpha1.DRAResourceHealth/NodeWatchResources',
+            hetero__dp_dot_api_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesRequest.SerializeToString,
+            hetero__dp_dot_api_dot_dra__health__v1alpha1__pb2.NodeWatchResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import grpc
 
+from hetero_dp.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from hetero_dp.api import pluginregistration_v1_pb2_grpc as reg_grpc
+from hetero_dp.deviceplugin.contract import ServedResource
+from hetero_dp.deviceplugin.registration import WatcherRegistrationServicer, register_with_backoff
+from hetero_dp.deviceplugin.servicer import DevicePluginServicer
 from hetero_dp.kits import observe
 from hetero_dp.kits.aiotools import cancel_and_wait, wait_event
-from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from hetero_dp.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
-from hetero_dp.kubelet.contract import ServedResource
-from hetero_dp.kubelet.registration import WatcherRegistrationServicer, register_with_backoff
-from hetero_dp.kubelet.servicer import DevicePluginServicer
 from hetero_dp.model.errors import ConfigError
 from hetero_dp.model.names import KUBELET_SOCKET, MAX_UNIX_PATH, socket_name
 

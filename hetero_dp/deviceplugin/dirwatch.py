@@ -8,9 +8,9 @@ import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from hetero_dp.deviceplugin.endpoint import PluginEndpoint
 from hetero_dp.kits import observe
 from hetero_dp.kits.inotify import DirectoryWatcher
-from hetero_dp.kubelet.endpoint import PluginEndpoint
 from hetero_dp.model.names import KUBELET_SOCKET
 
 log = logging.getLogger(__name__)

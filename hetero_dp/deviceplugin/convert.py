@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 
-from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2 as pb
+from hetero_dp.api import deviceplugin_v1beta1_pb2 as pb
 from hetero_dp.model.device import REPLICA_SEPARATOR, UNHEALTHY, Device
 from hetero_dp.model.response import ContainerResponse
 

@@ -14,11 +14,11 @@ from typing import TypeVar
 
 import grpc
 
+from hetero_dp.api import deviceplugin_v1beta1_pb2 as pb
+from hetero_dp.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from hetero_dp.deviceplugin.contract import ServedResource
+from hetero_dp.deviceplugin.convert import container_response_to_pb, list_and_watch_response
 from hetero_dp.kits import observe
-from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2 as pb
-from hetero_dp.kubelet.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from hetero_dp.kubelet.contract import ServedResource
-from hetero_dp.kubelet.convert import container_response_to_pb, list_and_watch_response
 from hetero_dp.model.errors import AllocationError
 
 log = logging.getLogger(__name__)

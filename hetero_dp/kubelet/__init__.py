@@ -1,1 +1,0 @@
-"""The kubelet side: the device-plugin gRPC API, registration and restart watching."""
