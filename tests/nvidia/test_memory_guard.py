@@ -122,3 +122,20 @@ async def test_guard_metrics_reach_the_metrics_endpoint(fake_kubelet, plugin_run
     gpu0 = (("UUID", node.uuid(0)), ("gpu", "0"), ("pid", "4242"))
     key = ("hetero_dp_shared_memory_process_used_bytes", (*gpu0, labels[2]))
     assert m[key] == 600 * MIB
+
+
+def test_a_driver_without_the_v3_process_call_loses_only_the_per_process_view(fake_node):
+    # pynvml resolves nvmlDeviceGetComputeRunningProcesses_v3 on first use and, for a
+    # driver without that symbol, raises NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND = 13)
+    # (pynvml _nvmlGetFunctionPointer), which its unversioned wrapper turns into
+    # NVMLLibraryMismatchError (pynvml throwOnVersionMismatch) - not an NVMLError. The
+    # fault makes the fake driver answer with that code, so the same exception arises.
+    node = fake_node(
+        "v100-2x-pcie.scn", *PROCS, "fault fn=nvmlDeviceGetComputeRunningProcesses_v3 err=13"
+    )
+    b, advertised = started(node, time_slicing(devices=[0]))
+    samples = by_name(b.metrics(advertised))
+    b.shutdown()
+    assert samples["hetero_dp_shared_memory_used_bytes"][0].value == 881 * MIB
+    assert "hetero_dp_shared_memory_fair_share_bytes" in samples
+    assert "hetero_dp_shared_memory_process_used_bytes" not in samples

@@ -440,3 +440,67 @@ async def test_a_reload_with_other_replicas_restarts_the_daemon_with_new_limits(
 def test_memory_limit_sizes(value, mib):
     settings = parse_mps_settings({"resources": {GPU: {"pinnedDeviceMemoryLimit": value}}}, "")
     assert settings.limits[GPU].pinned_memory_mib == mib
+
+
+# --- hostile driver output (issue #29) -------------------------------------------------
+
+
+def _control(tmp_path: Path, body: str) -> Path:
+    program = tmp_path / "nvidia-cuda-mps-control"
+    program.write_text("#!/bin/sh\n" + body)
+    program.chmod(0o755)
+    return program
+
+
+def test_non_utf8_output_of_the_control_program_is_a_reason_not_a_dead_monitor(tmp_path):
+    from hetero_dp_nvidia.mps import MpsGpu, MpsResource
+
+    # an answer with a byte that is not UTF-8 (\377), then a failing status
+    control = _control(tmp_path, "printf 'daemon \\377 gone\\n' >&2\nexit 1\n")
+    settings = MpsSettings(root=str(tmp_path / "mps"), control="external")
+    manager = MpsManager(settings, str(control))
+    manager.want([MpsResource(GPU, 2, (MpsGpu("GPU-a", 0, 1024),))])
+    changes: list[tuple[list[str], str]] = []
+    manager.reconcile(lambda u, r: changes.append((list(u), r)))
+    assert changes and changes[-1][0] == ["GPU-a"]
+    assert "daemon \ufffd gone" in changes[-1][1]
+
+
+def test_a_reconcile_that_raises_marks_the_gpus_unhealthy_and_the_monitor_goes_on(tmp_path):
+    import threading
+    import time
+
+    from hetero_dp_nvidia.mps import MpsGpu, MpsResource
+
+    control = _control(tmp_path, "echo 50.0\n")
+    broken = threading.Event()
+
+    def clock() -> float:
+        if broken.is_set():
+            broken.clear()
+            raise RuntimeError("clock went away")
+        return time.monotonic()
+
+    settings = MpsSettings(root=str(tmp_path / "mps"), control="external", check_interval_s=0.02)
+    manager = MpsManager(settings, str(control), clock=clock)
+    manager.want([MpsResource(GPU, 2, (MpsGpu("GPU-a", 0, 1024),))])
+    reasons: list[str] = []
+    seen = threading.Condition()
+
+    def on_change(_uuids: object, reason: str) -> None:
+        with seen:
+            reasons.append(reason)
+            seen.notify_all()
+
+    thread = threading.Thread(target=manager.run, args=(on_change,), daemon=True)
+    thread.start()
+    try:
+        broken.set()
+        with seen:
+            assert seen.wait_for(lambda: any("clock went away" in r for r in reasons), 10)
+            # it keeps running: the next check finds the daemon answering again
+            assert seen.wait_for(lambda: reasons[-1] == "", 10)
+        assert thread.is_alive()
+    finally:
+        manager.stop()
+        thread.join(10)

@@ -243,7 +243,14 @@ class NvidiaBackend:
                 if events.wait(1.0):
                     return
                 continue
-            mps.run(report)
+            try:
+                mps.run(report)
+            except Exception as err:
+                log.exception("MPS monitor ended with an error; restarting it")
+                for res in list(mps.daemons().values()):
+                    report([g.uuid for g in res.resource.gpus], f"MPS monitor failed: {err!r}")
+                if events.wait(1.0):
+                    return
 
     def _physical_handles(self) -> list[tuple[str, object]]:
         with self._lock:

@@ -52,7 +52,10 @@ def _memory(handle: Any) -> tuple[int, int] | None:
 def _processes(handle: Any) -> list[tuple[int, int]]:
     try:
         procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-    except (NVMLError, AttributeError):  # older pynvml or driver: no per-process view
+    except (NVMLError, AttributeError, pynvml.NVMLLibraryMismatchError):
+        # An older pynvml or driver: no per-process view. A driver without the _v3
+        # function makes pynvml raise NVMLLibraryMismatchError, which is no NVMLError
+        # (pynvml's throwOnVersionMismatch wraps NVMLError_FunctionNotFound).
         return []
     return [(int(p.pid), int(p.usedGpuMemory)) for p in procs if p.usedGpuMemory is not None]
 

@@ -19,6 +19,9 @@ MIB = 1024 * 1024
 def _try(what: str, uuid: str, call: Any, *args: object) -> Any:
     try:
         return call(*args)
+    except pynvml.NVMLLibraryMismatchError as err:  # the driver lacks the function
+        log_once(f"metric:{what}:mismatch", f"{what} of {uuid}: {err}")
+        return None
     except NVMLError as err:
         if err.value != nvml.NOT_SUPPORTED:
             log_once(f"metric:{what}:{uuid}:{err.value}", explain(err, what, uuid))

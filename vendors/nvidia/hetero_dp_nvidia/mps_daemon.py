@@ -84,14 +84,22 @@ class MpsDaemon:
                 "driver's utilities or set backends.nvidia.mps.controlPath"
             )
         try:
-            done = subprocess.run(
+            # Bytes, decoded with errors replaced: the control program's output is
+            # whatever the driver's tools print (text=True let one non-UTF-8 byte raise
+            # UnicodeDecodeError and end the monitor, issue #29).
+            ran = subprocess.run(
                 [self.control, *args],
-                input=stdin,
+                input=stdin.encode() if stdin is not None else None,
                 env=self.env(),
                 capture_output=True,
-                text=True,
                 timeout=self.settings.command_timeout_s,
                 check=False,
+            )
+            done = subprocess.CompletedProcess(
+                ran.args,
+                ran.returncode,
+                ran.stdout.decode(errors="replace"),
+                ran.stderr.decode(errors="replace"),
             )
         except subprocess.TimeoutExpired:
             raise MpsError(
@@ -260,7 +268,10 @@ class MpsManager:
         """
         try:
             while not self._stopped:
-                self.reconcile(on_change)
+                try:
+                    self.reconcile(on_change)
+                except Exception as err:
+                    self._failed(err, on_change)
                 # wake on a new plan, on stop, or when a check or a retry is due
                 self._wake.wait(self._next_delay())
                 self._wake.clear()
@@ -270,6 +281,23 @@ class MpsManager:
                     states = list(self._states.values())
                 for st in states:
                     self._retire(st.daemon)
+
+    def _failed(self, err: Exception, on_change: Callable[[Iterable[str], str], None]) -> None:
+        """A reconcile that raised: every GPU it watches is Unhealthy with the reason
+        (a dead daemon would otherwise go unnoticed), and it is tried again later."""
+        log.exception("MPS monitor: reconcile failed; its GPUs are Unhealthy until it passes")
+        reason = f"MPS monitor failed: {err!r}"
+        now = self.clock()
+        with self._cond:
+            states = list(self._states.values())
+            for st in states:
+                st.reason = reason
+                st.next_try = now + self.settings.check_interval_s
+        for st in states:
+            try:
+                on_change([g.uuid for g in st.daemon.resource.gpus], reason)
+            except Exception:
+                log.exception("MPS monitor: reporting %s failed", st.daemon.resource.name)
 
     def stop(self) -> None:
         self._stopped = True
