@@ -20,11 +20,10 @@ from pathlib import Path
 
 import grpc
 
-from hetero_dp.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from hetero_dp.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from hetero_dp.deviceplugin.contract import ServedResource
 from hetero_dp.deviceplugin.registration import WatcherRegistrationServicer, register_with_backoff
-from hetero_dp.deviceplugin.servicer import DevicePluginServicer
+from hetero_dp.deviceplugin.servicer import DevicePluginServicer, add_to_server
 from hetero_dp.kits import observe
 from hetero_dp.kits.aiotools import cancel_and_wait, wait_event
 from hetero_dp.model.errors import ConfigError
@@ -215,7 +214,7 @@ class PluginEndpoint:
             res.state.reopen()
             servicer = DevicePluginServicer(res)
             server = grpc.aio.server()
-            pb_grpc.add_DevicePluginServicer_to_server(servicer, server)
+            add_to_server(servicer, server)  # undecodable requests: INVALID_ARGUMENT
             bind_unix(server, self.socket_path)
             await server.start()
             self._server = server

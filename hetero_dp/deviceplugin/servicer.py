@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -30,6 +30,79 @@ def _status(code: str) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, code, grpc.StatusCode.INTERNAL)
 
 
+class Undecodable:
+    """What a request that protobuf cannot decode arrives as (instead of grpc's
+    traceback and UNKNOWN): the method answers INVALID_ARGUMENT and logs one line."""
+
+    __slots__ = ("error", "size")
+
+    def __init__(self, error: Exception, size: int) -> None:
+        self.error = error
+        self.size = size
+
+
+def _lenient(message: type[Any]) -> Callable[[bytes], Any]:
+    def decode(data: bytes) -> Any:
+        try:
+            return message.FromString(data)
+        except Exception as e:
+            return Undecodable(e, len(data))
+
+    return decode
+
+
+async def refuse_undecodable(
+    request: object, rpc: str, name: str, context: grpc.aio.ServicerContext
+) -> None:
+    """Abort with INVALID_ARGUMENT (and one log line) if ``request`` did not decode."""
+    if isinstance(request, Undecodable):
+        log.warning(
+            "%s refused: a request of %d bytes that is no valid %s message: %s",
+            rpc,
+            request.size,
+            rpc,
+            request.error,
+            extra={"resource": name},
+        )
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{name}: {rpc}: the request is not a valid protobuf message: {request.error}",
+        )
+
+
+_RPCS = {
+    "GetDevicePluginOptions": (grpc.unary_unary_rpc_method_handler, pb.Empty),
+    "ListAndWatch": (grpc.unary_stream_rpc_method_handler, pb.Empty),
+    "GetPreferredAllocation": (grpc.unary_unary_rpc_method_handler, pb.PreferredAllocationRequest),
+    "Allocate": (grpc.unary_unary_rpc_method_handler, pb.AllocateRequest),
+    "PreStartContainer": (grpc.unary_unary_rpc_method_handler, pb.PreStartContainerRequest),
+}
+_RESPONSES: dict[str, Any] = {
+    "GetDevicePluginOptions": pb.DevicePluginOptions,
+    "ListAndWatch": pb.ListAndWatchResponse,
+    "GetPreferredAllocation": pb.PreferredAllocationResponse,
+    "Allocate": pb.AllocateResponse,
+    "PreStartContainer": pb.PreStartContainerResponse,
+}
+
+
+def add_to_server(servicer: DevicePluginServicer, server: grpc.aio.Server) -> None:
+    """``pb_grpc.add_DevicePluginServicer_to_server``, with request decoders that hand
+    an undecodable request to the method as :class:`Undecodable` (grpc would log a
+    multi-line traceback and answer UNKNOWN)."""
+    handlers = {
+        rpc: kind(
+            getattr(servicer, rpc),
+            request_deserializer=_lenient(request),
+            response_serializer=_RESPONSES[rpc].SerializeToString,
+        )
+        for rpc, (kind, request) in _RPCS.items()
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("v1beta1.DevicePlugin", handlers),)
+    )
+
+
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     def __init__(self, resource: ServedResource) -> None:
         self.resource = resource
@@ -43,12 +116,14 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     async def GetDevicePluginOptions(
         self, request: pb.Empty, context: grpc.aio.ServicerContext
     ) -> pb.DevicePluginOptions:
+        await refuse_undecodable(request, "GetDevicePluginOptions", self.resource.name, context)
         return self.options()
 
     async def ListAndWatch(
         self, request: pb.Empty, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ListAndWatchResponse]:
         res = self.resource
+        await refuse_undecodable(request, "ListAndWatch", res.name, context)
         state = res.state
         res.open_streams += 1
         res.streams_changed.set()
@@ -107,6 +182,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext
     ) -> pb.AllocateResponse:
         res = self.resource
+        await refuse_undecodable(request, "Allocate", res.name, context)
         ids: list[str] = []
 
         async def work() -> pb.AllocateResponse:
@@ -127,6 +203,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext
     ) -> pb.PreferredAllocationResponse:
         res = self.resource
+        await refuse_undecodable(request, "GetPreferredAllocation", res.name, context)
 
         async def work() -> pb.PreferredAllocationResponse:
             out = []
@@ -146,6 +223,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     async def PreStartContainer(
         self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext
     ) -> pb.PreStartContainerResponse:
+        await refuse_undecodable(request, "PreStartContainer", self.resource.name, context)
         ids = list(request.devices_ids)
 
         async def work() -> pb.PreStartContainerResponse:

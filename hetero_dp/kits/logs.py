@@ -6,12 +6,18 @@ to :data:`MAX_FIELD` characters, an ID list shows its count and its first
 :data:`LISTED_IDS` IDs, the message to :data:`MAX_MESSAGE` and a traceback to
 :data:`MAX_EXCEPTION` characters. One Allocate with 100,000 unknown IDs once wrote
 a line of a million characters.
+
+The text format escapes control characters (``\\n``, ``\\x00``, ``\\x1b``) in the
+message and in every field: a device ID with a newline in a request must not forge
+a log line, nor an escape sequence drive the reader's terminal. JSON escapes them
+by its own rules.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 
@@ -21,6 +27,17 @@ MAX_FIELD = 256  # characters of one field's value
 LISTED_IDS = 8  # IDs of a list that are shown; the count says how many there were
 MAX_MESSAGE = 2048  # characters of the message
 MAX_EXCEPTION = 8192  # characters of a traceback (its last part, where the error is)
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
+
+
+def escape(text: str) -> str:
+    """``text`` with control characters (and Unicode line separators) written as
+    Python escapes, so that it stays on one line and drives no terminal."""
+    if not _CONTROL.search(text):
+        return text
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def clip(text: str, limit: int) -> str:
@@ -60,10 +77,10 @@ def field_value(value: object) -> object:
 def _text_value(value: object) -> str:
     shown = field_value(value)
     if isinstance(shown, dict):
-        return f"{shown['count']}:{','.join(shown['first'])},..."
+        return escape(f"{shown['count']}:{','.join(shown['first'])},...")
     if isinstance(shown, list):
-        return ",".join(shown)
-    return str(shown)
+        return escape(",".join(shown))
+    return escape(str(shown))
 
 
 def _message(record: logging.LogRecord) -> str:
@@ -72,7 +89,8 @@ def _message(record: logging.LogRecord) -> str:
 
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        base = f"{self.formatTime(record, '%H:%M:%S')} {record.levelname:<7} {_message(record)}"
+        message = escape(_message(record))
+        base = f"{self.formatTime(record, '%H:%M:%S')} {record.levelname:<7} {message}"
         extras = " ".join(
             f"{k}={_text_value(getattr(record, k))}"
             for k in FIELDS
