@@ -6,6 +6,16 @@ stop-then-start: streams end on an event set before the server stops (a
 grpc.aio server would otherwise wait on them), the socket is removed and bound
 again, and registration runs again. Restart requests are coalesced: however
 many arrive while one runs, at most one more follows.
+
+Each instance has its own socket (``<prefix>-<resource>-<instance>.sock``, the
+instance named after its pod), so an old and a new pod of a DaemonSet serve side
+by side during a rolling update; an instance removes only the socket files it
+bound (same inode), and at start-up the sockets of dead instances (nobody answers
+on them). When the kubelet ends our stream while the kubelet itself is up, we
+register again at once: the kubelet 1.32 device manager disconnects the current
+client of a resource whenever any client's stream ends
+(``pkg/kubelet/cm/devicemanager/plugin/v1beta1/handler.go`` ``runClient``), which
+is us when an older instance of the same resource leaves after we registered.
 """
 
 from __future__ import annotations
@@ -22,7 +32,11 @@ import grpc
 
 from hetero_dp.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from hetero_dp.deviceplugin.contract import ServedResource
-from hetero_dp.deviceplugin.registration import WatcherRegistrationServicer, register_with_backoff
+from hetero_dp.deviceplugin.registration import (
+    MAX_BACKOFF,
+    WatcherRegistrationServicer,
+    register_with_backoff,
+)
 from hetero_dp.deviceplugin.servicer import DevicePluginServicer, add_to_server
 from hetero_dp.kits import observe
 from hetero_dp.kits.aiotools import cancel_and_wait, wait_event
@@ -31,7 +45,9 @@ from hetero_dp.model.names import KUBELET_SOCKET, MAX_UNIX_PATH, socket_name
 
 log = logging.getLogger(__name__)
 
-STOP_GRACE = 0.2
+# How long a stop lets calls in flight (an Allocate) finish; the server stops as soon
+# as none is left, so an idle instance does not wait at all.
+STOP_GRACE = 5.0
 # How long a stop waits for the tasks it cancelled (registration, stream watchdog).
 # They check a stop condition after every wait and end at once; the bound only
 # keeps a stop from hanging should one not (REFERENCE section 7: wait_for on
@@ -43,9 +59,55 @@ SUPERVISOR_STOP_TIMEOUT = 4.0
 # registering again: a kubelet that replaced our endpoint opens the next stream at
 # once, so a short wait is enough and keeps capacity from sitting at zero.
 LOST_STREAM_GRACE = 1.0
+# Re-registering after the kubelet ended our stream while it is up: the first time at
+# once (a hand-over between instances); when it happens again within STABLE_STREAM of
+# registering, with a delay doubling from HANDOVER_BACKOFF to MAX_BACKOFF.
+STABLE_STREAM = 10.0
+HANDOVER_BACKOFF = 0.05
 # The mode of every socket we bind, whatever the umask: only the owner (the kubelet
 # runs as root, which needs no permission bit) may connect.
 SOCKET_MODE = 0o600
+
+
+def socket_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the file at ``path``, or None if there is none."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def remove_own_socket(path: Path, identity: tuple[int, int] | None) -> bool:
+    """Remove ``path`` only if it is still the socket we bound (same device and inode):
+    a file another instance (or a restarted kubelet) put there since is left alone."""
+    if identity is None or socket_identity(path) != identity:
+        return False
+    return remove_socket(path)
+
+
+def remove_stale_sockets(directory: Path, prefix: str, suffix: str = ".sock") -> list[Path]:
+    """Remove the sockets ``<prefix>-*<suffix>`` in ``directory`` that nobody answers on:
+    left by instances that died without cleaning up (a SIGKILL, a node crash). A live
+    instance's socket accepts connections (it listens from the moment it is bound),
+    so it is never taken for stale."""
+    removed: list[Path] = []
+    try:
+        entries = list(directory.iterdir())
+    except FileNotFoundError:
+        return removed
+    for path in entries:
+        if not (path.name.startswith(f"{prefix}-") and path.name.endswith(suffix)):
+            continue
+        try:
+            if not stat.S_ISSOCK(path.lstat().st_mode) or socket_in_use(path):
+                continue
+        except FileNotFoundError:
+            continue
+        identity = socket_identity(path)
+        if not socket_in_use(path) and remove_own_socket(path, identity):
+            removed.append(path)
+    return removed
 
 
 def remove_socket(path: Path) -> bool:
@@ -120,12 +182,14 @@ class PluginEndpoint:
         mode: str = "classic",
         socket_prefix: str = "hetero-dp",
         stream_timeout: float = 30.0,
+        instance: str = "",
     ) -> None:
         self.resource = resource
         self.plugin_dir = Path(plugin_dir)
         self.registry_dir = Path(registry_dir) if registry_dir else None
         self.mode = mode
-        self.socket_name = socket_name(socket_prefix, resource.name)
+        self.socket_prefix = socket_prefix
+        self.socket_name = socket_name(socket_prefix, resource.name, instance)
         self.socket_path = self.plugin_dir / self.socket_name
         self.registry_socket = (
             self.registry_dir / self.socket_name.replace(".sock", "-reg.sock")
@@ -142,6 +206,10 @@ class PluginEndpoint:
         self._supervisor: asyncio.Task[None] | None = None
         self._changing = False
         self._running = False
+        self._servicer: DevicePluginServicer | None = None
+        # (device, inode) of each socket file we bound: only those are ours to remove
+        self._bound: dict[Path, tuple[int, int] | None] = {}
+        self._quick_losses = 0  # streams the kubelet ended soon after we registered
         # Bumped by every server stop: a registration or watchdog task started for an
         # older server sees the change after its next wait and ends.
         self._generation = 0
@@ -153,6 +221,15 @@ class PluginEndpoint:
 
     async def start(self) -> None:
         self._running = True
+        for directory, suffix in ((self.plugin_dir, ".sock"), (self.registry_dir, "-reg.sock")):
+            if directory is None or (directory == self.registry_dir and self.mode != "watcher"):
+                continue
+            for path in remove_stale_sockets(directory, self.socket_prefix, suffix):
+                log.info(
+                    "removed stale socket %s (nobody answers on it)",
+                    path,
+                    extra={"resource": self.resource.name},
+                )
         await self._start_server()
         self._supervisor = asyncio.get_running_loop().create_task(
             self._supervise(), name=f"supervise {self.resource.name}"
@@ -216,16 +293,15 @@ class PluginEndpoint:
             server = grpc.aio.server()
             add_to_server(servicer, server)  # undecodable requests: INVALID_ARGUMENT
             bind_unix(server, self.socket_path)
+            self._bound[self.socket_path] = socket_identity(self.socket_path)
             await server.start()
             self._server = server
+            self._servicer = servicer
             if self.mode == "watcher":
                 await self._start_registry_server()
             else:
-                self._tasks.append(
-                    asyncio.get_running_loop().create_task(
-                        self._register(servicer, self._generation), name=f"register {res.name}"
-                    )
-                )
+                reason = "restart" if self.restarts else "start"
+                self._spawn_register(reason)
         finally:
             self._changing = False
         if self._running and not self.socket_path.exists():
@@ -243,13 +319,14 @@ class PluginEndpoint:
             reg,
         )
         bind_unix(reg, self.registry_socket)
+        self._bound[self.registry_socket] = socket_identity(self.registry_socket)
         await reg.start()
         self._reg_server = reg
 
     def _on_status(self, registered: bool, error: str) -> None:
         res = self.resource
         if registered:
-            self._registered("watcher")
+            self._registered("watcher", "restart" if self.restarts else "start", self._generation)
         else:
             res.registered = False
             log.error("kubelet refused registration: %s", error, extra={"resource": res.name})
@@ -265,20 +342,39 @@ class PluginEndpoint:
         """True once the server a task was started for is stopping or gone."""
         return not self._running or generation != self._generation or self.resource.state.closed
 
-    def _registered(self, mode: str) -> None:
+    def _registered(self, mode: str, reason: str, generation: int) -> None:
         res = self.resource
         if res.state.closed:  # the answer came as the server stops: it is void
             return
         res.registered = True
-        log.info("registered with the kubelet (%s mode)", mode, extra={"resource": res.name})
-        observe.emit("registered", resource=res.name, mode=mode)
+        log.info(
+            "registered with the kubelet (%s mode, %s) as %s",
+            mode,
+            reason,
+            self.socket_name,
+            extra={"resource": res.name},
+        )
+        observe.emit(
+            "registered", resource=res.name, mode=mode, reason=reason, socket=str(self.socket_path)
+        )
         self._tasks.append(
             asyncio.get_running_loop().create_task(
-                self._watch_stream(), name=f"watchdog {res.name}"
+                self._watch_stream(generation), name=f"watchdog {res.name}"
             )
         )
 
-    async def _register(self, servicer: DevicePluginServicer, generation: int) -> None:
+    def _spawn_register(self, reason: str) -> None:
+        assert self._servicer is not None
+        self._tasks.append(
+            asyncio.get_running_loop().create_task(
+                self._register(self._servicer, self._generation, reason),
+                name=f"register {self.resource.name}",
+            )
+        )
+
+    async def _register(
+        self, servicer: DevicePluginServicer, generation: int, reason: str = "start"
+    ) -> None:
         res = self.resource
 
         def failed(reason: str) -> None:
@@ -295,7 +391,7 @@ class PluginEndpoint:
         )
         if attempts is None or self._stale(generation):
             return
-        self._registered("classic")
+        self._registered("classic", reason, generation)
 
     async def _wait_streams(self, want_open: bool, timeout: float | None) -> bool:
         res = self.resource
@@ -311,10 +407,11 @@ class PluginEndpoint:
                 return False
         return True
 
-    async def _watch_stream(self) -> None:
+    async def _watch_stream(self, generation: int) -> None:
         """After registration the kubelet must open ListAndWatch and keep it open;
         when it does not, re-register rather than sit at zero capacity."""
         res = self.resource
+        loop = asyncio.get_running_loop()
         if not await self._wait_streams(True, self.stream_timeout):
             if not self._running or res.state.closed:
                 return
@@ -325,8 +422,12 @@ class PluginEndpoint:
             )
             self.request_restart("no ListAndWatch stream after registration")
             return
+        opened = loop.time()
         await self._wait_streams(False, None)
-        if not self._running or res.state.closed:
+        if self._stale(generation):
+            return
+        if self.mode == "classic" and socket_in_use(self.plugin_dir / KUBELET_SOCKET):
+            await self._hand_over(generation, loop.time() - opened)
             return
         grace = min(self.stream_timeout, LOST_STREAM_GRACE)
         if not await self._wait_streams(True, grace):
@@ -339,6 +440,37 @@ class PluginEndpoint:
                 extra={"resource": res.name},
             )
             self.request_restart("ListAndWatch stream lost")
+
+    async def _hand_over(self, generation: int, lasted: float) -> None:
+        """The kubelet ended our stream while it is up: register again, at once the
+        first time. kubelet 1.32 disconnects a resource's current client whenever any
+        client's stream of that resource ends (handler.go ``runClient`` ->
+        ``getClient(name)`` -> ``disconnectClient``; manager.go ``PluginDisconnected``
+        marks every device unhealthy): an older instance leaving after we registered
+        ends its stream and takes ours down, and only an immediate Register brings the
+        devices back. Losses in a row soon after registering back off."""
+        res = self.resource
+        self._quick_losses = 1 if lasted >= STABLE_STREAM else self._quick_losses + 1
+        delay = 0.0
+        if self._quick_losses > 1:
+            delay = min(HANDOVER_BACKOFF * 2 ** (self._quick_losses - 2), MAX_BACKOFF)
+        log.info(
+            "the kubelet ended our ListAndWatch stream while it is up (another instance "
+            "of this resource left, or the kubelet dropped us); registering again%s",
+            f" in {delay:.2f}s ({self._quick_losses} losses in a row)" if delay else " now",
+            extra={"resource": res.name},
+        )
+        if delay > 0 and await self._wait_streams(True, delay):
+            # the kubelet opened a stream again meanwhile: watch that one
+            self._tasks.append(
+                asyncio.get_running_loop().create_task(
+                    self._watch_stream(generation), name=f"watchdog {res.name}"
+                )
+            )
+            return
+        if self._stale(generation):
+            return
+        self._spawn_register("handover")
 
     async def _stop_server(self) -> None:
         self._changing = True
@@ -361,14 +493,15 @@ class PluginEndpoint:
                         TASK_STOP_TIMEOUT,
                         extra={"resource": res.name},
                     )
-            # only sockets this endpoint bound: one that start-up refused to take over
-            # belongs to another instance
+            # only sockets this endpoint bound, and only while they are still the files
+            # it bound: one that start-up refused to take over belongs to another
+            # instance, and one bound since at the same path by someone else stays
             bound = {p for p, srv in self._bound_paths() if srv is not None}
-            for server in (self._reg_server, self._server):
-                if server is not None:
-                    await server.stop(STOP_GRACE)
+            await asyncio.gather(
+                *(s.stop(STOP_GRACE) for s in (self._reg_server, self._server) if s is not None)
+            )
             self._server = self._reg_server = None
             for path in bound:
-                remove_socket(path)
+                remove_own_socket(path, self._bound.pop(path, None))
         finally:
             self._changing = False

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -45,7 +46,7 @@ from hetero_dp.kits.signals import held
 from hetero_dp.model.device import Device
 from hetero_dp.model.errors import BackendError, ConfigError
 from hetero_dp.model.events import EventSink
-from hetero_dp.model.names import resource_name_problem
+from hetero_dp.model.names import instance_tag, resource_name_problem
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,9 @@ class Daemon:
         self._held: set[str] = set()  # names whose device set grew past 4 MiB
         self._stop_event = asyncio.Event()
         self.ready = asyncio.Event()
+        # names this instance's sockets (after its pod: POD_UID / POD_NAME), so that an
+        # old and a new pod of a rolling update never share one
+        self.instance = instance_tag(os.environ)
         # day-two pieces (metrics, probes, labels, reload) that plug in from above
         self.extensions: list[Extension] = []
         self.health = HealthPolls(self.publish, self._hook_error, self._spawn)
@@ -256,6 +260,7 @@ class Daemon:
                     registry_dir=self.config.plugins_registry_dir,
                     mode=self.config.registration,
                     socket_prefix=self.config.socket_prefix,
+                    instance=self.instance,
                     stream_timeout=self.config.stream_timeout,
                 )
             except ValueError as e:  # its socket path does not fit

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from hetero_dp.model.device import REPLICA_SEPARATOR
 from hetero_dp.model.errors import ConfigError
@@ -128,10 +128,40 @@ def validate_resource_name(name: object, *, field: str = "", source: str = "") -
     return name
 
 
-def socket_name(prefix: str, resource: str) -> str:
-    """A socket file name for a resource: ``<prefix>-<vendor.com>_<name>.sock``."""
+def socket_name(prefix: str, resource: str, instance: str = "") -> str:
+    """A socket file name for a resource: ``<prefix>-<vendor.com>_<name>.sock``, or
+    ``<prefix>-<vendor.com>_<name>-<instance>.sock`` for one instance of several."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", resource.replace("/", "_"))
-    return f"{prefix}-{safe}.sock"
+    return f"{prefix}-{safe}-{instance}.sock" if instance else f"{prefix}-{safe}.sock"
+
+
+INSTANCE_TAG_LENGTH = 12
+
+
+def instance_tag(env: Mapping[str, str]) -> str:
+    """What names this instance's sockets, so that an old and a new pod of a
+    DaemonSet never share one (a rolling update with ``maxSurge`` runs both).
+
+    From the pod, through the downward API: ``POD_UID`` (its first 12 hex digits,
+    which ``kubectl get pod -o jsonpath='{.metadata.uid}'`` starts with), else
+    ``POD_NAME`` (as is when short, else 12 hex digits of its SHA-256);
+    ``HETERO_DP_POD_UID`` wins over both. Neither set: a random tag, unique to
+    this start (``u`` and 11 hex digits).
+    """
+    uid = env.get("HETERO_DP_POD_UID") or env.get("POD_UID") or ""
+    hexdigits = re.sub(r"[^0-9a-f]", "", uid.lower())
+    if hexdigits:
+        return hexdigits[:INSTANCE_TAG_LENGTH]
+    name = re.sub(r"[^a-z0-9-]", "", (env.get("POD_NAME") or "").lower())
+    if name and len(name) <= 2 * INSTANCE_TAG_LENGTH:
+        return name
+    if name:
+        import hashlib
+
+        return hashlib.sha256(name.encode()).hexdigest()[:INSTANCE_TAG_LENGTH]
+    import secrets
+
+    return "u" + secrets.token_hex(INSTANCE_TAG_LENGTH // 2)[: INSTANCE_TAG_LENGTH - 1]
 
 
 def closest(name: str, known: Iterable[str]) -> str | None:

@@ -246,8 +246,13 @@ def test_bad_config_fields_exit_2_naming_the_field(kdir, tmp_path, run_env, doc,
     assert [p.name for p in kdir.iterdir()] == []  # nothing written anywhere near
 
 
+POD_UID = "0a1b2c3d-4e5f-6789-abcd-ef0123456789"
+SOCKET = f"hetero-dp-hetero-dp.io_sim-{POD_UID.replace('-', '')[:12]}.sock"
+
+
 def test_a_regular_file_at_the_socket_path_is_refused_clearly(kdir, run_env):
-    blocker = kdir / "hetero-dp-hetero-dp.io_sim.sock"
+    run_env["POD_UID"] = POD_UID  # the socket is named after the pod
+    blocker = kdir / SOCKET
     blocker.write_text("not a socket")
     out = run_cli(["simulated", "--kubelet-dir", str(kdir)], run_env)
     assert out.returncode == 2, out.stderr
@@ -255,14 +260,19 @@ def test_a_regular_file_at_the_socket_path_is_refused_clearly(kdir, run_env):
     assert blocker.read_text() == "not a socket"  # left alone
 
 
-async def test_a_second_instance_does_not_steal_the_first_ones_socket(
-    fake_kubelet, plugin_runner, run_env
+async def test_a_second_instance_of_the_same_pod_does_not_steal_the_first_ones_socket(
+    fake_kubelet, plugin_runner, run_env, monkeypatch
 ):
+    """Instances of different pods each have their own socket (tests/reliability/
+    test_upgrade.py); two of the same pod UID (two containers of one pod, say) share
+    its name, and the second one is refused."""
     from tests.reliability.conftest import simulated
 
+    monkeypatch.setenv("POD_UID", POD_UID)
+    run_env["POD_UID"] = POD_UID
     await plugin_runner.start(simulated())
     first = await fake_kubelet.wait_registered(SIM)
-    sock = fake_kubelet.plugin_dir / "hetero-dp-hetero-dp.io_sim.sock"
+    sock = fake_kubelet.plugin_dir / SOCKET
     before = sock.stat().st_ino
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "hetero_dp", "run", "simulated",
@@ -282,11 +292,11 @@ async def test_sockets_get_their_mode_whatever_the_umask(fake_kubelet, plugin_ru
 
     old = os.umask(0)
     try:
-        await plugin_runner.start(simulated())
+        daemon = await plugin_runner.start(simulated())
     finally:
         os.umask(old)
     await fake_kubelet.wait_registered(SIM)
-    sock = fake_kubelet.plugin_dir / "hetero-dp-hetero-dp.io_sim.sock"
+    sock = daemon.endpoints[SIM].socket_path
     assert stat.S_IMODE(sock.stat().st_mode) == 0o600
 
 

@@ -19,7 +19,9 @@ async def _reap(proc: asyncio.subprocess.Process) -> None:
 
 
 async def test_sigkill_then_restart_cleans_stale_socket(fake_kubelet, daemon_env, tmp_path):
-    sock = fake_kubelet.plugin_dir / socket_name("hetero-dp", SIM)
+    # the container restarted in the same pod: the same pod UID names the same socket
+    daemon_env["POD_UID"] = "0a1b2c3d-4e5f-6789-abcd-ef0123456789"
+    sock = fake_kubelet.plugin_dir / socket_name("hetero-dp", SIM, "0a1b2c3d4e5f")
     log = tmp_path / "daemon.log"
     first = await spawn_simulated(fake_kubelet.plugin_dir, daemon_env, log, 3)
     try:

@@ -1,0 +1,68 @@
+"""Rolling the DaemonSet in both orders (stop old then start new; new beside old,
+then stop old) for the simulated and nvidia backends (udev: tests/udev/test_upgrade.py,
+under umockdev): no pod fails admission, each instance keeps its own socket, and in
+surge order the kubelet loses the devices at most once, for one immediate
+re-registration (kubelet 1.32 disconnects the current client when the old one's
+stream ends). Timings are in benchmarks/bench_upgrade.py."""
+
+from __future__ import annotations
+
+import pytest
+from hetero_dp_nvidia.backend import NvidiaBackend
+
+from .conftest import SIM, simulated
+from .upgrade import ORDERS, check, roll
+
+
+@pytest.mark.parametrize("order", ORDERS)
+async def test_upgrade_simulated(fake_kubelet, plugin_runner, order):
+    async def start():
+        return await plugin_runner.start(simulated(), options={"simulated": {"count": 3}})
+
+    rollout = await roll(fake_kubelet, plugin_runner, start, SIM, 3, order)
+    check(rollout, fake_kubelet, SIM, 3)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+async def test_upgrade_nvidia(fake_kubelet, plugin_runner, fake_node, order):
+    node = fake_node("h100-8x.scn")
+
+    async def start():
+        backend = NvidiaBackend(environ={})
+        daemon = await plugin_runner.start(backend, options={"nvidia": dict(node.options)})
+        backend.monitor.wait_ms = 200  # bounds only how fast its watch thread sees shutdown
+        return daemon
+
+    rollout = await roll(fake_kubelet, plugin_runner, start, "nvidia.com/gpu", 8, order)
+    check(rollout, fake_kubelet, "nvidia.com/gpu", 8)
+
+
+async def test_sockets_of_dead_instances_are_removed_live_ones_left_alone(
+    fake_kubelet, plugin_runner
+):
+    import socket
+
+    def bound(name: str, listening: bool) -> tuple[socket.socket, int]:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(str(fake_kubelet.plugin_dir / name))
+        if listening:
+            s.listen()
+        return s, (fake_kubelet.plugin_dir / name).stat().st_ino
+
+    # an instance SIGKILLed in another pod left its socket (bound, nobody listening);
+    # another instance (a pod of another rollout step) is alive on its own
+    dead, _ = bound("hetero-dp-hetero-dp.io_sim-deadbeef0000.sock", listening=False)
+    live, live_ino = bound("hetero-dp-hetero-dp.io_sim-a11fe0000000.sock", listening=True)
+    try:
+        daemon = await plugin_runner.start(simulated(), options={"simulated": {"count": 1}})
+        await fake_kubelet.wait_registered(SIM)
+        names = {p.name for p in fake_kubelet.plugin_dir.iterdir()}
+        assert "hetero-dp-hetero-dp.io_sim-deadbeef0000.sock" not in names
+        assert daemon.endpoints[SIM].socket_path.name in names
+        await plugin_runner.stop(daemon)
+        live_path = fake_kubelet.plugin_dir / "hetero-dp-hetero-dp.io_sim-a11fe0000000.sock"
+        assert live_path.stat().st_ino == live_ino  # never touched
+        assert not daemon.endpoints[SIM].socket_path.exists()  # its own: removed
+    finally:
+        dead.close()
+        live.close()
