@@ -1,8 +1,13 @@
 # mypy: disable-error-code="empty-body"
 """Every hook a backend can implement: the whole plugin contract on one screen.
 
-A backend is a module (or object) with functions marked ``@hetero_dp.hookimpl``
-whose names match the specifications below. Only :func:`discover` is required.
+A backend is an object (or, for a single-file plugin, a module) with methods marked
+``@hetero_dp.hookimpl`` whose names match the specifications below. Only
+:func:`discover` is required. A packaged backend registers one way, the way every
+bundled backend and ``hetero-dp new``'s project do: a class whose methods are the
+hooks, one instance of it named ``plugin`` in its module, and an entry point in the
+group ``hetero_dp`` that names that instance (``acme = "acme_npu:plugin"``); a test
+registers an instance of its own the same way.
 Hooks may be plain functions (run in a worker thread, so they may block) or
 ``async def`` coroutines (run on the event loop, so they must not block).
 The hooks the kubelet waits on (``allocate``, ``pre_start_container``,

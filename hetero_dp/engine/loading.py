@@ -1,10 +1,12 @@
 """Finding backends and loading them.
 
 Backends are pluggy plugins: found by name through the entry-point group
-``hetero_dp`` (bundled and third-party alike), or loaded from a ``.py`` file (the
-same module a test imports, when the file is importable). Each is checked for
-mistakes at load (a marked function that is no hook, an argument its hook does not
-have) and wrapped in a :class:`~hetero_dp.engine.backend.Backend`.
+``hetero_dp`` (bundled and third-party alike), whose entry point names the backend's
+instance (``acme = "acme_npu:plugin"``), or loaded from a ``.py`` file (the same
+module a test imports, when the file is importable; its ``plugin`` instance when it
+has one, as the project template's module does, else the module's own functions).
+Each is checked for mistakes at load (a marked function that is no hook, an argument
+its hook does not have) and wrapped in a :class:`~hetero_dp.engine.backend.Backend`.
 """
 
 from __future__ import annotations
@@ -104,6 +106,21 @@ def _load_file(path: Path) -> ModuleType:
     return module
 
 
+INSTANCE = "plugin"  # the name a backend module gives its instance (its entry point's target)
+
+
+def _instance_in(module: ModuleType) -> object:
+    """The backend a plugin file holds: the instance it names ``plugin`` (what an entry
+    point ``name = "module:plugin"`` would load), or else the module itself, whose
+    module-level functions are the hooks (a single-file plugin)."""
+    instance = getattr(module, INSTANCE, None)
+    if instance is None or inspect.ismodule(instance) or inspect.isclass(instance):
+        return module
+    if inspect.isroutine(instance):
+        return module
+    return instance
+
+
 def resolve(spec: str | ModuleType | object) -> tuple[str, object]:
     """A backend given by entry-point name, ``.py`` path or object -> (name, plugin)."""
     if not isinstance(spec, str):
@@ -116,7 +133,7 @@ def resolve(spec: str | ModuleType | object) -> tuple[str, object]:
         path = Path(spec)
         if not path.is_file():
             raise ConfigError(f"no such plugin file: {spec}", field="backend")
-        return path.stem, _load_file(path.resolve())
+        return path.stem, _instance_in(_load_file(path.resolve()))
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == spec:
             try:

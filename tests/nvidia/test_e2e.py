@@ -173,22 +173,24 @@ async def test_nvidia_config_file_flags_section(fake_kubelet, plugin_runner, fak
     assert dict(resp.envs) == {"NVIDIA_VISIBLE_DEVICES": "1:0,1:1"}
 
 
-async def test_entry_point_module_with_nvidia_env_vars(
+async def test_entry_point_instance_with_nvidia_env_vars(
     fake_kubelet, plugin_runner, fake_node, monkeypatch
 ):
-    from hetero_dp_nvidia import backend as module
+    from hetero_dp.engine.loading import resolve
+
+    _, instance = resolve("nvidia")  # the instance the entry point names
 
     node = fake_node("a100-mig-mixed.scn")
     monkeypatch.setenv("MIG_STRATEGY", "mixed")
     monkeypatch.setenv("DEVICE_ID_STRATEGY", "index")
     try:
-        await plugin_runner.start(module, options={"nvidia": node.options})
+        await plugin_runner.start(instance, options={"nvidia": node.options})
         devices = await fake_kubelet.wait_devices("nvidia.com/mig-3g.40gb", lambda d: len(d) == 2)
         resp = await fake_kubelet.allocate("nvidia.com/mig-3g.40gb", list(devices))
         assert dict(resp.envs) == {"NVIDIA_VISIBLE_DEVICES": "1:0,1:1"}
     finally:
         await plugin_runner.stop_all()
-        module.BACKEND.shutdown()
+        instance.shutdown()
 
 
 async def test_driver_root_ctr_path_with_pass_device_specs_passes_every_control_node(

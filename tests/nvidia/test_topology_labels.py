@@ -185,9 +185,9 @@ def test_doctor_rejects_bad_options():
 def test_hookimpls_match_the_contract():
     pm = pluggy.PluginManager("hetero_dp")
     pm.add_hookspecs(hetero_dp.hookspecs)
-    pm.register(backend_module, name="nvidia")  # validates names and arguments
+    pm.register(backend_module.plugin, name="nvidia")  # validates names and arguments
     pm.check_pending()
-    implemented = {h.name for h in pm.get_hookcallers(backend_module)}
+    implemented = {h.name for h in pm.get_hookcallers(backend_module.plugin)}
     assert implemented == {
         "partitions",
         "prepare",
@@ -226,7 +226,7 @@ def test_links_through_nvswitches(fake_node):
     assert got[frozenset(("GPU-a", "GPU-c"))] == (10, "SYS")
 
 
-def test_entry_point_names_the_hookimpl_module():
+def test_entry_point_names_the_backend_instance():
     import importlib
     from pathlib import Path
 
@@ -239,5 +239,11 @@ def test_entry_point_names_the_hookimpl_module():
     meta = tomllib.loads(pyproject.read_text())["project"]
     assert meta["name"] == "hetero-dp-nvidia"
     target = meta["entry-points"]["hetero_dp"]["nvidia"]
-    module = importlib.import_module(target)
-    assert module is backend_module and module.hetero_dp_name == "nvidia"
+    module, _, attr = target.partition(":")
+    instance = getattr(importlib.import_module(module), attr)
+    assert instance is backend_module.plugin and isinstance(instance, NvidiaBackend)
+    assert instance.hetero_dp_name == "nvidia"
+    # a module-level hookimpl beside the instance would be a second registration style
+    assert not [
+        n for n in dir(backend_module) if hasattr(getattr(backend_module, n), "hetero_dp_impl")
+    ]

@@ -125,7 +125,7 @@ async def test_project_installs_from_wheels_alone_and_registers(
         cwd=away,
         env=env,
     )
-    assert "'acme_npu': 'acme_npu'" in found.stdout, found.stdout + found.stderr
+    assert "'acme_npu': 'acme_npu:plugin'" in found.stdout, found.stdout + found.stderr
     devs = tmp_path / "devs"
     devs.mkdir()
     cmd = [str(venv / "bin" / "hetero-dp"), "run", "acme_npu"]

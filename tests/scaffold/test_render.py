@@ -45,17 +45,21 @@ def test_project_has_every_file_and_no_template_tags_left(project: Path):
 def test_pyproject_declares_the_entry_point_and_module(project: Path):
     meta = tomllib.loads((project / "pyproject.toml").read_text())
     assert meta["project"]["name"] == "acme-npu-device-plugin"
-    assert meta["project"]["entry-points"]["hetero_dp"] == {"acme_npu": "acme_npu"}
+    assert meta["project"]["entry-points"]["hetero_dp"] == {"acme_npu": "acme_npu:plugin"}
     assert meta["tool"]["setuptools"]["py-modules"] == ["acme_npu"]
     assert any(d.startswith("hetero-dp") for d in meta["project"]["dependencies"])
 
 
 def test_plugin_module_is_small_and_names_the_resource(project: Path):
     source = (project / "acme_npu.py").read_text()
-    assert len(source.splitlines()) <= 45  # typed options included
+    assert len(source.splitlines()) <= 60  # typed options included
     tree = ast.parse(source)
-    hooks = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Plugin"]
+    hooks = {n.name for n in cls.body if isinstance(n, ast.FunctionDef) and n.decorator_list}
     assert hooks == {"configure", "discover", "check_health"}
+    # one registration style: the entry point names the instance, no module-level hooks
+    assert not [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    assert "plugin = Plugin()" in source
     assert 'RESOURCE = "acme.example.com/npu"' in source
     assert resource_name_problem("acme.example.com/npu") is None
 

@@ -19,13 +19,13 @@ PYPROJECT = Path(__file__).resolve().parents[2] / "vendors" / "udev" / "pyprojec
 HOOKS = {"configure", "discover", "check_health", "watch", "labels", "doctor"}
 
 
-def test_entry_point_names_the_backend_module() -> None:
+def test_entry_point_names_the_backend_instance() -> None:
     project = tomllib.loads(PYPROJECT.read_text())["project"]
     assert project["name"] == "hetero-dp-udev"
-    assert project["entry-points"]["hetero_dp"] == {"udev": "hetero_dp_udev.backend"}
+    assert project["entry-points"]["hetero_dp"] == {"udev": "hetero_dp_udev.backend:plugin"}
 
 
-@pytest.mark.parametrize("plugin", [backend, UdevBackend()], ids=["module", "instance"])
+@pytest.mark.parametrize("plugin", [backend.plugin, UdevBackend()], ids=["entry", "own"])
 def test_pluggy_sees_every_hook(plugin: object) -> None:
     (loaded,) = load_backends([plugin])
     assert loaded.name == "udev"

@@ -1,6 +1,6 @@
 """hetero-dp NVIDIA backend: NVML discovery, MIG, XID health with recovery, topology.
 
-The hookimpls live in :mod:`hetero_dp_nvidia.backend` (entry point ``nvidia``).
+The entry point ``nvidia`` names the instance :data:`hetero_dp_nvidia.backend.plugin`.
 """
 
 __version__ = "0.1.0"

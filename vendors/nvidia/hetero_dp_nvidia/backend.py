@@ -1,9 +1,9 @@
 """The NVIDIA backend's hooks (entry point ``hetero_dp: nvidia``).
 
-The module-level functions are the hookimpls pluggy finds; they delegate to one
-:class:`NvidiaBackend`. Tests (and anyone running two configurations in one
-process) register their own ``NvidiaBackend()`` instances instead: its methods
-carry the same hookimpl markers.
+The entry point names one instance, :data:`plugin`, whose methods carry the
+hookimpl markers (the pattern every bundled backend and the project template
+follow). Tests (and anyone running two configurations in one process) register
+their own ``NvidiaBackend()`` instances the same way.
 """
 
 from __future__ import annotations
@@ -41,11 +41,10 @@ from .metrics import node_samples
 from .mps import MpsResource, mps_response, plan_mps
 from .mps_daemon import MpsManager, find_control, mps_checks
 from .nvml import NvmlUnavailable, log, log_once
-from .options import COMMAND_LINE, NvidiaFlags, parse_command_line, parse_options
+from .options import COMMAND_LINE, parse_command_line, parse_options
 from .topology import compute_links
 
 CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
-hetero_dp_name = "nvidia"  # when this module is passed as an object rather than by name
 
 
 class NvidiaBackend:
@@ -456,105 +455,8 @@ def run_doctor(options: Mapping[str, Any], environ: Mapping[str, str] | None) ->
     return checks
 
 
-# ---- module-level hookimpls for the entry point ----------------------------------
+# ---- the entry point ----------------------------------------------------------------
 
-BACKEND = NvidiaBackend(environ=None)
-
-
-@hookimpl
-def configure(options: NvidiaFlags) -> None:
-    """Apply NVIDIA's options (env vars win) and start NVML."""
-    BACKEND._environ = os.environ
-    BACKEND.configure(options)
-
-
-@hookimpl
-def discover() -> Iterable[Device]:
-    """GPUs and MIG devices under the configured strategies."""
-    return BACKEND.discover()
-
-
-@hookimpl
-def check_health(device: Device) -> bool | str | None:
-    """Probe the device's GPU (and MIG device)."""
-    return BACKEND.check_health(device)
-
-
-@hookimpl
-def watch(events: EventSink) -> None:
-    """XID / ECC / GPU-lost event loop with recovery."""
-    BACKEND.watch(events)
-
-
-@hookimpl
-def partitions(devices: list[Device]) -> Iterable[Device]:
-    """dynamicMig (DRA): every possible MIG placement of GPUs in MIG mode."""
-    return BACKEND.partitions(devices)
-
-
-@hookimpl
-def prepare(
-    claim: Mapping[str, str], devices: list[Device], config: list[Mapping[str, Any]]
-) -> Iterable[Device] | None:
-    """dynamicMig (DRA): create the claim's MIG instances."""
-    return BACKEND.prepare(claim, devices, config)
-
-
-@hookimpl
-def unprepare(claim: Mapping[str, str], device_ids: list[str]) -> None:
-    """dynamicMig (DRA): destroy the claim's MIG instances."""
-    BACKEND.unprepare(claim, device_ids)
-
-
-@hookimpl
-def links(devices: list[Device]) -> Iterable[Link]:
-    """NVLink and PCIe pair scores (cached per device set)."""
-    return BACKEND.links(devices)
-
-
-@hookimpl
-def labels(devices: list[Device]) -> Mapping[str, str]:
-    """GPU feature discovery labels."""
-    return BACKEND.labels(devices)
-
-
-@hookimpl
-def metrics(devices: list[Device]) -> Iterable[Sample]:
-    """DCGM-exporter-named samples."""
-    return BACKEND.metrics(devices)
-
-
-@hookimpl
-def resource_defaults(resource: str) -> Mapping[str, Any] | None:
-    """deviceListStrategy mapped onto the framework's delivery settings."""
-    return BACKEND.resource_defaults(resource)
-
-
-@hookimpl
-def allocate(devices: list[Device], response: ContainerResponse) -> None:
-    """DeviceSpecs only with passDeviceSpecs."""
-    BACKEND.allocate(devices, response)
-
-
-@hookimpl
-def cdi_spec_edits(kind: str, devices: list[Device]) -> Mapping[str, Any] | None:
-    """The driver's files, hooks and env for the CDI spec."""
-    return BACKEND.cdi_spec_edits(kind, devices)
-
-
-@hookimpl
-def parse_args(args: list[str]) -> Mapping[str, Any]:
-    """NVIDIA's command-line flags."""
-    return BACKEND.parse_args(args)
-
-
-@hookimpl
-def doctor(options: Mapping[str, Any]) -> Iterable[Check]:
-    """Driver, library, GPUs, device nodes and MIG layout checks."""
-    return run_doctor(options, os.environ)
-
-
-@hookimpl
-def shutdown() -> None:
-    """Shut NVML down."""
-    BACKEND.shutdown()
+# ``nvidia = "hetero_dp_nvidia.backend:plugin"``: the instance the daemon runs. Its
+# environment is the process's (``environ=None``: os.environ, read at configure).
+plugin = NvidiaBackend()

@@ -1,4 +1,4 @@
-"""The udev backend: hook implementations registered under the ``hetero_dp`` entry point.
+"""The udev backend: the entry point ``udev`` names the instance :data:`plugin`.
 
 ``configure`` loads the rules, ``discover`` enumerates with pyudev, ``watch`` puts a
 ``pyudev.Monitor`` on the event loop (``loop.add_reader``, no polling), and
@@ -622,12 +622,5 @@ def _pairs_with(dev: pyudev.Device, comp: Companion) -> bool:
     )
 
 
-# The entry point names this module, so its module-level hooks are one shared backend.
-hetero_dp_name = "udev"
-_backend = UdevBackend()
-configure = _backend.configure
-discover = _backend.discover
-check_health = _backend.check_health
-watch = _backend.watch
-labels = _backend.labels
-doctor = _backend.doctor
+# ``udev = "hetero_dp_udev.backend:plugin"``: the instance the daemon runs.
+plugin = UdevBackend()

@@ -6,16 +6,14 @@ Device nodes are plain files in a temp dir, so no hardware is needed.
 
 import os
 
-import {{ cookiecutter.package_name }} as plugin
-
-RESOURCE = plugin.RESOURCE
+from {{ cookiecutter.package_name }} import RESOURCE, Plugin
 
 
 async def start(plugin_runner, tmp_path, count):
     for i in range(count):
         (tmp_path / f"dev{i}").touch()
     options = {"{{ cookiecutter.package_name }}": {"deviceGlob": str(tmp_path / "dev*")}}
-    return await plugin_runner.start(plugin, options=options)
+    return await plugin_runner.start(Plugin(), options=options)
 
 
 async def test_registers_and_lists_every_node(fake_kubelet, plugin_runner, tmp_path):
@@ -48,7 +46,7 @@ async def test_host_root_maps_paths_back_to_the_host(fake_kubelet, plugin_runner
     (tmp_path / "dev").mkdir()
     (tmp_path / "dev" / "acme0").touch()
     options = {"{{ cookiecutter.package_name }}": {"deviceGlob": "/dev/acme*", "hostRoot": str(tmp_path)}}
-    await plugin_runner.start(plugin, options=options)
+    await plugin_runner.start(Plugin(), options=options)
     devices = await fake_kubelet.wait_devices(RESOURCE, lambda d: len(d) == 1)
     assert devices["acme0"].healthy
     response = await fake_kubelet.allocate(RESOURCE, ["acme0"])
