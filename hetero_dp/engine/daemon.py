@@ -96,7 +96,7 @@ class Daemon:
             await b.configure_from(self.config)
         runtime_config = self.config.cdi.get("runtimeConfig")
         if runtime_config:  # a CDI delivery the runtime would ignore falls back (resource.py)
-            from hetero_dp.ops.doctor.runtime import runtime_cdi_off
+            from hetero_dp.kits.runtimeconf import runtime_cdi_off
 
             self.cdi_off = runtime_cdi_off(Path(runtime_config))
         cdi = make_cdi_publisher(self.config.cdi, self.settings_for, self.config.source)
