@@ -186,6 +186,22 @@ def _check_paths(device: Device) -> None:
         )
 
 
+def spec_device_problems(kind: str, device: Device) -> list[str]:
+    """Why ``device`` cannot be one device of a CDI spec of ``kind`` (its ID is no CDI
+    device name, a path is relative, an env name is bad), each naming the field; empty
+    when it can. One such device is left out of the spec (and made Unhealthy by the
+    daemon) instead of blocking the spec of every device of the kind."""
+    out = []
+    problem = device_name_problem(device.id)
+    if problem:
+        out.append(f"id: {problem} (CDI kind {kind!r})")
+    try:
+        _check_paths(device)
+    except ConfigError as e:
+        out.append(f"{e.reason}")
+    return out
+
+
 def list_env_keys(devices: Sequence[Device]) -> set[str]:
     """Env keys that devices set to different values (``ACME_VISIBLE_DEVICES=0`` / ``=1``).
 

@@ -30,6 +30,7 @@ from hetero_dp.allocation.cdi import (
     with_edits,
 )
 from hetero_dp.allocation.delivery import parse_delivery
+from hetero_dp.allocation.gate import Refused
 from hetero_dp.kits.atomic import create_unique, write_atomic
 from hetero_dp.model.device import Device
 from hetero_dp.model.errors import BackendError, ConfigError
@@ -71,8 +72,20 @@ class CDIWriter:
         Also removes temp files that a killed write left behind. Raises
         ConfigError naming the path otherwise.
         """
-        if self.dir.exists() and not self.dir.is_dir():
+        try:
+            is_file = self.dir.exists() and not self.dir.is_dir()
+        except (OSError, ValueError) as e:  # a name too long, a NUL
+            raise ConfigError(
+                f"CDI spec dir {str(self.dir)!r} is unusable: {e}", field=field
+            ) from e
+        if is_file:
             raise ConfigError(f"CDI spec dir {str(self.dir)!r} is not a directory", field=field)
+        if not self.dir.is_absolute():
+            raise ConfigError(
+                f"CDI spec dir {str(self.dir)!r} must be an absolute path (runtimes read "
+                "/etc/cdi and /var/run/cdi)",
+                field=field,
+            )
         try:
             self.dir.mkdir(mode=0o755, parents=True, exist_ok=True)
         except OSError as e:
@@ -245,6 +258,8 @@ class CDIPublisher:
         self.writer = writer
         self.settings_for = settings_for
         self.check_first = check_first
+        # The spec dir's check failed (a ConfigError naming cdi.dir), until one passes.
+        self.unusable: ConfigError | None = None
         # kind -> physical resource -> its devices, across all backends
         self._devices: dict[str, dict[str, list[Device]]] = {}
         self._backends: dict[str, _Backend] = {}  # physical resource -> its backend
@@ -271,7 +286,13 @@ class CDIPublisher:
     async def __call__(self, rt: _Runtime) -> None:
         changed = set()
         for physical, advertised in rt.resources.items():
-            devices = [d for d in rt.published.values() if d.resource == physical]
+            # A device the gate refused (a path, an ID that is no CDI name) is left out:
+            # the spec is written for the others, and the refused one is Unhealthy.
+            devices = [
+                d
+                for d in rt.published.values()
+                if d.resource == physical and not isinstance(d.reason, Refused)
+            ]
             self._backends[physical] = rt.backend
             try:
                 kinds = self.kinds(physical, advertised)
@@ -302,8 +323,10 @@ class CDIPublisher:
                 try:
                     await asyncio.to_thread(self.writer.check, "cdi.dir")
                 except ConfigError as e:
+                    self.unusable = e  # at start-up the daemon exits with it (exit 2)
                     log.error("CDI specs not written: %s", e)
                     return  # checked again at the next change
+                self.unusable = None
                 self.check_first = False
             for kind in sorted(changed | touched):
                 per_resource = self._devices.get(kind, {})

@@ -26,17 +26,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hetero_dp.allocation.cdi import spec_device_problems
 from hetero_dp.allocation.delivery import parse_delivery
-from hetero_dp.allocation.gate import gate_device
+from hetero_dp.allocation.gate import Refused, gate_device, refusal
 from hetero_dp.allocation.preferred import link_scores
 from hetero_dp.deviceplugin.dirwatch import KubeletDirWatch
 from hetero_dp.deviceplugin.endpoint import PluginEndpoint
 from hetero_dp.engine.backend import Backend
-from hetero_dp.engine.cdi_publisher import make_cdi_publisher
+from hetero_dp.engine.cdi_publisher import CDIPublisher, make_cdi_publisher
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.extension import Extension
 from hetero_dp.engine.polling import HealthPolls
-from hetero_dp.engine.publishing import log_transitions, oversized, plan, too_large
+from hetero_dp.engine.publishing import Plan, log_transitions, oversized, plan, too_large
 from hetero_dp.engine.resource import Resource
 from hetero_dp.engine.runtime import BackendRuntime
 from hetero_dp.engine.watching import HookWatch
@@ -87,8 +88,6 @@ class Daemon:
 
     async def start(self) -> None:
         """Configure, discover, validate, then serve and register. ConfigError = bad setup."""
-        for ext in self.extensions:  # probes first: /readyz says "starting" meanwhile
-            await ext.start()
         for rt in self.runtimes.values():
             self.health.wire(rt)
         for b in self.backends:
@@ -102,11 +101,17 @@ class Daemon:
         cdi = make_cdi_publisher(self.config.cdi, self.settings_for, self.config.source)
         if cdi is not None:
             self.publishers.append(cdi)
+        # The config is checked (backends' options, cdi.dir) before any port is bound;
+        # then probes, before discovery: /readyz says "starting" meanwhile.
+        for ext in self.extensions:
+            await ext.start()
         for rt in self.runtimes.values():
             await self._discover(rt)
         self._check_startup_names()
         for rt in self.runtimes.values():
             await self.publish(rt)
+        if cdi is not None and cdi.unusable is not None:  # specs are needed and cannot be
+            raise ConfigError(cdi.unusable.reason, field="cdi.dir", source=self.config.source)
         if self.serve_device_plugins:
             self._dir_watch = KubeletDirWatch(
                 self.config.kubelet_dir,
@@ -286,6 +291,10 @@ class Daemon:
         while True:
             effective = rt.effective()
             planned, invalid = plan(rt, effective, self.config.sharing)
+            refused = self._cdi_refusals(planned)
+            if refused:  # out of the CDI spec: Unhealthy, so never allocated by CDI name
+                effective = [refused.get(d.id, d) for d in effective]
+                planned, invalid = plan(rt, effective, self.config.sharing)
             missing = {
                 name
                 for phys, (_, grouped) in planned.items()
@@ -332,6 +341,27 @@ class Daemon:
                     await result
             except Exception:
                 log.exception("publisher %r failed", publish)
+
+    def _cdi_refusals(self, planned: Plan) -> dict[str, Device]:
+        """Devices that cannot be in the CDI spec of a kind their resource delivers by,
+        made Unhealthy with the reason (the spec is written for the others)."""
+        cdi = next((p for p in self.publishers if isinstance(p, CDIPublisher)), None)
+        if cdi is None:
+            return {}
+        out: dict[str, Device] = {}
+        for phys, (physical_map, grouped) in planned.items():
+            try:
+                kinds = cdi.kinds(phys, set(grouped))
+            except ConfigError:
+                continue  # the publisher logs it
+            for kind in sorted(kinds):
+                for d in physical_map.values():
+                    if d.id in out or isinstance(d.reason, Refused):
+                        continue
+                    problems = spec_device_problems(kind, d)
+                    if problems:
+                        out[d.id] = d.with_health(False, refusal(problems))
+        return out
 
     def _hold_oversized(
         self, rt: BackendRuntime, grouped: dict[str, list[Device]], ids_changed: bool

@@ -221,3 +221,42 @@ async def test_simulated_backend_two_resources(fake_kubelet, plugin_runner, cdi_
         spec = assert_valid_cdi_spec(cdi_dir / f"hetero-dp_{kind.replace('/', '_')}.json")
         assert [d["name"] for d in spec["devices"]] == [name]
         assert spec["cdiVersion"] == "0.5.0"  # hostPath /dev/null differs from /dev/simN
+
+
+async def test_one_device_unfit_for_cdi_leaves_the_spec_to_the_others(
+    fake_kubelet, plugin_runner, cdi_dir
+):
+    """Issue #29: one bad device blocked the spec of every device of the resource, all
+    stayed Healthy and Allocate handed out names no spec defined."""
+    import grpc
+
+    backend = Acme(2)
+    backend.devices.append(Device(id="acc_0-", resource=RES, nodes=(DeviceNode("/dev/null"),)))
+    daemon = await start(plugin_runner, backend, cdi_dir, {"deliver": ["cdi-cri"]})
+    devices = await fake_kubelet.wait_devices(RES, lambda d: len(d) == 3)
+    assert devices["accel0"].healthy and not devices["acc_0-"].healthy
+    assert "not a valid CDI device name" in daemon.resources[RES].state.get("acc_0-").reason
+    assert spec_names(cdi_dir) == ["accel0", "accel1"]
+    r = await fake_kubelet.allocate(RES, ["accel1"])
+    for c in r.cdi_devices:
+        resolve(cdi_dir, c.name)  # every name handed out is in a spec
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await fake_kubelet.allocate(RES, ["acc_0-"])
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+@pytest.mark.parametrize("where", ["file", "proc"])
+async def test_an_unusable_cdi_dir_is_a_start_up_error_when_specs_are_needed(
+    plugin_runner, tmp_path, where
+):
+    """cdi.enabled unset: the dir is checked when the first spec is needed, which at
+    start-up is still a configuration error naming cdi.dir (issue #29: it was logged
+    and the daemon served CDI names without specs)."""
+    from hetero_dp import ConfigError
+
+    (tmp_path / "f").write_text("")
+    cdi = tmp_path / "f" / "cdi" if where == "file" else Path("/proc/hetero-dp-cdi")
+    raw = {"cdi": {"dir": str(cdi)}, "resources": {RES: {"deliver": ["cdi-cri"]}}}
+    with pytest.raises(ConfigError) as e:
+        await plugin_runner.start(Acme(1), config=raw)
+    assert e.value.field == "cdi.dir"

@@ -119,3 +119,28 @@ async def test_backend_samples_are_exported_fresh_on_every_scrape(fake_kubelet, 
     assert not any(name == "DCGM_FI_DEV_GPU_TEMP" for name, _ in m)
     assert value(m, "hetero_dp_hook_errors_total", backend="scripted", hook="metrics") == 1
     assert value(m, "hetero_dp_devices", resource=RES) == 2
+
+
+async def test_a_config_error_exits_before_the_metrics_port_is_bound(plugin_runner, tmp_path):
+    """Issue #29: the metrics port was bound before a configuration error ended the
+    start. The test holds the port itself: had the daemon tried to bind it first,
+    the error would be about the port, not about cdi.dir."""
+    import socket
+
+    from hetero_dp import ConfigError
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    (tmp_path / "f").write_text("")
+    raw = {
+        "metrics": {"address": f"127.0.0.1:{port}"},
+        "cdi": {"enabled": True, "dir": str(tmp_path / "f" / "cdi")},
+    }
+    try:
+        with pytest.raises(ConfigError) as e:
+            await plugin_runner.start(Scripted(make_devices(RES, 1)), config=raw)
+    finally:
+        holder.close()
+    assert e.value.field == "cdi.dir"
