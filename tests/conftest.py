@@ -1,5 +1,8 @@
 """Shared fixtures. The ``fake_kubelet`` and ``plugin_runner`` fixtures come from
-hetero-dp's own pytest plugin (entry point ``pytest11``), as for any plugin author."""
+hetero-dp's own pytest plugin (entry point ``pytest11``), as for any plugin author.
+
+Over the whole run, tests/hostguard.py fails any test that writes to the host's CDI or
+kubelet dirs."""
 
 from __future__ import annotations
 
@@ -11,8 +14,13 @@ import pytest
 
 # The fake libnvidia-ml.so.1 fixtures, for any test directory (one fake NVML per process).
 from tests.fakenvml.fixtures import fake_node, fake_nvml_lib, watching  # noqa: F401
+from tests.hostguard import HostGuard
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(HostGuard(), "hetero_dp_host_guard")
 
 
 @pytest.fixture

@@ -34,14 +34,37 @@ def test_config(
     return raw
 
 
+def keep_off_the_host(raw: dict[str, Any], scratch: Path) -> dict[str, Any]:
+    """Point every host path of a config document that it leaves at its default into
+    ``scratch``: CDI specs (default /var/run/cdi, which container runtimes read), node
+    labels (default /etc/kubernetes/node-feature-discovery/features.d) and the plugin
+    registry (default /var/lib/kubelet/plugins_registry). A daemon in a test or the
+    demo must never advertise its fake devices to the real node it runs on."""
+    raw.setdefault("pluginsRegistryDir", str(scratch / "plugins_registry"))
+    for section, default in (("cdi", "cdi"), ("labels", "features.d")):
+        given = raw.get(section)
+        if given is None or isinstance(given, dict):
+            raw[section] = {"dir": str(scratch / default), **(given or {})}
+    return raw
+
+
 class PluginRunner:
-    """Start daemons serving backends into ``plugin_dir``; stop them all at the end."""
+    """Start daemons serving backends into ``plugin_dir``; stop them all at the end.
+
+    Every other host path the daemon would use by default (CDI specs, node labels, the
+    plugin registry) goes into ``scratch_dir`` (default: the dir holding ``plugin_dir``,
+    a temp dir for the fixtures and the demo) unless ``config`` names one."""
 
     def __init__(
-        self, plugin_dir: Path, registry_dir: Path | None = None, base_dir: Path | None = None
+        self,
+        plugin_dir: Path,
+        registry_dir: Path | None = None,
+        base_dir: Path | None = None,
+        scratch_dir: Path | None = None,
     ) -> None:
         self.plugin_dir = Path(plugin_dir)
         self.registry_dir = registry_dir
+        self.scratch_dir = Path(scratch_dir) if scratch_dir else self.plugin_dir.parent
         # A relative plugin path not found from the working directory is looked for
         # here (the fixture sets the test file's dir), so a test passes from any dir.
         self.base_dir = base_dir
@@ -80,6 +103,7 @@ class PluginRunner:
         raw["kubeletDir"] = str(self.plugin_dir)
         if self.registry_dir is not None:
             raw.setdefault("pluginsRegistryDir", str(self.registry_dir))
+        keep_off_the_host(raw, self.scratch_dir)
         cfg = load_config(raw=raw, env={})
         specs = [self._where(b) for b in backends]
         daemon = Daemon(cfg, load_backends(specs, timeout=cfg.hook_timeout))

@@ -81,14 +81,21 @@ async def test_cdi_annotations_with_prefix(fake_kubelet, plugin_runner, fake_nod
 async def test_config_resources_section_wins_over_backend_defaults(
     fake_kubelet, plugin_runner, fake_node, tmp_path
 ):
-    """Using nvidia-ctk's specs: CDI names only, kind nvidia.com/gpu, no specs written."""
+    """A ``resources`` section's cdiKind wins over the backend's default kind: CDI names
+    only, kind nvidia.com/gpu, and the spec (in the test's own CDI dir, never the
+    host's /var/run/cdi) is of that kind."""
     node = fake_node("h100-8x.scn")
+    cdi_dir = tmp_path / "cdi"
     await plugin_runner.start(
         NvidiaBackend(environ={"DEVICE_LIST_STRATEGY": "cdi-cri"}),
-        config={"resources": {"nvidia.com/gpu": {"cdiKind": "nvidia.com/gpu"}}},
+        config={
+            "resources": {"nvidia.com/gpu": {"cdiKind": "nvidia.com/gpu"}},
+            "cdi": {"dir": str(cdi_dir)},
+        },
         options={"nvidia": node.options},
     )
     await fake_kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 8)
     r = await fake_kubelet.allocate("nvidia.com/gpu", [node.uuid(0)])
     assert [c.name for c in r.cdi_devices] == [f"nvidia.com/gpu={node.uuid(0)}"]
     assert list(r.devices) == []
+    assert spec(cdi_dir)["kind"] == "nvidia.com/gpu"

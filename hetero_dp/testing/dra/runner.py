@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hetero_dp.testing.dra.apiserver import FakeAPIServer
-from hetero_dp.testing.runner import PluginRunner, test_config
+from hetero_dp.testing.runner import PluginRunner, keep_off_the_host, test_config
 
 
 class DRARunner(PluginRunner):
@@ -58,6 +58,7 @@ class DRARunner(PluginRunner):
         raw["kubeletDir"] = str(self.plugin_dir)
         raw["pluginsRegistryDir"] = str(self.registry_dir)
         raw.setdefault("cdi", {})["dir"] = str(self.cdi_dir)
+        keep_off_the_host(raw, self.root)
         cfg = load_config(raw=raw, env={})
         opts = DRAOptions(
             node_name=self.node if node is None else node,

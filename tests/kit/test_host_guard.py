@@ -1,0 +1,111 @@
+"""The suite keeps off the host: tests/hostguard.py fails a test that writes to the
+host's CDI or kubelet dirs, and the fixtures point every host path a daemon would use
+by default into their temp dirs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+from tests.hostguard import HOST_DIRS, HostGuard, changes, snapshot
+
+INNER_TESTS = """
+import pytest
+from pathlib import Path
+
+HOST = Path({host!r})
+
+
+def test_innocent(tmp_path):
+    (tmp_path / "x").write_text("mine")
+
+
+def test_writes_a_spec():
+    (HOST / "cdi").mkdir(exist_ok=True)
+    (HOST / "cdi" / "acme.json").write_text("{{}}")
+
+
+@pytest.fixture
+def leaves_a_socket():
+    yield
+    (HOST / "kubelet.sock").write_text("")
+
+
+def test_whose_fixture_writes_at_teardown(leaves_a_socket):
+    pass
+
+
+def test_changes_one():
+    (HOST / "seed").write_text("changed, longer")
+"""
+
+
+def test_the_guard_fails_exactly_the_tests_that_write(tmp_path: Path):
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "seed").write_text("as found")
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    (inner / "conftest.py").write_text(
+        "from pathlib import Path\n"
+        "from tests.hostguard import HostGuard\n\n"
+        "def pytest_configure(config):\n"
+        f"    config.pluginmanager.register(HostGuard([Path({str(host)!r})]), 'guard')\n"
+    )
+    (inner / "test_inner.py").write_text(INNER_TESTS.format(host=str(host)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(inner)],
+        cwd=inner,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = proc.stdout
+    assert proc.returncode == 1, out + proc.stderr
+    assert "4 passed, 3 errors" in out, out
+    assert f"created {host}/cdi/acme.json" in out and f"created {host}/cdi\n" in out
+    assert f"created {host}/kubelet.sock" in out
+    assert f"changed {host}/seed" in out
+    errors = [ln for ln in out.splitlines() if ln.startswith("ERROR ")]
+    assert sorted(e.split("::")[1].split()[0] for e in errors) == [
+        "test_changes_one",
+        "test_whose_fixture_writes_at_teardown",
+        "test_writes_a_spec",
+    ]
+
+
+def test_snapshot_sees_creation_change_and_removal(tmp_path: Path):
+    (tmp_path / "a").write_text("1")
+    (tmp_path / "b").write_text("1")
+    before = snapshot([tmp_path, tmp_path / "missing"])
+    (tmp_path / "a").write_text("22")
+    (tmp_path / "b").unlink()
+    (tmp_path / "c").write_text("")
+    assert changes(before, snapshot([tmp_path])) == [
+        f"created {tmp_path}/c",
+        f"removed {tmp_path}/b",
+        f"changed {tmp_path}/a",
+    ]
+
+
+def test_the_guard_watches_this_run(request):
+    guards = [p for p in request.config.pluginmanager.get_plugins() if isinstance(p, HostGuard)]
+    assert [g.roots for g in guards] == [HOST_DIRS]
+
+
+async def test_the_fixtures_keep_every_host_path_of_the_daemon_in_temp_dirs(
+    fake_kubelet, plugin_runner
+):
+    daemon = await plugin_runner.start("simulated", config={"labels": {"enabled": True}})
+    cfg = daemon.config
+    root = fake_kubelet.plugin_dir.parent
+    for path in (cfg.kubelet_dir, cfg.plugins_registry_dir, cfg.cdi["dir"], cfg.labels["dir"]):
+        assert Path(path).is_relative_to(root), path
+    # a path the test gives is kept
+    other = await plugin_runner.start(
+        "simulated", config={"cdi": {"dir": "/tmp/x-cdi"}, "socketPrefix": "other"}
+    )
+    assert other.config.cdi["dir"] == "/tmp/x-cdi"
