@@ -9,15 +9,25 @@ from typing import Any
 from hetero_dp.engine.backend import Backend
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.loading import load_backends
+from hetero_dp.engine.publishing import check_names
 from hetero_dp.model.device import Device
-from hetero_dp.model.errors import BackendError, ConfigError
+from hetero_dp.model.errors import BackendError
+
+
+def load_one(spec: str | Backend) -> Backend:
+    """A backend by name or ``.py`` path (a loaded one as it is), as ``run`` loads it."""
+    if isinstance(spec, Backend):
+        return spec
+    (backend,) = load_backends([spec])
+    return backend
 
 
 @contextlib.asynccontextmanager
-async def configured_backend(spec: str, cfg: Config) -> AsyncIterator[Backend]:
-    """One backend, loaded and configured, shut down on exit; its failures become
-    ConfigError naming the backend (for commands that look without a kubelet)."""
-    (backend,) = load_backends([spec], timeout=cfg.hook_timeout)
+async def configured_backend(spec: str | Backend, cfg: Config) -> AsyncIterator[Backend]:
+    """One backend, loaded and configured as ``run`` configures it, shut down on exit
+    (for commands that look without a kubelet)."""
+    backend = load_one(spec)
+    backend.timeout = cfg.hook_timeout
     try:
         await backend.configure_from(cfg)
         yield backend
@@ -47,15 +57,21 @@ async def judged(backend: Backend, devices: list[Device]) -> list[Device]:
     return out
 
 
-async def discover_once(spec: str, cfg: Config, *, health: bool = True) -> list[Device]:
-    """Configure one backend, run its discovery once and (unless ``health`` is
-    False) its health check over what it found (:func:`judged`)."""
+async def discover_once(spec: str | Backend, cfg: Config, *, health: bool = True) -> list[Device]:
+    """Configure one backend, run its discovery once, check what it found as ``run``
+    checks it at start-up (:func:`~hetero_dp.engine.publishing.check_names`: a
+    resource name the kubelet refuses makes its devices Unhealthy with the reason here,
+    and ConfigError when nothing is left), and (unless ``health`` is False) run its
+    health check over the rest (:func:`judged`). A failing hook raises BackendError."""
     async with configured_backend(spec, cfg) as backend:
-        try:
-            devices = await backend.discover()
-            return await judged(backend, devices) if health else devices
-        except BackendError as e:
-            raise ConfigError(str(e), source=f"backend {backend.name}") from None
+        devices = await backend.discover()
+        refused = check_names({backend.name: devices}, cfg.sharing)
+        if health:
+            devices = await judged(backend, devices)
+        return [
+            d.with_health(False, f"refused: {refused[d.id]}") if d.id in refused else d
+            for d in devices
+        ]
 
 
 def device_table(devices: Sequence[Device]) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from hetero_dp.engine.config import Config, check_backend_names, load_config, set_option
-from hetero_dp.model.errors import ConfigError
+from hetero_dp.model.errors import BackendError, ConfigError
 
 EXIT_CONFIG = 2
 
@@ -35,6 +35,27 @@ def _config(
     for name, opts in (backend_options or {}).items():
         overrides.setdefault("backends", {}).setdefault(name, {}).update(opts)
     return load_config(config, overrides=overrides)
+
+
+def _checked_config(
+    config: str | None,
+    options: Sequence[str],
+    loaded: Sequence[str],
+    backend_options: dict[str, dict[str, Any]] | None = None,
+    **flags: Any,
+) -> Config:
+    """The config with every check ``run`` makes before it starts, for ``run``, ``list``
+    and ``topo`` alike: the file, flags and environment (:func:`_config`), and no
+    options for a backend that is not among ``loaded`` (a misspelled name)."""
+    cfg = _config(config, options, backend_options, **flags)
+    check_backend_names(cfg, loaded)
+    return cfg
+
+
+def _fail_hook(e: BackendError) -> None:
+    """A backend's hook failed (not the configuration): its message, exit 1."""
+    click.echo(f"hetero-dp: {e}", err=True)
+    sys.exit(1)
 
 
 def split_backend_args(words: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
@@ -206,9 +227,7 @@ def run(
         from_flags = backend_flag_options(loaded, backend_args)
 
         def read_config() -> Config:  # at start-up, and again for each reload
-            cfg = _config(config, options, from_flags, **flags)
-            check_backend_names(cfg, [b.name for b in loaded])
-            return cfg
+            return _checked_config(config, options, [b.name for b in loaded], from_flags, **flags)
 
         cfg = read_config()
         setup_logging(cfg.log_level, cfg.log_format)
@@ -309,17 +328,34 @@ def list_devices(
     as_json: bool,
     show_options: bool,
 ) -> None:
-    """Print what BACKEND discovers, without talking to the kubelet."""
-    from hetero_dp.cli.inspect import device_table, devices_json, discover_once, options_table
+    """Print what BACKEND discovers, without talking to the kubelet.
+
+    The config, the options and the resource names discovered are checked as ``run``
+    checks them: what ``run`` refuses, ``list`` refuses with the same message."""
+    from hetero_dp.cli.inspect import (
+        device_table,
+        devices_json,
+        discover_once,
+        load_one,
+        options_table,
+    )
 
     try:
         if show_options:
             click.echo(options_table(backend, as_json=as_json))
             return
-        cfg = _config(config, options)
-        devices = asyncio.run(discover_once(backend, cfg))
+        loaded = load_one(backend)
+        try:
+            cfg = _checked_config(config, options, [loaded.name])
+        except ConfigError:
+            loaded.close()
+            raise
+        devices = asyncio.run(discover_once(loaded, cfg))
     except ConfigError as e:
         _fail_config(e)
+        return
+    except BackendError as e:
+        _fail_hook(e)
         return
     if as_json:
         click.echo(json.dumps(devices_json(devices), indent=2))
@@ -426,14 +462,27 @@ def topo(
 
     BACKEND_OR_FILE is a backend or a topology file (.yaml, .yml, .json).
     """
-    from hetero_dp.cli.topo_report import report
+    from hetero_dp.cli.inspect import load_one
+    from hetero_dp.cli.topo_report import TOPOLOGY_FILE_SUFFIXES, report
+    from hetero_dp.engine.backend import Backend
     from hetero_dp.model.errors import AllocationError
 
     try:
-        cfg = _config(config, options)
-        text = report(source, cfg, size=size, must_include=must, resource=resource)
+        what: str | Backend = source
+        if Path(source).suffix not in TOPOLOGY_FILE_SUFFIXES:
+            what = load_one(source)
+        try:
+            cfg = _checked_config(config, options, [what.name] if isinstance(what, Backend) else [])
+        except ConfigError:
+            if isinstance(what, Backend):
+                what.close()
+            raise
+        text = report(what, cfg, size=size, must_include=must, resource=resource)
     except ConfigError as e:
         _fail_config(e)
+        return
+    except BackendError as e:
+        _fail_hook(e)
         return
     except AllocationError as e:
         click.echo(f"hetero-dp: {e}", err=True)

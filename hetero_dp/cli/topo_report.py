@@ -29,9 +29,11 @@ import yaml
 
 from hetero_dp.allocation.preferred import explain_preferred, link_scores, scoring_id
 from hetero_dp.allocation.sharing import DEFAULT_REPLICA_POLICY, advertise
+from hetero_dp.engine.backend import Backend
 from hetero_dp.engine.config import Config
+from hetero_dp.engine.publishing import check_names
 from hetero_dp.model.device import Device, Link
-from hetero_dp.model.errors import BackendError, ConfigError
+from hetero_dp.model.errors import ConfigError
 
 TOPOLOGY_FILE_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -261,22 +263,22 @@ def _parse_device(item: Any, where: str, fail: Any) -> Device:
     )
 
 
-async def backend_topology(spec: str, cfg: Config) -> tuple[list[Device], list[Link]]:
-    """Configure one backend, discover once, check the devices' health (as ``list``
-    does) and ask for its links (no kubelet needed)."""
+async def backend_topology(spec: str | Backend, cfg: Config) -> tuple[list[Device], list[Link]]:
+    """Configure one backend, discover once, check the devices as ``run`` and ``list``
+    do (refused resource names left out, health checked) and ask for its links (no
+    kubelet needed). A failing hook raises BackendError."""
     from hetero_dp.cli.inspect import configured_backend, judged
 
     async with configured_backend(spec, cfg) as backend:
-        try:
-            devices = await judged(backend, await backend.discover())
-            links = await backend.links(devices) if backend.implements("links") else []
-        except BackendError as e:
-            raise ConfigError(str(e), source=f"backend {backend.name}") from None
+        found = await backend.discover()
+        refused = check_names({backend.name: found}, cfg.sharing)
+        devices = await judged(backend, [d for d in found if d.id not in refused])
+        links = await backend.links(devices) if backend.implements("links") else []
     return devices, links
 
 
 def report(
-    source: str,
+    source: str | Backend,
     cfg: Config,
     *,
     size: int | None = None,
@@ -291,9 +293,11 @@ def report(
     ``resource`` picks one (required with ``size``). Raises ConfigError or
     AllocationError with a message for the operator.
     """
-    path = Path(source)
-    if path.suffix in TOPOLOGY_FILE_SUFFIXES:
-        physical, links = load_topology(path)
+    if isinstance(source, Backend):
+        physical, links = asyncio.run(backend_topology(source, cfg))
+        source = source.name
+    elif Path(source).suffix in TOPOLOGY_FILE_SUFFIXES:
+        physical, links = load_topology(Path(source))
     else:
         physical, links = asyncio.run(backend_topology(source, cfg))
     advertised = advertise(physical, cfg.sharing)

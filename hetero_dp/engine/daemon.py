@@ -37,7 +37,14 @@ from hetero_dp.engine.cdi_publisher import CDIPublisher, make_cdi_publisher
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.extension import Extension
 from hetero_dp.engine.polling import HealthPolls
-from hetero_dp.engine.publishing import Plan, log_transitions, oversized, plan, too_large
+from hetero_dp.engine.publishing import (
+    Plan,
+    check_names,
+    log_transitions,
+    oversized,
+    plan,
+    too_large,
+)
 from hetero_dp.engine.resource import Resource
 from hetero_dp.engine.runtime import BackendRuntime
 from hetero_dp.engine.watching import HookWatch
@@ -47,7 +54,7 @@ from hetero_dp.kits.signals import held
 from hetero_dp.model.device import Device
 from hetero_dp.model.errors import BackendError, ConfigError
 from hetero_dp.model.events import EventSink
-from hetero_dp.model.names import instance_tag, resource_name_problem
+from hetero_dp.model.names import instance_tag
 
 log = logging.getLogger(__name__)
 
@@ -187,28 +194,10 @@ class Daemon:
             self.publishers.remove(publisher)
 
     def _check_startup_names(self) -> None:
-        """A resource name the kubelet would refuse costs only its own devices (each
-        publish leaves them out and logs them); the rest serve. ConfigError only when
-        such names leave nothing to serve."""
-        refused: list[ConfigError] = []
-        physical: list[Device] = []
-        for rt in self.runtimes.values():
-            bad: dict[object, str] = {}
-            for d in rt.discovered.values():
-                problem = resource_name_problem(d.resource)
-                if problem is None:
-                    physical.append(d)
-                elif d.resource not in bad:
-                    bad[d.resource] = f"device {d.id!r}: {problem}"
-            for reason in bad.values():
-                e = ConfigError(reason, field="resource", source=f"backend {rt.backend.name}")
-                log.error("refused: %s; the other resources are served", e)
-                refused.append(e)
-        if refused and not physical:
-            raise refused[0]
-        check = getattr(self.config.sharing, "validate_devices", None)
-        if check is not None:
-            check(physical)
+        """What was discovered, checked as ``list`` and ``topo`` check it
+        (:func:`~hetero_dp.engine.publishing.check_names`)."""
+        found = {rt.backend.name: rt.discovered.values() for rt in self.runtimes.values()}
+        check_names(found, self.config.sharing)
 
     # --- resources -------------------------------------------------------
 

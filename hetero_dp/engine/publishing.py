@@ -12,6 +12,7 @@ from hetero_dp.deviceplugin.convert import MAX_LIST_AND_WATCH_BYTES, list_and_wa
 from hetero_dp.engine.runtime import BackendRuntime
 from hetero_dp.kits import observe
 from hetero_dp.model.device import Device
+from hetero_dp.model.errors import ConfigError
 from hetero_dp.model.names import device_id_problem, resource_name_problem
 
 log = logging.getLogger("hetero_dp.engine.daemon")  # transitions read as the daemon's
@@ -20,6 +21,39 @@ LISTED = 8  # bad IDs named in one log line
 
 # physical resource -> (its devices by ID, advertised name -> the devices it advertises)
 Plan = dict[str, tuple[dict[str, Device], dict[str, list[Device]]]]
+
+
+def check_names(
+    discovered: Mapping[str, Iterable[Device]], sharing: SharingConfig
+) -> dict[str, str]:
+    """The start-up check of what backends discovered, the same for ``hetero-dp run``,
+    ``list`` and ``topo``: a resource name the kubelet would refuse costs only its own
+    devices (logged, one line per name); ConfigError when such names leave nothing to
+    serve; then the sharing config is checked against the devices that remain.
+
+    ``discovered``: backend name -> its devices. Returns refused device ID -> why."""
+    refused: list[ConfigError] = []
+    physical: list[Device] = []
+    reasons: dict[str, str] = {}
+    for backend, devices in discovered.items():
+        bad: dict[str, str] = {}
+        for d in devices:
+            problem = resource_name_problem(d.resource)
+            if problem is None:
+                physical.append(d)
+                continue
+            reasons[d.id] = problem
+            bad.setdefault(d.resource, f"device {d.id!r}: {problem}")
+        for reason in bad.values():
+            e = ConfigError(reason, field="resource", source=f"backend {backend}")
+            log.error("refused: %s; the other resources are served", e)
+            refused.append(e)
+    if refused and not physical:
+        raise refused[0]
+    check = getattr(sharing, "validate_devices", None)
+    if check is not None:
+        check(physical)
+    return reasons
 
 
 def plan(
