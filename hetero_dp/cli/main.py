@@ -408,7 +408,10 @@ def new(output: str | None, force: bool, wheels: str | None, **values: str | Non
         click.echo(f"hetero-dp new: {e}", err=True)
         sys.exit(EXIT_CONFIG)
     click.echo(f"created {project} ({len(written)} files)")
-    click.echo(f"next: cd {project} && pip install --find-links wheels -e '.[test]' && pytest")
+    has_wheel = any(p.name.startswith("hetero_dp-") for p in (project / "wheels").glob("*.whl"))
+    click.echo("next:")
+    for step in scaffold.next_steps(project, scaffold.hetero_dp_origin(), has_wheel):
+        click.echo(f"  {step}")
 
 
 def _ask_missing(values: dict[str, str | None]) -> dict[str, str | None]:

@@ -16,10 +16,12 @@ from __future__ import annotations
 import json
 import keyword
 import re
+import shlex
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from hetero_dp.kits.atomic import write_atomic
 from hetero_dp.model.errors import ConfigError
@@ -376,7 +378,7 @@ def compatible(candidate: str, pin: str) -> bool:
     return len(want) >= 2 and got[: len(want) - 1] == want[:-1] and got >= want
 
 
-def plan_wheels(source: str | Path, version: str) -> list[PlannedFile]:
+def plan_wheels(source: str | Path, version: str, only: Path | None = None) -> list[PlannedFile]:
     """The wheels of ``source`` as files under ``wheels/`` of the project.
 
     Refused, before anything is written, unless ``source`` is a readable directory
@@ -389,6 +391,8 @@ def plan_wheels(source: str | Path, version: str) -> list[PlannedFile]:
         raise ConfigError(f"{where} is not a directory", field="--wheels", source=SOURCE)
     try:
         wheels = sorted(p for p in where.iterdir() if p.name.endswith(".whl"))
+        if only is not None:
+            wheels = [p for p in wheels if p.name == only.name]
     except OSError as e:
         raise ConfigError(f"cannot list {where}: {e}", field="--wheels", source=SOURCE) from e
     ours = [p.name for p in wheels if p.name.startswith("hetero_dp-")]
@@ -413,6 +417,54 @@ def plan_wheels(source: str | Path, version: str) -> list[PlannedFile]:
     return files
 
 
+@dataclass(frozen=True)
+class Origin:
+    """Where the running hetero-dp was installed from (pip's ``direct_url.json``, PEP 610):
+    ``index`` (a package index serves it: nothing to do), ``wheel`` (a wheel file that
+    is still there: copied into the project) or ``source`` (a checkout: its wheel must
+    be built into the project)."""
+
+    kind: str
+    path: Path | None = None
+
+
+def hetero_dp_origin() -> Origin:
+    """Where this hetero-dp came from, so that a project's next steps can get it too."""
+    import importlib.metadata
+
+    here = Path(__file__).resolve().parents[2]  # the dir holding hetero_dp/
+    if (here / "pyproject.toml").is_file() and (here / "hetero_dp").is_dir():
+        return Origin("source", here)  # a checkout: editable, or on PYTHONPATH
+    try:
+        text = importlib.metadata.distribution("hetero-dp").read_text("direct_url.json")
+        direct = json.loads(text or "null")
+    except (importlib.metadata.PackageNotFoundError, ValueError, OSError):
+        direct = None
+    url = str(direct.get("url", "")) if isinstance(direct, dict) else ""
+    if not url.startswith("file:"):
+        return Origin("index")
+    path = Path(unquote(urlparse(url).path))
+    if "dir_info" in direct:
+        return Origin("source", path)
+    if path.name.endswith(".whl") and path.is_file():
+        return Origin("wheel", path)
+    return Origin("index")
+
+
+def next_steps(project: Path, origin: Origin, has_wheel: bool) -> list[str]:
+    """The commands that take a new project to passing tests, in a fresh venv, as printed
+    by ``hetero-dp new``. Where no index serves hetero-dp and the project carries no
+    wheel of it, the first step builds one from the checkout this hetero-dp runs from."""
+    steps = [f"cd {shlex.quote(str(project))}"]
+    steps.append("python3 -m venv .venv && . .venv/bin/activate")
+    if not has_wheel and origin.kind == "source" and origin.path is not None:
+        checkout = shlex.quote(str(origin.path))
+        steps.append(f"pip wheel --no-deps --wheel-dir wheels {checkout}")
+    steps.append("pip install --find-links wheels -e '.[test]'")
+    steps.append("pytest")
+    return steps
+
+
 def generate(
     values: Mapping[str, str | None],
     target: str | Path | None = None,
@@ -435,5 +487,11 @@ def generate(
     files = plan(context, template)
     if wheels is not None:
         files += plan_wheels(wheels, context["hetero_dp_version"])
+    elif values.get("hetero_dp_version") == __version__:
+        # This hetero-dp came from a wheel file that is still there: the project takes
+        # it along (pip and the Dockerfile find it in wheels/, no index needed).
+        origin = hetero_dp_origin()
+        if origin.kind == "wheel" and origin.path is not None:
+            files += plan_wheels(origin.path.parent, context["hetero_dp_version"], only=origin.path)
     out = Path(target) if target is not None else Path.cwd() / context["project_slug"]
     return out, write(files, out, force=force)

@@ -5,6 +5,7 @@ built wheels alone) registers with a fake kubelet over real unix sockets."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -130,3 +131,49 @@ async def test_project_installs_from_wheels_alone_and_registers(
     devs.mkdir()
     cmd = [str(venv / "bin" / "hetero-dp"), "run", "acme_npu"]
     await serve_and_check(cmd, fake_kubelet, devs, env, away)
+
+    # Installed from that wheel file by name (pip records it: PEP 610 direct_url.json),
+    # `hetero-dp new` copies the wheel into the next project and prints no build step.
+    again = run([*pip, "--force-reinstall", "--no-deps", str(wheel)], cwd=away, env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    new = [str(venv / "bin" / "hetero-dp"), "new", "--output", str(tmp_path / "second")]
+    new += ["--vendor-domain", "acme.example.com", "--resource", "npu", "--device-glob", "/d*"]
+    made = run(new, cwd=away, env=env)
+    assert made.returncode == 0, made.stdout + made.stderr
+    [copied] = (tmp_path / "second" / "wheels").glob("hetero_dp-*.whl")
+    assert copied.read_bytes() == wheel.read_bytes()
+    assert "pip wheel" not in made.stdout and "pip install --find-links wheels" in made.stdout
+
+
+def printed_steps(stdout: str) -> list[str]:
+    lines = stdout.splitlines()
+    return [ln.strip() for ln in lines[lines.index("next:") + 1 :]]
+
+
+def test_printed_next_steps_work_as_printed_without_wheels(tmp_path: Path):
+    """The tutorial's step 5 from a source checkout, no --wheels: the printed commands,
+    pasted into a shell with no venv active, take the project to passing tests (the
+    first builds hetero-dp's wheel from the checkout: no index serves it)."""
+    new = [sys.executable, "-m", "hetero_dp", "new", "--output", str(tmp_path / "proj")]
+    new += ["--vendor-domain", "acme.example.com", "--resource", "card", "--device-glob", "/d*"]
+    made = run(new, cwd=tmp_path)
+    assert made.returncode == 0, made.stdout + made.stderr
+    steps = printed_steps(made.stdout)
+    assert steps[0] == f"cd {tmp_path / 'proj'}" and steps[-1] == "pytest"
+    assert any(s.startswith("pip wheel --no-deps --wheel-dir wheels ") for s in steps), steps
+    drop = ("HETERO_DP_", "PYTHON", "VIRTUAL_ENV", "PYTEST_ADDOPTS")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    ours = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != ours)
+    shell = subprocess.run(
+        ["bash", "-e", "-c", "\n".join(steps)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert shell.returncode == 0, shell.stdout + shell.stderr
+    assert "4 passed" in shell.stdout
+    readme = (tmp_path / "proj" / "README.md").read_text()
+    assert readme.startswith("# acme.example.com/card device plugin\n")

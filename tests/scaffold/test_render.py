@@ -110,7 +110,8 @@ def test_derived_values_follow_the_inputs(tmp_path: Path):
     assert ctx["package_name"] == "npu_card"
     assert ctx["project_slug"] == "npu-card-device-plugin"
     assert ctx["env_var"] == "NPU_CARD_VISIBLE_DEVICES"
-    assert ctx["project_name"] == "CARD device plugin for npu.example.org"
+    # named after what the user gave, not an upper-cased resource ("CARD device plugin")
+    assert ctx["project_name"] == "npu.example.org/card device plugin"
 
 
 def test_defaults_in_cookiecutter_json_are_valid():
