@@ -196,9 +196,12 @@ def run(
     from hetero_dp.kits.logs import setup_logging
 
     flags: dict[str, Any] = dict(
-        kubeletDir=kubelet_dir,
+        # a relative dir on the command line is the shell's: made absolute here
+        kubeletDir=os.path.abspath(kubelet_dir) if kubelet_dir else kubelet_dir,
         registration=registration,
-        pluginsRegistryDir=plugins_registry_dir,
+        pluginsRegistryDir=(
+            os.path.abspath(plugins_registry_dir) if plugins_registry_dir else None
+        ),
         healthInterval=health_interval,
         rediscoverInterval=rediscover_interval,
         logLevel=log_level,
@@ -285,6 +288,8 @@ def check_kubelet_dir(cfg: Config, *, create: bool) -> None:
     if cfg.registration == "watcher":
         dirs.append(("pluginsRegistryDir", Path(cfg.plugins_registry_dir)))
     for field, path in dirs:
+        if not path.is_absolute():  # from the config file or env: relative to nothing
+            raise ConfigError(f"must be an absolute path, got {str(path)!r}", field=field)
         if not path.exists():
             if not create:
                 raise ConfigError(

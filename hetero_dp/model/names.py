@@ -14,7 +14,12 @@ KUBELET_SOCKET = "kubelet.sock"
 CHECKPOINT_FILE = "kubelet_internal_checkpoint"
 DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_PLUGINS_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
-MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the terminating NUL
+# The longest unix socket path we bind or dial. sun_path is 108 bytes with the NUL
+# (unix(7)), but grpcio refuses more than 105: a 106- or 107-byte path fails in
+# add_insecure_port ("Path name should not have more than 107 characters", grpc's
+# add_port.cc, which counts more than the path; measured with grpcio 1.85,
+# tests/core/test_socket_paths.py binds both sides of the limit).
+MAX_UNIX_PATH = 105
 MAX_DEVICE_ID = 63  # what is safe everywhere (a CDI annotation key's name part)
 # The longest device ID accepted at all, in UTF-8 bytes. The kubelet sets no limit;
 # this one keeps a ListAndWatch message and each log line bounded, and is the

@@ -151,7 +151,7 @@ async def test_resource_whose_socket_path_is_too_long_stops_startup(fake_kubelet
     backend = Scripted(make_devices(A, 1) + make_devices(LONG, 1, prefix="long"))
     with pytest.raises(ConfigError) as err:
         await plugin_runner.start(backend)
-    assert "unix sockets allow 107" in str(err.value) and "backend scripted" in str(err.value)
+    assert "unix sockets allow 105" in str(err.value) and "backend scripted" in str(err.value)
 
 
 async def test_resource_whose_socket_path_is_too_long_later_is_skipped(fake_kubelet, plugin_runner):
