@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from hetero_dp.engine import results
-from hetero_dp.engine.binding import OptionBinder, configure_error
+from hetero_dp.engine.binding import OptionBinder, configure_error, placed
 from hetero_dp.engine.healthcalls import check_health_many
 from hetero_dp.engine.hookrunner import REQUEST_HOOKS, HookRunner, hook_impls
 from hetero_dp.model.device import Check, Device, Link, Sample
@@ -134,13 +134,19 @@ class Backend:
         await self._configure(self.read_options(options, source=source, flagged=flagged))
 
     async def configure_from(self, cfg: Config) -> None:
-        """:meth:`configure` with this backend's options from ``cfg``."""
-        await self._configure(self.read_options_from(cfg))
+        """:meth:`configure` with this backend's options from ``cfg``; a refusal names
+        the file (or flag) and the option as the user wrote it (see
+        :func:`.binding.placed`)."""
+        await self._configure(self.read_options_from(cfg), cfg)
 
-    async def _configure(self, value: Any) -> None:
+    async def _configure(self, value: Any, cfg: Config | None = None) -> None:
         try:
             await self.call("configure", options=value)
-        except (ConfigError, ValueError, BackendError) as e:
+        except ConfigError as e:
+            raise (
+                configure_error(self.name, e) if cfg is None else placed(self.name, e, cfg)
+            ) from None
+        except (ValueError, BackendError) as e:
             raise configure_error(self.name, e) from None
         self.options = value
 

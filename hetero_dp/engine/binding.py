@@ -66,6 +66,34 @@ class OptionBinder:
             raise ConfigError(e.reason, field=where, source=e.source) from None
 
 
+# What a backend's own check may give as the source of a refusal of its options when it
+# cannot know the file ("config", or nothing): the framework names the place itself.
+UNPLACED = ("", "config")
+
+
+def placed(name: str, e: ConfigError, cfg: Config) -> ConfigError:
+    """A backend's refusal of its options, named where the user wrote the option.
+
+    A ``configure`` hook knows its options, not where they came from: its ConfigError
+    names the option relative to its own options (``plugin.deviceListStrategy``) with
+    no source (or ``config``). Here that becomes the file (or ``-o`` flag) and the
+    field as written (``flags.plugin.deviceListStrategy`` for NVIDIA's section,
+    ``backends.<name>.<key>`` otherwise). A refusal that names its own source (an
+    environment variable, the command line) is left as it is.
+    """
+    if e.source not in UNPLACED:
+        return e
+    field = e.field
+    prefix = f"backends.{name}"
+    if field and not field.startswith(prefix + ".") and field != prefix:
+        field = f"{prefix}.{field}"
+    return ConfigError(
+        e.reason,
+        field=cfg.option_field(name, field) if field else "",
+        source=cfg.options_source(name),
+    )
+
+
 def configure_error(name: str, e: Exception) -> ConfigError:
     """A refusal (ConfigError, ValueError) or failure of ``configure`` or
     ``parse_args`` as a ConfigError naming the backend (unless it names its own

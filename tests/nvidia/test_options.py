@@ -135,3 +135,39 @@ def test_a_refusal_names_the_option_where_it_was_written(raw, field):
     with pytest.raises(ConfigError) as e:
         backend.read_options_from(cfg)
     assert e.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("flags:\n  plugin:\n    deviceListStrategy: bogus\n", "flags.plugin.deviceListStrategy"),
+        ("flags:\n  migStrategy: mixed\n  dynamicMig: true\n", "flags.dynamicMig"),
+        (
+            "backends:\n  nvidia:\n    plugin:\n      deviceListStrategy: bogus\n",
+            "backends.nvidia.plugin.deviceListStrategy",
+        ),
+    ],
+)
+async def test_a_refusal_by_configure_names_the_file_and_the_field_as_written(
+    tmp_path, text, field
+):
+    # issue 29: these exited 2 with "config, field 'plugin.deviceListStrategy'"
+    from hetero_dp.engine.config import load_config
+    from hetero_dp.engine.loading import load_backends
+
+    path = tmp_path / "config.yaml"
+    path.write_text("version: v1\n" + text)
+    cfg = load_config(path, env={})
+    [backend] = load_backends(["nvidia"], timeout=5)
+    with pytest.raises(ConfigError) as e:
+        await backend.configure_from(cfg)
+    assert (e.value.source, e.value.field) == (str(path), field)
+
+
+def test_the_entry_point_instance_declares_the_typed_options():
+    from hetero_dp_nvidia.options import NvidiaFlags
+
+    from hetero_dp.engine.loading import load_backends
+
+    [backend] = load_backends(["nvidia"], timeout=5)
+    assert backend.schema is NvidiaFlags

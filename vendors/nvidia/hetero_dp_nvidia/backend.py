@@ -41,7 +41,7 @@ from .metrics import node_samples
 from .mps import MpsResource, mps_response, plan_mps
 from .mps_daemon import MpsManager, find_control, mps_checks
 from .nvml import NvmlUnavailable, log, log_once
-from .options import COMMAND_LINE, parse_command_line, parse_options
+from .options import COMMAND_LINE, NvidiaFlags, parse_command_line, parse_options
 from .topology import compute_links
 
 CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
@@ -71,7 +71,7 @@ class NvidiaBackend:
     # -- lifecycle -------------------------------------------------------------
 
     @hookimpl
-    def configure(self, options: Any) -> None:
+    def configure(self, options: NvidiaFlags) -> None:
         # A reload calls this again while watch runs: check everything first, so that
         # a refusal leaves the old options in force, and keep the running monitor
         # (it holds the GPUs its events made Unhealthy), giving it the new settings.
