@@ -112,9 +112,9 @@ class Operations:
             if self.server is not None:
                 await self.server.stop()
                 self.server = None
-            if pending is None and self.metrics is not None:
-                self.metrics.close()
-                self.metrics = None
+            # Metrics turned off keep counting unserved, so that a reload that turns
+            # them on again continues every counter (Prometheus counters only reset
+            # with the process: a reset would read as a restart, issue #29).
             if pending is not None:
                 self.server, self.metrics = pending, pending.metrics
         if old.labels != new.labels:

@@ -30,6 +30,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEBOUNCE = 0.2  # editors write in several steps; read the file once they are done
+# A burst of changes is applied at most this long after its first event, even while
+# events keep coming (a storm must not hold the last change back for ever).
+MAX_DELAY = 2.0
+# A file that changed while it was read is read again, this many times at most.
+READ_TRIES = 5
 MAX_RESULTS = 100
 CONFIGMAP_DATA = "..data"  # a mounted ConfigMap changes by swapping this symlink
 
@@ -100,9 +105,15 @@ class ConfigReloader:
         while True:
             await self._wanted.wait()
             await self.daemon.ready.wait()  # a reload during start-up waits for it
-            while self._wanted.is_set():  # quiet period: coalesce a burst of writes
+            # Quiet period: coalesce a burst of writes, applying the latest file at most
+            # DEBOUNCE after the last event and at most MAX_DELAY after the first.
+            deadline = asyncio.get_running_loop().time() + MAX_DELAY
+            while self._wanted.is_set():
                 self._wanted.clear()
-                await wait_event(self._wanted, DEBOUNCE)
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    break
+                await wait_event(self._wanted, min(DEBOUNCE, left))
             forced, self._forced = self._forced, False
             await self.reload(force=forced)
 
@@ -113,8 +124,20 @@ class ConfigReloader:
             return await self._record("unchanged", "")
         try:
             # reading and checking a file (YAML, sizes) is done off the loop: the
-            # streams and RPCs of every resource go on meanwhile
-            new = await asyncio.to_thread(self.loader)
+            # streams and RPCs of every resource go on meanwhile. A file that changed
+            # while the loader read it (a writer mid-way) is read again.
+            for _ in range(READ_TRIES):
+                new = await asyncio.to_thread(self.loader)
+                after = self._read()
+                if after == data:
+                    break
+                data = after
+            else:
+                raise ConfigError(
+                    f"the file kept changing while it was read ({READ_TRIES} reads); "
+                    "the next change is applied",
+                    source=str(self.path),
+                )
             summary = await self.daemon.apply_config(new)
         except ConfigError as e:
             log.error("config reload rejected, keeping the old config: %s", e)

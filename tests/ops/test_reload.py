@@ -321,3 +321,83 @@ async def test_rediscover_interval_reload_keeps_a_rediscover_it_interrupts(
     backend.hold.clear()
     backend.go_on.set()
     await fake_kubelet.wait_devices(A, lambda d: len(d) == 3, timeout=5)
+
+
+# --- reload as documented (issue #29) -------------------------------------------------
+
+
+async def test_a_storm_of_changes_is_applied_within_the_bounded_delay(
+    fake_kubelet, plugin_runner, tmp_path
+):
+    """A 20 Hz storm of writes: the quiet period used to restart on every event, so
+    nothing was applied while it lasted. Now the latest file is applied at most
+    MAX_DELAY after the first event, while the storm still goes on."""
+    from hetero_dp.ops.reload import MAX_DELAY
+
+    path = tmp_path / "config.yaml"
+    doc = base_doc(fake_kubelet)
+    path.write_text(yaml.safe_dump(doc))
+    _, daemon = await start_two(fake_kubelet, plugin_runner, load_config(path, env={}).raw)
+    reloader = ConfigReloader(daemon, path, lambda: load_config(path, env={}))
+    reloader.start()
+    try:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 2 * MAX_DELAY + 1
+        i = 0
+        while loop.time() < end:  # the stimulus: a write every 50 ms
+            i += 1
+            doc["hookTimeout"] = 10 + i
+            path.write_text(yaml.safe_dump(doc))
+            await asyncio.sleep(0.05)
+        applied_during_storm = reloader.finished
+        assert applied_during_storm >= 1, reloader.results
+        results = await reloader.wait_results(applied_during_storm + 1)
+        # after the storm the last write is what is in force
+        assert daemon.config.hook_timeout == 10 + i, results
+    finally:
+        await reloader.stop()
+
+
+async def test_a_file_that_changes_while_it_is_read_is_read_again(
+    fake_kubelet, plugin_runner, tmp_path
+):
+    path = tmp_path / "config.yaml"
+    doc = base_doc(fake_kubelet)
+    path.write_text(yaml.safe_dump(doc))
+    _, daemon = await start_two(fake_kubelet, plugin_runner, load_config(path, env={}).raw)
+    final = dict(doc, resources={A: {"preferredAllocation": False}, B: doc["resources"][B]})
+    reads = []
+
+    def loader():
+        cfg = load_config(path, env={})
+        reads.append(cfg)
+        if len(reads) == 1:  # a writer replaces the file while the first read runs
+            path.write_text(yaml.safe_dump(final))
+        return cfg
+
+    doc["hookTimeout"] = 12
+    path.write_text(yaml.safe_dump(doc))
+    reloader = ConfigReloader(daemon, path, loader, handle_sighup=False)
+    assert await reloader.reload(force=True) == "applied"
+    assert len(reads) == 2
+    assert daemon.config.resources[A] == {"preferredAllocation": False}
+
+
+async def test_counters_survive_a_reload_that_removes_and_readds_metrics(
+    fake_kubelet, plugin_runner
+):
+    from .helpers import scrape, value
+
+    doc = base_doc(fake_kubelet, metrics={"address": "127.0.0.1:0"})
+    _, daemon = await start_two(fake_kubelet, plugin_runner, doc)
+    await fake_kubelet.allocate(A, ["dev0"])
+    before = value(await scrape(daemon), "hetero_dp_allocations_total", resource=A, code="OK")
+    assert before == 1
+    del doc["metrics"]
+    await daemon.apply_config(load_config(raw=doc, env={}))
+    assert operations.of(daemon).server is None
+    await fake_kubelet.allocate(A, ["dev1"])  # counted while unserved
+    doc["metrics"] = {"address": "127.0.0.1:0"}
+    await daemon.apply_config(load_config(raw=doc, env={}))
+    after = value(await scrape(daemon), "hetero_dp_allocations_total", resource=A, code="OK")
+    assert after == 2
