@@ -110,6 +110,9 @@ class FakeResource:
     current: bool = True
     # True once the kubelet disconnected this endpoint (``PluginDisconnected``).
     stopped: bool = False
+    # ListAndWatch messages received on this client's own stream (``updates`` counts
+    # every message that set the name's devices, a replaced client's included)
+    messages: int = 0
 
     @property
     def capacity(self) -> int:
@@ -349,6 +352,7 @@ class FakeKubelet(ChangeWaiter):
                 }
                 target.updates += 1
                 target.generation += 1
+                res.messages += 1
                 self._record(res.name, "update")
                 await self._notify()
         except grpc.aio.AioRpcError:

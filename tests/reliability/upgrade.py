@@ -52,7 +52,7 @@ def _serving(kubelet: FakeKubelet, resource: str, socket: Path, count: int) -> b
         and res.endpoint == str(socket)
         and res.current
         and res.stream_open
-        and res.updates > 0
+        and res.messages > 0
         and res.allocatable == count
     )
 
