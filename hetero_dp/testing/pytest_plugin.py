@@ -6,13 +6,17 @@
 ``await plugin_runner.start("acme.py")`` serves a plugin, stopped at teardown (a
 relative path is found from the working directory or else the test file's dir).
 
-Needs pytest-asyncio (``pip install hetero-dp[testing]``).
+Needs pytest-asyncio (``pip install hetero-dp[testing]``). An ``async def`` test runs
+as written, with no pytest config: where pytest-asyncio is in strict mode (its default,
+when a project sets no ``asyncio_mode``), this plugin marks each coroutine test that has
+no ``asyncio``, ``anyio`` or ``trio`` marker with ``@pytest.mark.asyncio`` itself.
 """
 
 from __future__ import annotations
 
+import inspect
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Generator
 from typing import TYPE_CHECKING
 
 import pytest
@@ -21,6 +25,36 @@ try:
     import pytest_asyncio
 except ImportError:  # fixtures need pytest-asyncio; without it, offer none
     pytest_asyncio = None  # type: ignore[assignment]
+
+
+#: Markers that say which async runner takes a test: a test with one is left alone.
+ASYNC_MARKERS = ("asyncio", "anyio", "trio")
+
+
+def _strict(config: pytest.Config) -> bool:
+    """pytest-asyncio in strict mode: coroutine tests run only when marked."""
+    mode = config.getoption("asyncio_mode", None) or config.getini("asyncio_mode")
+    return str(mode) == "strict"
+
+
+# Inner to pytest-asyncio's own wrapper of this hook (trylast), which turns a test it
+# finds marked into a coroutine-running item: the mark must be there before it looks.
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_pycollect_makeitem(
+    collector: pytest.Collector, name: str, obj: object
+) -> Generator[None, object, None]:
+    outcome = yield
+    if pytest_asyncio is None or not inspect.iscoroutinefunction(obj):
+        return
+    if not _strict(collector.config):
+        return
+    result = outcome.get_result()  # type: ignore[attr-defined]
+    items = result if isinstance(result, list) else [result] if result is not None else []
+    for item in items:
+        if isinstance(item, pytest.Function) and not any(
+            item.get_closest_marker(m) for m in ASYNC_MARKERS
+        ):
+            item.add_marker(pytest.mark.asyncio)
 
 
 if TYPE_CHECKING:  # imported lazily so coverage of a test run sees every import

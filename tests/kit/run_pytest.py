@@ -1,5 +1,6 @@
-"""Run an author's test file with pytest in a fresh interpreter, as an author would:
-asyncio in auto mode, the file's own dir as the root, no cache written."""
+"""Run an author's test file with pytest in a fresh interpreter, as an author would: no
+pytest config of theirs (pytest-asyncio in its default strict mode: hetero-dp's pytest
+plugin runs the async tests), the file's own dir as the root, no cache written."""
 
 from __future__ import annotations
 
@@ -20,10 +21,6 @@ def run_pytest(
             "-q",
             "-p",
             "no:cacheprovider",
-            "-o",
-            "asyncio_mode=auto",
-            "-o",
-            "asyncio_default_fixture_loop_scope=function",
             "--rootdir",
             str(root),
             str(test_file),
