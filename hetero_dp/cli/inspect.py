@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+import dataclasses
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from hetero_dp.engine.backend import Backend
@@ -12,6 +13,7 @@ from hetero_dp.engine.loading import load_backends
 from hetero_dp.engine.publishing import check_names
 from hetero_dp.model.device import Device
 from hetero_dp.model.errors import BackendError
+from hetero_dp.model.options import camel
 
 
 def load_one(spec: str | Backend) -> Backend:
@@ -74,8 +76,25 @@ async def discover_once(spec: str | Backend, cfg: Config, *, health: bool = True
         ]
 
 
-def device_table(devices: Sequence[Device]) -> str:
-    """A fixed-width table: ID, resource, health, NUMA, device nodes."""
+def searched(options: object) -> list[str]:
+    """``key=value`` for each option of a configured backend that says where it looked
+    (a string value that is a glob or an absolute path), for ``no devices found``."""
+    if dataclasses.is_dataclass(options) and not isinstance(options, type):
+        items = [(camel(f.name), getattr(options, f.name)) for f in dataclasses.fields(options)]
+    elif isinstance(options, Mapping):
+        items = [(str(k), v) for k, v in options.items()]
+    else:
+        return []
+    return [
+        f"{key}={value}"
+        for key, value in items
+        if isinstance(value, str) and (value.startswith("/") or any(c in value for c in "*?["))
+    ]
+
+
+def device_table(devices: Sequence[Device], searched: Sequence[str] = ()) -> str:
+    """A fixed-width table: ID, resource, health, NUMA, device nodes; with no devices,
+    ``no devices found`` and where the backend looked (``searched``)."""
     rows = [("ID", "RESOURCE", "HEALTH", "NUMA", "NODES")]
     for d in devices:
         health = d.health + (f" ({d.reason})" if d.reason else "")
@@ -83,7 +102,8 @@ def device_table(devices: Sequence[Device]) -> str:
         numa = ",".join(str(n) for n in d.numa_nodes) or "-"
         rows.append((d.id, d.resource, health, numa, nodes))
     if len(rows) == 1:
-        return "no devices found"
+        where = f" (searched: {', '.join(searched)})" if searched else ""
+        return f"no devices found{where}"
     return _table(rows)
 
 

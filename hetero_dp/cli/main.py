@@ -363,6 +363,7 @@ def list_devices(
         discover_once,
         load_one,
         options_table,
+        searched,
     )
 
     try:
@@ -385,7 +386,7 @@ def list_devices(
     if as_json:
         click.echo(json.dumps(devices_json(devices), indent=2))
     else:
-        click.echo(device_table(devices))
+        click.echo(device_table(devices, searched(loaded.options)))
 
 
 @main.command()

@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 #: The most a ListAndWatch message may be: the kubelet's device-plugin client sets
 #: no receive limit of its own, so gRPC's default of 4 MiB applies; a larger message
 #: is never received, the stream fails and the plugin re-registers in a loop
-#: (REFERENCE.md section 7).
+#: (docs/sources.md#grpc-message-size: grpc-go's default, the kubelet's client.go).
 MAX_LIST_AND_WATCH_BYTES = 4 * 1024 * 1024
 
 

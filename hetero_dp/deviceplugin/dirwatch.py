@@ -1,4 +1,4 @@
-"""Watching the kubelet's dirs for a restart (REFERENCE 1.9): ``kubelet.sock``
+"""Watching the kubelet's dirs for a restart (docs/sources.md#kubelet-restart): ``kubelet.sock``
 created, or a plugin's own socket deleted; in watcher mode, its registration
 socket deleted. Each sign turns into a restart request of the endpoints concerned."""
 

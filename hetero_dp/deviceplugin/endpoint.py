@@ -1,7 +1,8 @@
 """One resource's presence at the kubelet: its gRPC server, its registration,
 and its restarts.
 
-Order matters (REFERENCE 1.1): serve first, then register. A restart is
+Order matters (the kubelet dials back: docs/sources.md#device-plugin-api): serve
+first, then register. A restart is
 stop-then-start: streams end on an event set before the server stops (a
 grpc.aio server would otherwise wait on them), the socket is removed and bound
 again, and registration runs again. Restart requests are coalesced: however
@@ -50,8 +51,8 @@ log = logging.getLogger(__name__)
 STOP_GRACE = 5.0
 # How long a stop waits for the tasks it cancelled (registration, stream watchdog).
 # They check a stop condition after every wait and end at once; the bound only
-# keeps a stop from hanging should one not (REFERENCE section 7: wait_for on
-# CPython 3.10/3.11 can swallow a cancellation).
+# keeps a stop from hanging should one not (wait_for on CPython
+# 3.10/3.11 can swallow a cancellation: docs/sources.md#asyncio-wait-for).
 TASK_STOP_TIMEOUT = 2.0
 # How long stop() waits for a restart in progress before cancelling it.
 SUPERVISOR_STOP_TIMEOUT = 4.0

@@ -11,7 +11,7 @@ logs ``Unimplemented`` every 5 s.
 version (``v1alpha1`` for kubelets 1.34-1.36, ``v1beta1`` and ``v1`` after)
 streams it: the whole list at once, then again on each change. Streams end
 when the feed closes, before the gRPC server stops (a stream blocked on
-something else would hold the server's stop forever, REFERENCE section 5).
+something else would hold the server's stop forever: docs/sources.md#grpc-aio-stop).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Worker threads for a backend's blocking hooks that survive calls never returning.
 
-A hung driver call never returns (REFERENCE section 7): the thread running it is
+A hung driver call never returns (docs/sources.md#hung-calls): the thread running it is
 gone for good. A fixed-size pool runs dry after a few such calls and every later
 call of the backend queues behind them. Here a call the caller gave up on (its
 timeout passed) is *stranded*: its thread no longer counts against the pool's

@@ -2,8 +2,9 @@
 
 ``asyncio.wait_for`` on CPython 3.10 and 3.11 can swallow a cancellation that
 arrives in the same loop turn as the inner awaitable's completion: the inner
-result is returned and the cancelled task runs on (REFERENCE section 7; fixed by
-the rewrite on ``asyncio.timeout`` in 3.12). A supervisor that cancels such a
+result is returned and the cancelled task runs on (CPython bpo-42130 /
+gh-86296; fixed by the rewrite on ``asyncio.timeout`` in 3.12, gh-96764; see
+docs/sources.md#asyncio-wait-for). A supervisor that cancels such a
 task and awaits it then waits forever. These helpers are built on
 ``asyncio.wait``, which never swallows the caller's cancellation, and are used
 instead of ``wait_for`` throughout the core.

@@ -1,6 +1,6 @@
 """A fake kubelet that speaks the real device-plugin API over real unix sockets.
 
-It behaves as the kubelet's device manager does (REFERENCE section 1):
+It behaves as the kubelet's device manager does (docs/sources.md#device-plugin-api):
 
 - serves ``Registration`` on ``kubelet.sock``; ``Register`` checks the version and
   the resource name, dials the plugin back on ``<dir>/<endpoint>``, calls
@@ -27,7 +27,7 @@ It behaves as the kubelet's device manager does (REFERENCE section 1):
 - watcher mode: finds sockets created in ``plugins_registry``, calls ``GetInfo``,
   dials the endpoint and answers ``NotifyRegistrationStatus``; deleting the
   socket deregisters;
-- :meth:`restart` models a real kubelet restart (REFERENCE section 7): the
+- :meth:`restart` models a real kubelet restart (docs/sources.md#kubelet-restart): the
   kubelet dies (streams end), stays down for ``downtime`` seconds while its
   stale ``kubelet.sock`` refuses every connection, then on start deletes the
   unix sockets in the device-plugin dir and binds a fresh ``kubelet.sock``.
@@ -247,7 +247,7 @@ class FakeKubelet(ChangeWaiter):
 
         A real kubelet is down for seconds (a systemd restart) to minutes (an
         upgrade), and the socket file of the dead process stays behind: every
-        ``Register`` meanwhile fails with "connection refused" (REFERENCE section 7).
+        ``Register`` meanwhile fails with "connection refused" (docs/sources.md#kubelet-restart).
         On start its device manager deletes the files in the dir, then binds
         ``kubelet.sock``, so a plugin in registration backoff sees its own socket
         deleted and ``kubelet.sock`` created in the same instant.

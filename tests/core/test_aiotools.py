@@ -1,5 +1,5 @@
-"""The core's waits never lose a cancellation (REFERENCE section 7: asyncio.wait_for
-on CPython 3.10/3.11 can) and leave locks as they found them."""
+"""The core's waits never lose a cancellation (asyncio.wait_for on
+CPython 3.10/3.11 can: docs/sources.md#asyncio-wait-for) and leave locks as they found them."""
 
 from __future__ import annotations
 

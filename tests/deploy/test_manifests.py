@@ -10,7 +10,7 @@
   Kubernetes minor from 1.30 to the newest the installed kubernetes-validate bundles.
 - Every DaemonSet in them can start and listens only where it should: the host's /dev
   is not mounted over /dev while the termination log is there (the runtime cannot
-  create /dev/termination-log; ../shared/REFERENCE.md section 7), and a pod in the host
+  create /dev/termination-log; docs/sources.md#termination-log), and a pod in the host
   network does not serve on every interface of the node.
 """
 

@@ -190,7 +190,7 @@ async def test_dynamic_mig_publishes_placements_and_makes_instances_on_prepare(
 async def test_a_prepare_stuck_in_the_driver_is_not_raced_by_the_kubelets_retry(
     dra, kubelet, fake_node
 ):
-    """A MIG creation that never returns on its own (REFERENCE.md section 7): the
+    """A MIG creation that never returns on its own (docs/sources.md#hung-calls): the
     prepare is given up on after hookTimeout, the kubelet's retries are refused while
     the call is stuck (never a second creation beside it), and once the driver call
     returns the retry takes over the instance it made: one instance, destroyed on

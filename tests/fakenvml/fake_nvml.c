@@ -443,8 +443,8 @@ static int load_scenario(const char *path) {
 
 /* ---- helpers ---- */
 
-/* A driver call that never returns on its own (REFERENCE.md section 7: a stuck call is
- * gone for good): fault lines with hang=1 block here, the mutex released, until the
+/* A driver call that never returns on its own (docs/sources.md#hung-calls: a stuck
+ * call is gone for good): fault lines with hang=1 block here, the mutex released, until the
  * test calls fake_nvml_release_hangs() (or fake_nvml_reset()). Called with mu held. */
 static int hang_gen;
 static int hanging;

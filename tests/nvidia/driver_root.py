@@ -3,7 +3,8 @@
 Facts it encodes, with their sources:
 - File names and places: what NVIDIA's driver installer (``.run`` / Debian
   packages) puts on an x86-64 Debian/Ubuntu host and what NVIDIA's CDI spec
-  mounts (``shared/REFERENCE.md`` section 7): ``/usr/lib/x86_64-linux-gnu/
+  mounts (docs/sources.md#nvidia-cdi-spec: nvidia-container-toolkit's pkg/nvcdi):
+  ``/usr/lib/x86_64-linux-gnu/
   <lib>.so.<driver version>`` with a soname symlink (``libcuda.so.1`` ->
   ``libcuda.so.550.54.15``), utilities in ``/usr/bin``, the persistenced socket
   ``/run/nvidia-persistenced/socket``, GSP firmware

@@ -1,6 +1,7 @@
 """What a container gets, per device ID strategy and device list strategy.
 
-Checked against NVIDIA's conventions (REFERENCE section 2). The default
+Checked against NVIDIA's conventions (docs/sources.md#nvidia-conventions:
+k8s-device-plugin's internal/plugin/server.go). The default
 response is built from the records the way the framework documents it (env
 values joined with commas in first-seen order, nodes and mounts de-duplicated
 by container path); ``build_response`` below is that rule, written small.

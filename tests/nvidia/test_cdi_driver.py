@@ -1,4 +1,4 @@
-"""The NVIDIA CDI spec carries the driver (REFERENCE.md section 7): libraries of the
+"""The NVIDIA CDI spec carries the driver (docs/sources.md#nvidia-cdi-spec): libraries of the
 running driver version found through the driver root's ld cache or the usual lib
 dirs, utilities, the persistenced socket, GSP firmware, control nodes with
 major/minor, nvidia-ctk createContainer hooks and NVIDIA's env. Files that are not

@@ -1,5 +1,6 @@
-"""Hook calls that never return (REFERENCE section 7: a hung driver call is gone for
-good). Only the device or request concerned suffers; the stuck thread is replaced
+"""Hook calls that never return (a hung driver call is gone for good:
+docs/sources.md#hung-calls). Only the device or request concerned suffers; the stuck
+thread is replaced
 so the rest of the backend keeps working; no second call for a stuck device
 starts; past a cap the whole backend turns Unhealthy with the reason; a device
 whose stuck call returns is judged again. And AllocationError keeps its code."""

@@ -1,4 +1,4 @@
-"""Kubelet restarts as a real kubelet does them (REFERENCE section 7): down for
+"""Kubelet restarts as a real kubelet does them (docs/sources.md#kubelet-restart): down for
 seconds with its dead ``kubelet.sock`` refusing every ``Register``, then, in one
 instant, the plugin's socket deleted and a fresh ``kubelet.sock`` bound. The
 plugin is in registration backoff when both signals arrive together; on CPython

@@ -132,7 +132,7 @@ def test_gaudi_every_node_and_env_of_habanas_plugin(testbed: Testbed, data: Path
 def test_unusable_driver_at_start_up_is_listed_unhealthy(
     testbed: Testbed, data: Path, name: str, syspath: str, device_id: str, driver: str | None
 ) -> None:
-    # REFERENCE.md section 7: after an unbind the function has no driver link, its
+    # docs/sources.md#unbound-device: after an unbind the function has no driver link, its
     # bridge still has pcieport; bound to vfio-pci it is not usable by containers.
     testbed.add_file(data / f"{name}.umockdev")
     if driver is None:

@@ -1,7 +1,7 @@
 """:class:`FakeDRAKubelet`: the kubelet's DRA manager as a driver sees it.
 
 It behaves as the kubelet's DRA manager does toward a
-driver (REFERENCE section 6): it finds registration sockets in
+driver (docs/sources.md#dra-kubelet): it finds registration sockets in
 ``plugins_registry``, calls ``GetInfo`` (type ``DRAPlugin``, a non-empty
 ``supported_versions``), picks the newest wire version both sides speak
 (``v1.DRAPlugin``, then ``v1beta1.DRAPlugin``; a 1.32-1.33 kubelet is

@@ -1,7 +1,7 @@
 """What a CDI spec must carry so that a CUDA container works: the driver's files.
 
 What NVIDIA's plugin puts into its CDI spec (through the container toolkit's CDI
-library; ``shared/REFERENCE.md`` section 7) is rebuilt here from the files that
+library, pkg/nvcdi; docs/sources.md#nvidia-cdi-spec) is rebuilt here from the files that
 exist under the driver root: the user-space libraries of the running driver
 version (found through the driver root's ld cache, then the usual lib dirs), the
 utilities, the persistenced socket, the GSP firmware, the control device nodes
@@ -30,7 +30,7 @@ from .discovery import CONTROL_NODES
 from .options import Options
 
 # The driver's user-space libraries a CUDA container needs, as NVIDIA's CDI spec
-# lists them (REFERENCE.md section 7): each is looked for as <stem>.so.<driver version>.
+# lists them (docs/sources.md#nvidia-cdi-spec): each is looked for as <stem>.so.<driver version>.
 DRIVER_LIBRARIES = (
     "libcuda",
     "libcudadebugger",

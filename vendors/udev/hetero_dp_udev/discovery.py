@@ -130,7 +130,7 @@ def driver_owner(dev: pyudev.Device, pci: pyudev.Device | None) -> pyudev.Device
     """The device whose driver counts: the PCI function when there is one (an accel or
     drm node's driver is its PCI function's), else the device itself. Never an
     ancestor further up: after an unbind the function has no ``driver`` link while
-    its bridge still has one (``pcieport``), REFERENCE.md section 7."""
+    its bridge still has one (``pcieport``), docs/sources.md#unbound-device."""
     return pci if pci is not None else dev
 
 

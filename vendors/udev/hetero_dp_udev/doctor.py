@@ -9,7 +9,8 @@ import pyudev
 
 from .discovery import Found, attribute
 
-# PCI vendors of accelerators, and what drives them here (REFERENCE.md section 3).
+# PCI vendors of accelerators, and what drives them here (the PCI ID Repository,
+# pci-ids.ucw.cz; docs/sources.md#accelerator-sysfs).
 ACCELERATOR_VENDORS = {
     0x1002: "AMD: shipped rule set amd-gpu",
     0x10DE: "NVIDIA: the nvidia backend (hetero-dp run nvidia)",

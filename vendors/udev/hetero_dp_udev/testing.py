@@ -210,8 +210,9 @@ def _switch(slot: int) -> tuple[str, str, str, int]:
 def mi300x_gpu(slot: int, card: int, render: int) -> tuple[str, str]:
     """(umockdev text, sysfs path) of GPU ``slot`` of :func:`mi300x_tree` with its DRM
     nodes card<card>/renderD<render>, its hwmon and its SMU i2c adapters: what
-    amdgpu creates below the PCI function (the nodes as REFERENCE.md section 3
-    says; hwmon and i2c children guessed after amdgpu's sysfs on Instinct cards)."""
+    amdgpu creates below the PCI function (the nodes as
+    docs/sources.md#accelerator-sysfs says; hwmon and i2c children guessed after
+    amdgpu's sysfs on Instinct cards)."""
     bus = MI300X_BUSES[slot]
     numa = 0 if slot < 4 else 1
     gpu = f"{_switch(slot)[2]}/0000:{bus}:00.0"
@@ -256,7 +257,7 @@ def mi300x_tree(gpus: int = 8) -> str:
     the GPU and its children; a BMC VGA on card0; /dev/kfd; a few chipset devices.
 
     Sourced: DRM children of the PCI function, card numbering after the BMC's
-    card0, /dev/kfd a virtual device (REFERENCE.md section 3); GPUs, NICs and NVMe
+    card0, /dev/kfd a virtual device (docs/sources.md#accelerator-sysfs); GPUs, NICs and NVMe
     drives sharing PCIe switches (the usual 8-GPU server design). Guessed: every
     ID and bus number, the NIC and NVMe children, the counts of other devices."""
     blocks = [
@@ -396,7 +397,7 @@ def gaudi2_card(slot: int, index: int) -> tuple[str, str, str]:
     """(umockdev text, PCI sysfs path, control node sysfs path) of card ``slot`` of
     :func:`gaudi2_tree` with accel index ``index``: the PCI function with the
     habanalabs attributes, its accel<index> child and the parentless control node
-    accel_controlD<index> (REFERENCE.md section 7; drivers/accel/habanalabs/
+    accel_controlD<index> (docs/sources.md#accelerator-sysfs; drivers/accel/habanalabs/
     common/device.c and sysfs.c). Module IDs are the slot numbers reversed, so they
     differ from accel indices (module_id is the firmware's card location)."""
     bus = GAUDI2_BUSES[slot]
