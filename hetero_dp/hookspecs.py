@@ -9,10 +9,13 @@ hooks, one instance of it named ``plugin`` in its module, and an entry point in 
 group ``hetero_dp`` that names that instance (``acme = "acme_npu:plugin"``); a test
 registers an instance of its own the same way.
 Hooks may be plain functions (run in a worker thread, so they may block) or
-``async def`` coroutines (run on the event loop, so they must not block).
-The hooks the kubelet waits on (``allocate``, ``pre_start_container``,
-``preferred_allocation``) get worker threads of their own, so a hanging health
-check cannot hold up an Allocate.
+``async def`` coroutines (run on the event loop with no thread hop, so they must
+not block). Both run under the same ``hookTimeout``; a coroutine that returns
+without waiting on anything answers in the same turn of the loop, which is why the
+bundled backends' ``allocate`` hooks are ``async def``: the kubelet's hot path pays
+for no thread. The plain hooks the kubelet waits on (``allocate``,
+``pre_start_container``, ``preferred_allocation``) get worker threads of their
+own, so a hanging health check cannot hold up an Allocate.
 A hook may take any subset of its arguments, by name.
 
 The framework calls each backend's hooks on their own, so a backend that

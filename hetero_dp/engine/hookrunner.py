@@ -13,7 +13,8 @@ import asyncio
 import concurrent.futures
 import inspect
 import time
-from collections.abc import Callable, Mapping
+import types
+from collections.abc import Callable, Coroutine, Generator, Mapping
 from typing import Any
 
 import pluggy
@@ -46,6 +47,46 @@ def hook_impls(plugin: object, pm: pluggy.PluginManager) -> dict[str, pluggy.Hoo
 def runs_on_loop(function: Any) -> bool:
     """Whether a hook function runs on the event loop (``async def``, async generator)."""
     return inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function)
+
+
+@types.coroutine
+def _resume(coro: Coroutine[Any, Any, Any], first: Any) -> Generator[Any, Any, Any]:
+    """Go on with ``coro`` after its first step (which yielded ``first``), exactly as
+    ``await coro`` would have: what the loop sends or throws in goes to ``coro``."""
+    value = first
+    while True:
+        try:
+            sent = yield value
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as e:
+            try:
+                value = coro.throw(e)
+            except StopIteration as stop:
+                return stop.value
+        else:
+            try:
+                value = coro.send(sent)
+            except StopIteration as stop:
+                return stop.value
+
+
+async def _rest(coro: Coroutine[Any, Any, Any], first: Any) -> Any:
+    return await _resume(coro, first)
+
+
+async def run_eagerly(coro: Coroutine[Any, Any, Any], limit: float) -> Any:
+    """``await coro`` under ``limit`` seconds, its first step run at once: a hook that
+    finishes without waiting on anything (an Allocate that only edits the response)
+    returns with no task, no timer and no loop turn; one that waits goes on under the
+    timeout as a task, as before. The first step, like any code on the loop, cannot
+    be interrupted: an ``async def`` hook must not block."""
+    try:
+        first = coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    return await with_timeout(_rest(coro, first), limit)
 
 
 class HookRunner:

@@ -132,3 +132,56 @@ def test_binder_refuses_options_for_a_backend_that_takes_none() -> None:
     with pytest.raises(ConfigError, match="takes no options") as e:
         binder.read({"x": 1})
     assert e.value.field == "backends.acme.x"
+
+
+async def test_run_eagerly_returns_a_hook_that_never_waits_without_a_loop_turn() -> None:
+    from hetero_dp.engine.hookrunner import run_eagerly
+
+    turns = 0
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    counter = asyncio.ensure_future(count_turns())
+    await asyncio.sleep(0)
+    before = turns
+
+    async def quick() -> str:
+        return "done"
+
+    assert await run_eagerly(quick(), 1.0) == "done"
+    assert turns == before  # the loop did not turn: no task, no timer
+    counter.cancel()
+
+
+async def test_run_eagerly_goes_on_under_the_timeout_once_the_hook_waits() -> None:
+    from hetero_dp.engine.hookrunner import run_eagerly
+
+    cleaned = asyncio.Event()
+
+    async def waits(gate: asyncio.Event) -> str:
+        await asyncio.sleep(0)
+        await gate.wait()
+        return "after"
+
+    async def hangs() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cleaned.set()  # cancelled at the timeout, and unwound before the error
+
+    async def raises() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("refused")
+
+    gate = asyncio.Event()
+    asyncio.get_running_loop().call_soon(gate.set)
+    assert await run_eagerly(waits(gate), 5.0) == "after"
+    with pytest.raises(asyncio.TimeoutError):
+        await run_eagerly(hangs(), 0.05)
+    assert cleaned.is_set()
+    with pytest.raises(ValueError, match="refused"):
+        await run_eagerly(raises(), 5.0)

@@ -274,13 +274,13 @@ def test_without_the_control_program_the_reason_says_so(fake_node, mps_root, mon
 # --- Allocate -----------------------------------------------------------------------------
 
 
-def test_allocate_mounts_the_pipe_dir_and_shm_and_sets_the_pipe_env(fake_node, mps_root):
+async def test_allocate_mounts_the_pipe_dir_and_shm_and_sets_the_pipe_env(fake_node, mps_root):
     node = fake_node("v100-2x-pcie.scn")
     b = backend_for(node, mps_root)
     physical = {d.id: d for d in b.discover()}
     gpu1 = physical[node.uuid(1)]
     response = ContainerResponse(envs={"NVIDIA_VISIBLE_DEVICES": node.uuid(1)})
-    b.allocate([gpu1], response)
+    await b.allocate([gpu1], response)
     b.shutdown()
     assert response.envs == {
         "NVIDIA_VISIBLE_DEVICES": node.uuid(1),  # only the replica's GPU
@@ -292,13 +292,13 @@ def test_allocate_mounts_the_pipe_dir_and_shm_and_sets_the_pipe_env(fake_node, m
     ]
 
 
-def test_allocate_without_mps_adds_nothing(fake_node, mps_root):
+async def test_allocate_without_mps_adds_nothing(fake_node, mps_root):
     node = fake_node("v100-2x-pcie.scn")
     ts = {"timeSlicing": {"resources": [{"name": GPU, "replicas": 2}]}}
     b = backend_for(node, mps_root, sharing=ts)
     assert b.mps is None
     response = ContainerResponse()
-    b.allocate(b.discover()[:1], response)
+    await b.allocate(b.discover()[:1], response)
     b.shutdown()
     assert response.envs == {} and response.mounts == []
 

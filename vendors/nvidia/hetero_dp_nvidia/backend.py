@@ -338,9 +338,13 @@ class NvidiaBackend:
         }
 
     @hookimpl
-    def allocate(self, devices: list[Device], response: ContainerResponse) -> None:
+    async def allocate(self, devices: list[Device], response: ContainerResponse) -> None:
         """DeviceSpecs only with passDeviceSpecs: the records carry nodes for the CDI spec
-        (envvar plus a CDI strategy), which NVIDIA's plugin does not send as DeviceSpecs."""
+        (envvar plus a CDI strategy), which NVIDIA's plugin does not send as DeviceSpecs.
+
+        ``async def``: it runs on the event loop with no thread hop (the kubelet waits on
+        it), so it makes no blocking call: it reads the options and the MPS plan, which
+        the other threads replace whole rather than change in place."""
         if not self.options.pass_device_specs:
             response.devices = []
         mps = self.mps

@@ -175,6 +175,9 @@ class MpsManager:
         self.control = control
         self.clock = clock
         self._plan: list[MpsResource] = []
+        # GPU uuid -> its MPS resource: replaced whole (never changed in place) when the
+        # plan changes, so Allocate reads it on the event loop without taking _cond
+        self._by_uuid: dict[str, MpsResource] = {}
         self._states: dict[str, _State] = {}
         self._cond = threading.Condition()
         self._wake = threading.Event()
@@ -212,6 +215,7 @@ class MpsManager:
                 self._retired += [st.daemon for st in self._states.values()]
             self.settings, self.control = settings, control
             self._states, self._plan = {}, []
+            self._by_uuid = {}
             self._cond.notify_all()
         self._wake.set()
 
@@ -222,6 +226,11 @@ class MpsManager:
             if plan == self._plan:
                 return
             self._plan = list(plan)
+            by_uuid: dict[str, MpsResource] = {}
+            for r in plan:
+                for g in r.gpus:
+                    by_uuid.setdefault(g.uuid, r)
+            self._by_uuid = by_uuid
             for r in plan:  # until the supervisor has run, the GPUs are not served
                 st = self._states.get(r.name)
                 if st is None or st.daemon.resource != r:
@@ -240,8 +249,9 @@ class MpsManager:
         return ""
 
     def resource_of(self, uuid: str) -> MpsResource | None:
-        with self._cond:
-            return next((r for r in self._plan if any(g.uuid == uuid for g in r.gpus)), None)
+        """The MPS resource a GPU serves (None: none); takes no lock, so it never
+        waits on the supervisor thread (Allocate calls it on the event loop)."""
+        return self._by_uuid.get(uuid)
 
     def daemons(self) -> dict[str, MpsDaemon]:
         """Shared resource name -> its daemon (to send it commands: the smoke script)."""
