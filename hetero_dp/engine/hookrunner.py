@@ -223,7 +223,7 @@ class HookRunner:
         limit = self.timeout if timeout is None else timeout
         try:
             if inspect.iscoroutinefunction(function):
-                return await with_timeout(function(**{k: kwargs[k] for k in impl.argnames}), limit)
+                return await run_eagerly(function(**{k: kwargs[k] for k in impl.argnames}), limit)
             if inspect.isasyncgenfunction(function):
                 args = {k: kwargs[k] for k in impl.argnames}
 

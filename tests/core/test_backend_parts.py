@@ -154,6 +154,12 @@ async def test_run_eagerly_returns_a_hook_that_never_waits_without_a_loop_turn()
 
     assert await run_eagerly(quick(), 1.0) == "done"
     assert turns == before  # the loop did not turn: no task, no timer
+    runner = runner_for(Hooks())  # and so does an async def hook called by the runner
+    try:
+        await runner.call("allocate", devices=[], response=None)
+        assert turns == before
+    finally:
+        runner.close()
     counter.cancel()
 
 
