@@ -245,6 +245,23 @@ def cdi_spec_edits(kind: str, devices: list[Device]) -> Mapping[str, Any] | None
 
 
 @hookspec(firstresult=True)
+def config_sections() -> Mapping[str, str] | None:
+    """Sections of the config file, besides ``backends.<name>``, that hold this
+    backend's options: the key as written in the file (dotted for a key inside a
+    section) -> where it lands in the options (``""``: the section's keys become
+    options themselves).
+
+    For a backend that reads the config file of the plugin it replaces (NVIDIA:
+    ``{"flags": "", "resources.gpus": "resources.gpus", "imex": "imex", ...}``).
+    Called before any other hook, on the class's instance: return a constant.
+    An option refused there is named where it was written (``flags.migStrategy``);
+    a claimed key the core also reads (``sharing``) is read by both. A section a
+    backend claims is not refused as unknown, even when that backend is not run
+    (the file may be shared with another program).
+    """
+
+
+@hookspec(firstresult=True)
 def parse_args(args: list[str]) -> Mapping[str, Any] | None:
     """Parse the backend's own command-line flags into options.
 

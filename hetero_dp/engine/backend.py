@@ -165,6 +165,19 @@ class Backend:
             ) from None
         return results.parsed_args(self.name, result)
 
+    def config_sections(self) -> dict[str, str]:
+        """The config sections this backend claims (its ``config_sections`` hook, run
+        synchronously: the config is read before any loop starts)."""
+        if not self.implements("config_sections"):
+            return {}
+        try:
+            result = self.runner.call_sync("config_sections", {})
+        except Exception as e:
+            raise ConfigError(
+                f"backend {self.name!r} hook config_sections raised {e!r}", field="backend"
+            ) from None
+        return results.sections(self.name, result)
+
     # -- typed hooks: each result checked (results) -----------------------------
 
     async def discover(self) -> list[Device]:

@@ -4,9 +4,10 @@ Precedence: flags > environment > file > defaults. Every error names the
 source (file, ``env HETERO_DP_...`` or ``flag --...``), the field and the reason,
 and stops start-up before any socket is touched.
 
-NVIDIA's config file (``version: v1`` with ``flags`` and ``sharing``) is a
-subset of this schema: its ``sharing`` block is ours, and its ``flags`` become
-the options of the backend named ``nvidia``.
+A backend may read sections of the file besides ``backends.<name>`` (the
+``config_sections`` hook: the NVIDIA backend reads NVIDIA's ``flags``, ``imex``,
+``resources.gpus``/``mig`` and ``sharing``, which is also ours); the core knows
+only the sections each backend names.
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ from hetero_dp.model.names import (
     DEFAULT_PLUGINS_REGISTRY_DIR,
     KUBELET_SOCKET,
     MAX_UNIX_PATH,
+    closest,
     validate_resource_name,
 )
 
 ENV_PREFIX = "HETERO_DP_"
-NVIDIA_FLAGS_BACKEND = "nvidia"
+# backend name -> {key as written in the file (dotted) -> where in its options ("" = spread)}
+Sections = Mapping[str, Mapping[str, str]]
 
 # key -> (type, default, environment variable)
 SCALARS: dict[str, tuple[type, Any]] = {
@@ -46,12 +49,7 @@ SCALARS: dict[str, tuple[type, Any]] = {
     "logLevel": (str, "info"),
     "logFormat": (str, "text"),
 }
-SECTIONS = ("backends", "flags", "sharing", "resources", "cdi", "labels", "metrics", "imex")
-# Parts of NVIDIA's config file (schema v1) that belong to the backend named
-# NVIDIA_FLAGS_BACKEND: ``resources.gpus`` / ``resources.mig`` (renaming by pattern;
-# a resource name always holds a '/', so these keys cannot clash), ``imex`` and
-# ``sharing`` (parsed by the core too, which advertises the replicas).
-NVIDIA_RESOURCE_KEYS = ("gpus", "mig")
+SECTIONS = ("backends", "sharing", "resources", "cdi", "labels", "metrics")
 RESOURCE_KEYS = {
     "deliver",
     "cdiKind",
@@ -123,12 +121,24 @@ class Config:
     # backend name -> the dotted option keys ``-o`` set (a flag wins over the
     # environment variable an option declares)
     backend_flagged: dict[str, frozenset[str]] = field(default_factory=dict)
-    # backend name -> {option key: where the user wrote it}, for options given outside
-    # ``backends.<name>`` (NVIDIA's ``flags.migStrategy``, ``resources.gpus``)
-    backend_fields: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    # the sections each backend claims, when the caller named them (load_config's
+    # ``sections``); otherwise an installed backend's own, looked up when asked
+    sections: dict[str, dict[str, str]] | None = None
+
+    def claims(self, name: str) -> dict[str, str]:
+        """The config sections backend ``name`` claims (its ``config_sections`` hook)."""
+        if self.sections is not None:
+            return dict(self.sections.get(name, {}))
+        from hetero_dp.engine.loading import installed_claims
+
+        return installed_claims(name)
 
     def backend_options(self, name: str) -> dict[str, Any]:
-        return dict(self.backends.get(name, {}))
+        """Backend ``name``'s options: the sections it claims, under ``backends.<name>``
+        of the file, under ``-o`` flags."""
+        claimed, _written = _claimed(self.raw, self.claims(name), self.source)
+        return _merge(claimed, self.backends.get(name, {}))
 
     def options_source(self, name: str) -> str:
         """Where a backend's options were given, for messages about them."""
@@ -136,14 +146,21 @@ class Config:
 
     def option_field(self, name: str, field_name: str) -> str:
         """``backends.<name>.<key>...`` as the user wrote it (``flags.<key>...`` for an
-        option from NVIDIA's ``flags`` section)."""
+        option from a section the backend claims, such as NVIDIA's ``flags``; one also
+        given under ``backends.<name>`` or ``-o`` is named there)."""
         prefix = f"backends.{name}."
         if not field_name.startswith(prefix):
             return field_name
         rest = field_name[len(prefix) :]
         key = rest.split(".", 1)[0].split("[", 1)[0]
-        written = self.backend_fields.get(name, {}).get(key)
-        return written + rest[len(key) :] if written else field_name
+        if key in self.backends.get(name, {}):
+            return field_name
+        try:
+            _claimed_options, written = _claimed(self.raw, self.claims(name), self.source)
+        except ConfigError:
+            return field_name
+        where = written.get(key)
+        return where + rest[len(key) :] if where else field_name
 
     def resource_settings(self, name: str) -> dict[str, Any]:
         return dict(self.resources.get(name, {}))
@@ -340,17 +357,35 @@ def load_config(
     raw: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    sections: Sections | None = None,
 ) -> Config:
-    """Build a Config from a file, the environment and flag overrides (camelCase keys)."""
+    """Build a Config from a file, the environment and flag overrides (camelCase keys).
+
+    ``sections``: the config sections each backend claims (its ``config_sections``
+    hook; :func:`hetero_dp.engine.loading.sections_of`). Left out, the file's keys
+    the core does not know are looked up among the installed backends' sections
+    (a file without such keys imports nothing for it).
+    """
     env = os.environ if env is None else env
     source = str(path) if path else ("inline config" if raw is not None else "defaults")
     raw = read_file(path) if path else dict(raw or {})
     cfg = Config(source=source, raw=dict(raw))
 
-    unknown = sorted(set(raw) - set(SCALARS) - set(SECTIONS) - {"version"})
+    core = {*SCALARS, *SECTIONS, "version"}
+    if sections is None and _needs_backend_sections(raw, core):
+        from hetero_dp.engine.loading import installed_sections
+
+        sections = installed_sections()
+    claims = {str(n): dict(c) for n, c in (sections or {}).items()}
+    claimed = {k.split(".", 1)[0] for c in claims.values() for k in c}
+    unknown = sorted(set(raw) - core - claimed, key=str)
     if unknown:
-        known = ", ".join(sorted({*SCALARS, *SECTIONS, "version"}))
-        raise ConfigError(f"unknown key (known: {known})", field=unknown[0], source=source)
+        known = ", ".join(sorted(core | claimed))
+        raise ConfigError(
+            f"unknown key{_did_you_mean(str(unknown[0]), core | claimed)} (known: {known})",
+            field=str(unknown[0]),
+            source=source,
+        )
     if "version" in raw and raw["version"] != "v1":
         raise ConfigError(
             f"unsupported version {raw['version']!r}; only 'v1'", field="version", source=source
@@ -379,12 +414,14 @@ def load_config(
 
     _check_paths(cfg, sources)
     cfg.sharing = parse_sharing(raw.get("sharing"), source)
-    cfg.backends, cfg.backend_origins, cfg.backend_fields = _backends(raw, flags, source)
+    cfg.sections = None if sections is None else claims
+    cfg.backends, cfg.backend_origins = _backends(raw, flags, source)
     cfg.backend_flagged = {
         str(name): frozenset(_dotted(options))
         for name, options in _mapping(flags.get("backends"), "backends", "flag -o").items()
     }
-    cfg.resources = _resources(raw.get("resources"), source)
+    taken = {k.split(".", 1)[1] for c in claims.values() for k in c if k.startswith("resources.")}
+    cfg.resources = _resources(raw.get("resources"), source, taken)
     for section in SECTION_KEYS:
         value = _section(section, raw.get(section), source)
         # flags such as --metrics-address override single keys of a section
@@ -424,53 +461,79 @@ def _dotted(options: Any, prefix: str = "") -> list[str]:
     return keys
 
 
+def _needs_backend_sections(raw: Mapping[str, Any], core: set[str]) -> bool:
+    """Whether the file has keys only a backend's sections can explain: a top-level key
+    the core does not know, or a key of ``resources`` that is no resource name."""
+    resources = raw.get("resources")
+    odd = isinstance(resources, Mapping) and any("/" not in str(k) for k in resources)
+    return odd or any(k not in core for k in raw)
+
+
+def _did_you_mean(key: str, known: Iterable[str]) -> str:
+    close = closest(key, list(known))
+    return f"; did you mean {close!r}?" if close else ""
+
+
+def _lookup(raw: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = raw
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _claimed(
+    raw: Mapping[str, Any], claims: Mapping[str, str], source: str
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """A backend's options from the sections it claims, and where each was written
+    (option key -> the field as written)."""
+    options: dict[str, Any] = {}
+    written: dict[str, str] = {}
+    for key, target in claims.items():
+        value = _lookup(raw, key)
+        if value is None:
+            continue
+        if not target:  # the section's keys are options themselves
+            for k, v in _mapping(value, key, source).items():
+                options[str(k)] = v
+                written[str(k)] = f"{key}.{k}"
+            continue
+        head, *rest = target.split(".")
+        node = options
+        for part in [head, *rest][:-1]:
+            node = node.setdefault(part, {})
+        node[[head, *rest][-1]] = value
+        # the field as written for the option's first key: the file key less the
+        # option key's tail (resources.gpus -> options resources.gpus: resources)
+        written[head] = key.rsplit(".", len(rest))[0] if rest else key
+    return options, written
+
+
 def _backends(
     raw: Mapping[str, Any], flags: Mapping[str, Any], source: str
-) -> tuple[dict[str, Any], dict[str, str], dict[str, dict[str, str]]]:
-    """The options of each backend, where each backend's were given (``flags``,
-    NVIDIA's section, is not counted: its file is shared with GPU feature discovery),
-    and where each option taken from NVIDIA's sections was written (``flags.<key>``;
-    one also given under ``backends.nvidia`` or ``-o`` is named there)."""
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The options of each backend under ``backends.<name>`` and ``-o`` (the sections a
+    backend claims are added when its options are read: :meth:`Config.backend_options`),
+    and where each backend's were given (claimed sections are not counted: such a file
+    may be shared with another program, NVIDIA's with GPU feature discovery)."""
     backends: dict[str, dict[str, Any]] = {}
     origins: dict[str, str] = {}
-    nvidia_flags = dict(_mapping(raw.get("flags"), "flags", source))
-    written = {str(k): f"flags.{k}" for k in nvidia_flags}
-    resources = _mapping(raw.get("resources"), "resources", source)
-    renames = {k: resources[k] for k in NVIDIA_RESOURCE_KEYS if k in resources}
-    if renames:
-        nvidia_flags["resources"] = renames
-    if raw.get("imex") is not None:
-        nvidia_flags["imex"] = raw["imex"]
-    if raw.get("sharing"):
-        # MPS is run by the NVIDIA backend (control daemon, limits, pipe mounts) and
-        # its memory guard and doctor need to know what is shared: it reads the same
-        # block the core parsed (parse_sharing has checked it already).
-        nvidia_flags["sharing"] = raw["sharing"]
-    written.update({k: k for k in ("resources", "imex", "sharing") if k in nvidia_flags})
-    if nvidia_flags:
-        backends[NVIDIA_FLAGS_BACKEND] = nvidia_flags
     for name, options in _mapping(raw.get("backends"), "backends", source).items():
         opts = _mapping(options, f"backends.{name}", source)
         backends[name] = _merge(backends.get(name, {}), opts)
         origins.setdefault(str(name), source)
-        if name == NVIDIA_FLAGS_BACKEND:
-            for k in opts:
-                written.pop(str(k), None)
     for name, options in _mapping(flags.get("backends"), "backends", "flag -o").items():
         backends[name] = _merge(backends.get(name, {}), options)
         origins[str(name)] = f"flag -o {name}.{next(iter(options), '')}".rstrip(".")
-        if name == NVIDIA_FLAGS_BACKEND:
-            for k in options:
-                written.pop(str(k), None)
-    fields = {NVIDIA_FLAGS_BACKEND: written} if written else {}
-    return backends, origins, fields
+    return backends, origins
 
 
-def _resources(value: Any, source: str) -> dict[str, dict[str, Any]]:
+def _resources(value: Any, source: str, taken: set[str]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name, settings in _mapping(value, "resources", source).items():
-        if name in NVIDIA_RESOURCE_KEYS:
-            continue  # NVIDIA's renaming, handed to that backend (see _backends)
+        if name in taken:
+            continue  # a key a backend claims (NVIDIA's gpus/mig renaming; no '/')
         validate_resource_name(name, field=f"resources.{name}", source=source)
         s = _mapping(settings, f"resources.{name}", source)
         unknown = sorted(set(s) - RESOURCE_KEYS)

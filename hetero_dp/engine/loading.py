@@ -11,6 +11,7 @@ its hook does not have) and wrapped in a :class:`~hetero_dp.engine.backend.Backe
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import sys
@@ -265,3 +266,45 @@ def load_backends(
             ) from e
         backends.append(Backend(name, plugin, pm, timeout=timeout))
     return backends
+
+
+def sections_of(backends: Iterable[Backend]) -> dict[str, dict[str, str]]:
+    """The config sections each backend claims (``load_config(sections=...)``)."""
+    return {b.name: claims for b in backends if (claims := b.config_sections())}
+
+
+@functools.cache
+def _installed_claims(name: str) -> tuple[tuple[str, str], ...]:
+    try:
+        name, plugin = resolve(name)
+        pm = new_manager()
+        check_plugin(name, plugin, pm)
+        pm.register(plugin, name=name)
+        backend = Backend(name, plugin, pm)
+    except (ConfigError, ValueError, pluggy.PluginValidationError):
+        return ()
+    try:
+        return tuple(backend.config_sections().items())
+    except ConfigError:
+        return ()
+    finally:
+        backend.close()
+
+
+def installed_claims(name: str) -> dict[str, str]:
+    """The config sections the installed backend ``name`` claims ({} when none is
+    installed under that name, or it does not load: running it names its error).
+    Looked up once per process (the module is imported once anyway)."""
+    return dict(_installed_claims(name)) if name in available_backends() else {}
+
+
+def installed_sections() -> dict[str, dict[str, str]]:
+    """The config sections every installed backend claims, for reading a file before
+    the backends that will run are known (``hetero-dp list``, a test runner). A backend
+    that fails to load claims nothing here; running it names its error."""
+    out: dict[str, dict[str, str]] = {}
+    for name in sorted(available_backends()):
+        claims = installed_claims(name)
+        if claims:
+            out[name] = claims
+    return out

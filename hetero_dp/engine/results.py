@@ -96,3 +96,18 @@ def parsed_args(name: str, result: Any) -> dict[str, Any]:
             source="command line",
         )
     return dict(result)
+
+
+def sections(name: str, result: Any) -> dict[str, str]:
+    """``config_sections``: file key (dotted) -> option key ("" = the section's keys)."""
+    if result is None:
+        return {}
+    if not isinstance(result, Mapping) or not all(
+        isinstance(k, str) and k and isinstance(v, str) for k, v in result.items()
+    ):
+        raise ConfigError(
+            f"backend {name!r} config_sections returned {result!r}; expected a mapping "
+            "of config keys to option keys (strings)",
+            field="backend",
+        )
+    return dict(result)

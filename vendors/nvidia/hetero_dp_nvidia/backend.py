@@ -45,6 +45,14 @@ from .options import COMMAND_LINE, NvidiaFlags, parse_command_line, parse_option
 from .topology import compute_links
 
 CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
+# config file key -> where it lands in our options ("": the section's keys are options)
+CONFIG_SECTIONS = {
+    "flags": "",
+    "resources.gpus": "resources.gpus",
+    "resources.mig": "resources.mig",
+    "imex": "imex",
+    "sharing": "sharing",
+}
 
 
 class NvidiaBackend:
@@ -370,6 +378,15 @@ class NvidiaBackend:
         if not version:
             return None  # no driver: the spec holds the device records only
         return spec_edits(self.options, version)
+
+    @hookimpl
+    def config_sections(self) -> dict[str, str]:
+        """NVIDIA's config file (schema v1) beside ``backends.nvidia``: its ``flags`` are
+        our options, ``resources.gpus``/``resources.mig`` rename by pattern (a resource
+        name always holds a '/', so these keys cannot clash with the core's), ``imex``,
+        and ``sharing`` (read by the core too, which advertises the replicas; MPS, the
+        memory guard and doctor here need it)."""
+        return CONFIG_SECTIONS
 
     @hookimpl
     def parse_args(self, args: list[str]) -> dict[str, Any]:
