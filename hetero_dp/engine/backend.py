@@ -11,14 +11,14 @@ backends is :mod:`hetero_dp.engine.loading`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 
 from hetero_dp.engine import results
 from hetero_dp.engine.binding import OptionBinder, configure_error, placed
 from hetero_dp.engine.healthcalls import check_health_many
-from hetero_dp.engine.hookrunner import REQUEST_HOOKS, HookRunner, hook_impls
+from hetero_dp.engine.hookrunner import REQUEST_HOOKS, HookRunner, defined_at, hook_impls
 from hetero_dp.model.device import Check, Device, Link, Sample
 from hetero_dp.model.errors import BackendError, ConfigError
 
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from hetero_dp.engine.config import Config
 
 __all__ = ["REQUEST_HOOKS", "Backend"]
+
+_T = TypeVar("_T")
 
 
 class Backend:
@@ -180,12 +182,22 @@ class Backend:
 
     # -- typed hooks: each result checked (results) -----------------------------
 
+    def _shaped(self, hook: str, check: Callable[[str, Any], _T], result: Any) -> _T:
+        """``check(name, result)``; a wrong shape names the hook's file and line."""
+        try:
+            return check(self.name, result)
+        except BackendError as e:
+            where = defined_at(self.runner.hook_function(hook))
+            if not where:
+                raise
+            raise BackendError(f"{e} (hook {hook} defined at {where})") from None
+
     async def discover(self) -> list[Device]:
-        return results.devices(self.name, await self.call("discover"))
+        return self._shaped("discover", results.devices, await self.call("discover"))
 
     def health_verdict(self, result: Any) -> tuple[bool, str]:
         """A check_health result as (healthy, reason); BackendError for garbage."""
-        return results.health_verdict(self.name, result)
+        return self._shaped("check_health", results.health_verdict, result)
 
     async def check_health(self, device: Device) -> tuple[bool, str]:
         result = await self.call("check_health", key=device.id, device=device)
@@ -199,13 +211,14 @@ class Backend:
         return await check_health_many(self.runner, self.health_verdict, devices, on_error)
 
     async def links(self, devices: list[Device]) -> list[Link]:
-        return results.links(self.name, await self.call("links", devices=devices))
+        return self._shaped("links", results.links, await self.call("links", devices=devices))
 
     async def labels(self, devices: list[Device]) -> dict[str, str]:
-        return results.labels(self.name, await self.call("labels", devices=devices))
+        return self._shaped("labels", results.labels, await self.call("labels", devices=devices))
 
     async def metrics(self, devices: list[Device]) -> list[Sample]:
-        return results.samples(self.name, await self.call("metrics", devices=devices))
+        result = await self.call("metrics", devices=devices)
+        return self._shaped("metrics", results.samples, result)
 
     async def doctor(self, options: Mapping[str, Any]) -> list[Check]:
         return results.checks(await self.call("doctor", options=options))

@@ -50,6 +50,7 @@ from hetero_dp.engine.runtime import BackendRuntime
 from hetero_dp.engine.watching import HookWatch
 from hetero_dp.kits import observe
 from hetero_dp.kits.aiotools import cancel_and_wait, wait_event
+from hetero_dp.kits.logs import Repeats
 from hetero_dp.kits.signals import held
 from hetero_dp.model.device import Device
 from hetero_dp.model.errors import BackendError, ConfigError
@@ -89,6 +90,7 @@ class Daemon:
         self.instance = instance_tag(os.environ)
         # day-two pieces (metrics, probes, labels, reload) that plug in from above
         self.extensions: list[Extension] = []
+        self._repeats = Repeats()  # how often a failing hook is logged
         self.health = HealthPolls(self.publish, self._hook_error, self._spawn)
 
     # --- start-up --------------------------------------------------------
@@ -394,7 +396,17 @@ class Daemon:
         task.add_done_callback(self._background.discard)
 
     def _hook_error(self, rt: BackendRuntime, hook: str, e: Exception) -> None:
-        log.error("%s", e, extra={"backend": rt.backend.name, "hook": hook})
+        """Log a hook's failure: once per hook and device, then ever more rarely while it
+        goes on (:class:`~hetero_dp.kits.logs.Repeats`; the rest at debug level). The
+        event, which metrics count, is emitted every time."""
+        device = getattr(e, "device", None)
+        show, left_out = self._repeats.check((rt.backend.name, hook, device))
+        extra = {"backend": rt.backend.name, "hook": hook}
+        if show:
+            more = f" (failed {left_out} more times since the last report)" if left_out else ""
+            log.error("%s%s", e, more, extra=extra)
+        else:
+            log.debug("%s", e, extra=extra)
         observe.emit("hook_error", backend=rt.backend.name, hook=hook, error=str(e))
 
     # --- discovery and health -------------------------------------------

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hetero_dp.engine.hookrunner import WORKERS, HookRunner, runs_on_loop
+from hetero_dp.engine.hookrunner import WORKERS, HookRunner, hook_raised, runs_on_loop
 from hetero_dp.engine.workers import PoolExhausted
 from hetero_dp.model.device import Device
 from hetero_dp.model.errors import BackendError
@@ -51,6 +51,7 @@ async def check_health_many(
     out: dict[str, Verdict] = {}
 
     def failed(device_id: str, e: BackendError) -> None:
+        e.device = device_id
         if on_error is not None:
             on_error(e)
         out[device_id] = (False, str(e))
@@ -144,7 +145,7 @@ def _run_batch(name: str, judge: Judge, function: Any, batch: _HealthBatch) -> N
         except BackendError as e:
             verdict = e
         except Exception as e:
-            verdict = BackendError(f"backend {name!r} hook check_health raised {e!r}")
+            verdict = hook_raised(name, "check_health", e, function)
         if batch.abandoned:  # this call came back after it was given up on
             return
         batch.results[d.id] = verdict

@@ -12,7 +12,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
+import logging
+import os
+import sysconfig
 import time
+import traceback
 import types
 from collections.abc import Callable, Coroutine, Generator, Mapping
 from typing import Any
@@ -22,6 +26,10 @@ import pluggy
 from hetero_dp.engine.workers import PoolExhausted, WorkerPool
 from hetero_dp.kits.aiotools import with_timeout
 from hetero_dp.model.errors import AllocationError, BackendError, ConfigError
+
+log = logging.getLogger("hetero_dp.engine.backend")
+_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # hetero_dp/
+_STDLIB = sysconfig.get_paths()["stdlib"]
 
 # Hooks the kubelet is waiting on: they run in their own threads (see HookRunner).
 REQUEST_HOOKS = frozenset({"allocate", "pre_start_container", "preferred_allocation"})
@@ -87,6 +95,58 @@ async def run_eagerly(coro: Coroutine[Any, Any, Any], limit: float) -> Any:
     except StopIteration as stop:
         return stop.value
     return await with_timeout(_rest(coro, first), limit)
+
+
+def _author_dir(function: Any) -> tuple[str, bool]:
+    """The file that defines ``function`` and whether its whole package counts as the
+    author's (a plugin package: the dir holding its ``__init__.py``)."""
+    try:
+        path = os.path.abspath(inspect.getsourcefile(inspect.unwrap(function)) or "")
+    except TypeError:
+        return "", False
+    here = os.path.dirname(path)
+    if os.path.isfile(os.path.join(here, "__init__.py")):
+        return here + os.sep, True
+    return path, False
+
+
+def raised_at(e: BaseException, function: Any) -> str:
+    """``file:line`` in the author's code where ``e`` was raised: the innermost frame in
+    the hook's file (or its plugin package), so a call into a library names the author's
+    line that made it; else the innermost frame outside hetero-dp and the standard
+    library; '' when the traceback has neither."""
+    frames = traceback.extract_tb(e.__traceback__)
+    mine, package = _author_dir(function)
+    if mine:
+        for frame in reversed(frames):
+            path = os.path.abspath(frame.filename)
+            if path.startswith(mine) if package else path == mine:
+                return f"{frame.filename}:{frame.lineno}"
+    for frame in reversed(frames):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith((_OURS + os.sep, _STDLIB + os.sep)):
+            return f"{frame.filename}:{frame.lineno}"
+    return ""
+
+
+def hook_raised(name: str, hook: str, e: BaseException, function: Any) -> BackendError:
+    """The BackendError for a hook that raised: what, and where in the author's code
+    (the traceback at debug level)."""
+    where = raised_at(e, function)
+    log.debug("backend %r hook %s raised %r", name, hook, e, exc_info=e)
+    at = f" at {where}" if where else ""
+    error = BackendError(f"backend {name!r} hook {hook} raised {e!r}{at}")
+    error.__cause__ = e
+    return error
+
+
+def defined_at(function: Any) -> str:
+    """``file:line`` where a hook function is defined, '' if unknown."""
+    try:
+        target = inspect.unwrap(function)
+        return f"{inspect.getsourcefile(target)}:{inspect.getsourcelines(target)[1]}"
+    except (OSError, TypeError):
+        return ""
 
 
 class HookRunner:
@@ -241,11 +301,11 @@ class HookRunner:
         except AllocationError as e:
             if hook in REQUEST_HOOKS:  # a documented refusal: its own code and message
                 raise
-            raise BackendError(f"backend {self.name!r} hook {hook} raised {e!r}") from e
+            raise hook_raised(self.name, hook, e, function) from e
         except Exception as e:
             if hook in ("allocate", "configure") and isinstance(e, ConfigError | ValueError):
                 raise
-            raise BackendError(f"backend {self.name!r} hook {hook} raised {e!r}") from e
+            raise hook_raised(self.name, hook, e, function) from e
 
     def close(self) -> None:
         self.pool.shutdown()

@@ -16,16 +16,29 @@ from hetero_dp.model.device import Check, Device, Link, Sample
 from hetero_dp.model.errors import BackendError, ConfigError
 
 
+def _what(result: Any) -> str:
+    """What came back, for a message: ``one Device ('npu0')``, ``int 3``."""
+    if isinstance(result, Device):
+        return f"one Device ({result.id!r})"
+    return f"{type(result).__name__} {result!r}"[:120]
+
+
 def devices(name: str, result: Any) -> list[Device]:
     """``discover``: Devices with unique IDs (None: none)."""
     if result is None:
         return []
-    if not isinstance(result, Iterable):
-        raise BackendError(f"backend {name!r} discover returned {type(result).__name__}")
+    if not isinstance(result, Iterable) or isinstance(result, str | bytes):
+        raise BackendError(
+            f"backend {name!r} discover returned {_what(result)}; expected an iterable of "
+            "Device (return a list of them, or yield each one)"
+        )
     found = list(result)
     bad = [d for d in found if not isinstance(d, Device)]
     if bad:
-        raise BackendError(f"backend {name!r} discover returned non-Device items: {bad[:3]!r}")
+        raise BackendError(
+            f"backend {name!r} discover returned items that are not Device: "
+            f"{', '.join(_what(b) for b in bad[:3])}; expected Device(id, resource, ...)"
+        )
     dupes = sorted(i for i, n in Counter(d.id for d in found).items() if n > 1)
     if dupes:
         raise BackendError(f"backend {name!r} discover returned duplicate IDs: {dupes}")
@@ -51,9 +64,13 @@ def health_verdict(name: str, result: Any) -> tuple[bool, str]:
 
 
 def links(name: str, result: Any) -> list[Link]:
+    if result is not None and not isinstance(result, Iterable):
+        raise BackendError(
+            f"backend {name!r} links returned {_what(result)}; expected an iterable of Link"
+        )
     found = list(result or [])
     if any(not isinstance(x, Link) for x in found):
-        raise BackendError(f"backend {name!r} links returned non-Link items")
+        raise BackendError(f"backend {name!r} links returned items that are not Link")
     return found
 
 
@@ -61,11 +78,18 @@ def labels(name: str, result: Any) -> dict[str, str]:
     if result is None:
         return {}
     if not isinstance(result, Mapping):
-        raise BackendError(f"backend {name!r} labels returned {type(result).__name__}")
+        raise BackendError(
+            f"backend {name!r} labels returned {_what(result)}; expected a mapping of "
+            "label names to values"
+        )
     return {str(k): str(v) for k, v in result.items()}
 
 
 def samples(name: str, result: Any) -> list[Sample]:
+    if result is not None and not isinstance(result, Iterable):
+        raise BackendError(
+            f"backend {name!r} metrics returned {_what(result)}; expected an iterable of Sample"
+        )
     found = list(result or [])
     if any(not isinstance(x, Sample) for x in found):
         raise BackendError(f"backend {name!r} metrics returned non-Sample items")
@@ -82,7 +106,7 @@ def mapping(name: str, hook: str, result: Any) -> dict[str, Any]:
     if result is None:
         return {}
     if not isinstance(result, Mapping):
-        raise BackendError(f"backend {name!r} {hook} returned {type(result).__name__}")
+        raise BackendError(f"backend {name!r} {hook} returned {_what(result)}; expected a mapping")
     return dict(result)
 
 

@@ -20,6 +20,7 @@ import logging
 import re
 import sys
 import time
+from collections.abc import Callable, Hashable
 
 FIELDS = ("resource", "device", "devices", "backend", "hook", "kind", "reason")
 
@@ -30,6 +31,39 @@ MAX_EXCEPTION = 8192  # characters of a traceback (its last part, where the erro
 
 
 _CONTROL = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
+
+
+class Repeats:
+    """Which repeats of the same failure to log: the first at once, then at most one per
+    window, the window doubling from ``first`` up to ``longest`` seconds while the
+    failure goes on; a failure quiet for twice its window starts over. A hook
+    that fails on every health poll thus logs once, then after 1, 2, 4 ... minutes."""
+
+    def __init__(
+        self,
+        first: float = 60.0,
+        longest: float = 3600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.first, self.longest, self.clock = first, longest, clock
+        # key -> [next time a repeat may be logged, window, repeats left out, last seen]
+        self._seen: dict[Hashable, list[float]] = {}
+
+    def check(self, key: Hashable) -> tuple[bool, int]:
+        """(log this one?, how many repeats were left out since the last one logged)."""
+        now = self.clock()
+        entry = self._seen.get(key)
+        if entry is None or now - entry[3] > 2 * entry[1]:
+            self._seen[key] = [now + self.first, self.first, 0, now]
+            return True, 0
+        entry[3] = now
+        if now < entry[0]:
+            entry[2] += 1
+            return False, int(entry[2])
+        window = min(entry[1] * 2, self.longest)
+        left_out = int(entry[2])
+        self._seen[key] = [now + window, window, 0, now]
+        return True, left_out
 
 
 def escape(text: str) -> str:

@@ -31,4 +31,7 @@ class AllocationError(HeteroDPError):
 
 
 class BackendError(HeteroDPError):
-    """A backend hook raised, timed out or returned garbage."""
+    """A backend hook raised, timed out or returned garbage. ``device``: the device ID
+    a per-device call (``check_health``) was about, when there is one."""
+
+    device: str | None = None

@@ -95,8 +95,10 @@ def test_results_name_the_backend_and_what_came_back() -> None:
     assert results.devices("b", None) == []
     with pytest.raises(BackendError, match=r"discover returned duplicate IDs: \['a'\]"):
         results.devices("b", [d, d])
-    with pytest.raises(BackendError, match="non-Device items"):
+    with pytest.raises(BackendError, match="items that are not Device: str 'a'"):
         results.devices("b", ["a"])
+    with pytest.raises(BackendError, match=r"returned one Device \('a'\); expected an iterable"):
+        results.devices("b", d)
     assert results.health_verdict("b", (False, 3)) == (False, "3")
     assert results.health_verdict("b", "gone") == (False, "gone")
     with pytest.raises(BackendError, match="check_health returned 7"):

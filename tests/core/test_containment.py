@@ -74,7 +74,7 @@ async def test_garbage_from_one_backend_leaves_another_serving(fake_kubelet, plu
     bad.mode = "garbage"
     await daemon.rediscover()
     await fake_kubelet.wait_devices(B, lambda d: not d["g0"].healthy)
-    assert "non-Device" in daemon.resources[B].state.get("g0").reason
+    assert "not Device" in daemon.resources[B].state.get("g0").reason
     resp = await fake_kubelet.allocate(A, ["dev0"])  # the other backend is untouched
     assert resp.envs["VISIBLE"] == "0"
 
