@@ -288,6 +288,50 @@ def response_problems(
     return out
 
 
+def edits_problems(edits: object) -> list[str]:
+    """What in a backend's spec-wide CDI ``containerEdits`` (``cdi_spec_edits``) may not
+    go into a container, each naming the field. Device nodes are judged by name only
+    (a driver root's nodes are seen here under another path, and the CDI runtime stats
+    the host path itself: a regular file is refused there); mounts and env as in a
+    record; a hook's path must be absolute and normalised."""
+    if not isinstance(edits, dict):
+        return [f"containerEdits must be a mapping, got {type(edits).__name__}"]
+    out = []
+    for i, node in enumerate(edits.get("deviceNodes") or ()):
+        if not isinstance(node, dict):
+            out.append(f"deviceNodes[{i}]: not a mapping")
+            continue
+        container = node.get("path")
+        host = node.get("hostPath", container)
+        problem = _path_problem(host) or _path_problem(container)
+        if problem is None and isinstance(host, str) and _dev_root(host) is None:
+            problem = f"{host!r} is not under /dev"
+        if problem:
+            out.append(f"deviceNodes[{i}]: {problem}")
+    for i, mount in enumerate(edits.get("mounts") or ()):
+        if not isinstance(mount, dict):
+            out.append(f"mounts[{i}]: not a mapping")
+            continue
+        host, container = mount.get("hostPath"), mount.get("containerPath")
+        if not isinstance(host, str) or not isinstance(container, str):
+            out.append(f"mounts[{i}]: hostPath and containerPath must be strings")
+            continue
+        problem = mount_problem(Mount(host, container))
+        if problem:
+            out.append(f"mounts[{i}]: {problem}")
+    for i, entry in enumerate(edits.get("env") or ()):
+        key, eq, value = str(entry).partition("=")
+        problem = env_problem(key, value) if eq else f"{entry!r} is not KEY=VALUE"
+        if problem:
+            out.append(f"env[{i}]: {problem}")
+    for i, hook in enumerate(edits.get("hooks") or ()):
+        path = hook.get("path") if isinstance(hook, dict) else None
+        problem = _path_problem(path)
+        if problem:
+            out.append(f"hooks[{i}].path {problem}")
+    return out
+
+
 def _strings(response: ContainerResponse) -> Iterable[str]:
     for n in response.devices:
         yield n.host_path

@@ -30,7 +30,7 @@ from hetero_dp.allocation.cdi import (
     with_edits,
 )
 from hetero_dp.allocation.delivery import parse_delivery
-from hetero_dp.allocation.gate import Refused
+from hetero_dp.allocation.gate import Refused, edits_problems
 from hetero_dp.kits.atomic import create_unique, write_atomic
 from hetero_dp.model.device import Device
 from hetero_dp.model.errors import BackendError, ConfigError
@@ -352,6 +352,13 @@ class CDIPublisher:
         for backend, devices in by_backend.values():
             try:
                 edits = await backend.cdi_spec_edits(kind, devices)
+                problems = edits_problems(edits)
+                if problems:  # the container gate, for what the spec adds to every device
+                    raise ConfigError(
+                        "its cdi_spec_edits hold what may not go into a container: "
+                        + "; ".join(problems[:3]),
+                        field="cdi_spec_edits",
+                    )
                 extra = merge_edits(extra, edits)
             except (BackendError, ConfigError) as e:
                 log.error(

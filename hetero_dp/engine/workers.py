@@ -172,5 +172,9 @@ class WorkerPool:
                     changed = True
                 else:
                     self._active -= 1
+            # An idle thread keeps nothing of its last call: a call given up on (its
+            # caller gone) that returns a million devices late would stay in memory
+            # through this variable until the thread's next call (issue #29).
+            del task
             if changed and self.on_change is not None:
                 self.on_change()

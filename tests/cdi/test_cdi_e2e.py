@@ -260,3 +260,23 @@ async def test_an_unusable_cdi_dir_is_a_start_up_error_when_specs_are_needed(
     with pytest.raises(ConfigError) as e:
         await plugin_runner.start(Acme(1), config=raw)
     assert e.value.field == "cdi.dir"
+
+
+async def test_spec_wide_edits_that_may_not_go_into_a_container_are_refused(
+    fake_kubelet, plugin_runner, cdi_dir, caplog
+):
+    """What a backend's cdi_spec_edits adds to every device passes the container gate:
+    a mount of / and LD_PRELOAD are refused and the spec is not written with them."""
+
+    class Hostile(Acme):
+        @hookimpl
+        def cdi_spec_edits(self, kind: str, devices: list[Device]) -> dict:
+            return {
+                "mounts": [{"hostPath": "/", "containerPath": "/host", "options": ["rbind"]}],
+                "env": ["LD_PRELOAD=/host/evil.so"],
+            }
+
+    await start(plugin_runner, Hostile(2), cdi_dir, {"deliver": ["cdi-cri"]})
+    await fake_kubelet.wait_devices(RES, lambda d: len(d) == 2)
+    assert not list(cdi_dir.glob("*.json"))
+    assert any("may not go into a container" in r.getMessage() for r in caplog.records)

@@ -55,6 +55,9 @@ async def test_spec_carries_the_driver_found_through_the_ld_cache(
     (driver / "dev/nvidiactl").unlink()
     os.symlink("/dev/null", driver / "dev/nvidiactl")
     null = os.stat("/dev/null")
+    # A plain file where nvidia-uvm is: no type, major, minor (the runtime stats the host).
+    (driver / "dev/nvidia-uvm").unlink()
+    (driver / "dev/nvidia-uvm").touch()
     cdi_dir = tmp_path / "cdi"
     env = {
         "DEVICE_LIST_STRATEGY": "cdi-cri",

@@ -374,6 +374,17 @@ class UdevBackend:
     # ------------------------------------------------------------------ events
 
     def _on_readable(self, monitor: pyudev.Monitor, events: EventSink) -> None:
+        try:
+            self._read_events(monitor, events)
+        except Exception as exc:
+            # One line, not asyncio's traceback per event; a full rescan instead of
+            # whatever this batch would have changed.
+            log.error("udev monitor: handling events failed (%r); rediscovering all", exc)
+            with self._lock:
+                self._full = True
+            events.rediscover()
+
+    def _read_events(self, monitor: pyudev.Monitor, events: EventSink) -> None:
         batch = False
         received = False
         while True:
@@ -455,11 +466,15 @@ class UdevBackend:
         assert rule.health is not None and rule.health.interval
         while True:
             await asyncio.sleep(rule.health.interval)  # the rule's check period, not a sync
-            changed = [
-                self._report(key, item, events, always=False)
-                for key, item in list(self._found.items())
-                if item.rule is rule
-            ]
+            try:
+                changed = [
+                    self._report(key, item, events, always=False)
+                    for key, item in list(self._found.items())
+                    if item.rule is rule
+                ]
+            except Exception as exc:
+                log.error("%s: health check failed (%r); rediscovering", rule.where, exc)
+                changed = [True]  # the discovery judges health again
             if any(changed):  # keep the discovered verdicts in step, as for events
                 self._event_batches += 1
                 events.rediscover()
