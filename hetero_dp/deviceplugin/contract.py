@@ -20,6 +20,7 @@ class ServedResource(Protocol):
     state: ResourceState  # the advertised device set that ListAndWatch streams
     registered: bool
     open_streams: int
+    streams_opened: int  # ListAndWatch streams opened so far (never decreases)
     streams_changed: asyncio.Event  # set on every stream open and close
 
     @property

@@ -25,8 +25,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import socket
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -157,12 +159,24 @@ def claim_socket_path(path: Path, what: str) -> bool:
     return remove_socket(path)
 
 
-def bind_unix(server: grpc.aio.Server, path: Path) -> None:
-    """Add a unix socket port to ``server`` with mode :data:`SOCKET_MODE`; the file is
-    created here, and the server accepts nothing before it is started."""
-    server.add_insecure_port(f"unix://{path}")
+def bind_unix(server: grpc.aio.Server, path: Path) -> tuple[int, int] | None:
+    """Add a unix socket port to ``server`` with mode :data:`SOCKET_MODE`; returns the
+    (device, inode) of the file, which only :func:`remove_own_socket` removes.
+
+    The socket is bound under a hidden temporary name beside ``path`` and renamed to
+    ``path`` (a bound socket keeps working under its new name): gRPC unlinks the path
+    it bound when its server stops, whatever file is there by then, and that must
+    never be another instance's socket. The kubelet's plugin watcher skips hidden
+    files, and connecting clients see the socket appear whole. Where the temporary
+    name would not fit a unix socket path, ``path`` is bound directly."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(3)}")
+    target = tmp if len(os.fsencode(tmp)) <= MAX_UNIX_PATH else path
+    server.add_insecure_port(f"unix://{target}")
     with contextlib.suppress(FileNotFoundError):
-        os.chmod(path, SOCKET_MODE)
+        os.chmod(target, SOCKET_MODE)
+    if target != path:
+        os.rename(target, path)
+    return socket_identity(path)
 
 
 def check_socket_path(path: Path) -> None:
@@ -211,6 +225,9 @@ class PluginEndpoint:
         # (device, inode) of each socket file we bound: only those are ours to remove
         self._bound: dict[Path, tuple[int, int] | None] = {}
         self._quick_losses = 0  # streams the kubelet ended soon after we registered
+        # streams_opened when the last registration began: a stream opened after it
+        # answers that registration, even one that has ended already
+        self._opened_base = 0
         # Bumped by every server stop: a registration or watchdog task started for an
         # older server sees the change after its next wait and ends.
         self._generation = 0
@@ -293,11 +310,11 @@ class PluginEndpoint:
             servicer = DevicePluginServicer(res)
             server = grpc.aio.server()
             add_to_server(servicer, server)  # undecodable requests: INVALID_ARGUMENT
-            bind_unix(server, self.socket_path)
-            self._bound[self.socket_path] = socket_identity(self.socket_path)
+            self._bound[self.socket_path] = bind_unix(server, self.socket_path)
             await server.start()
             self._server = server
             self._servicer = servicer
+            self._opened_base = res.streams_opened
             if self.mode == "watcher":
                 await self._start_registry_server()
             else:
@@ -319,8 +336,7 @@ class PluginEndpoint:
             WatcherRegistrationServicer(self.resource.name, str(self.socket_path), self._on_status),
             reg,
         )
-        bind_unix(reg, self.registry_socket)
-        self._bound[self.registry_socket] = socket_identity(self.registry_socket)
+        self._bound[self.registry_socket] = bind_unix(reg, self.registry_socket)
         await reg.start()
         self._reg_server = reg
 
@@ -360,7 +376,7 @@ class PluginEndpoint:
         )
         self._tasks.append(
             asyncio.get_running_loop().create_task(
-                self._watch_stream(generation), name=f"watchdog {res.name}"
+                self._watch_stream(generation, self._opened_base), name=f"watchdog {res.name}"
             )
         )
 
@@ -381,6 +397,7 @@ class PluginEndpoint:
         def failed(reason: str) -> None:
             observe.emit("registration_failed", resource=res.name, reason=reason)
 
+        self._opened_base = res.streams_opened
         attempts = await register_with_backoff(
             self.plugin_dir / KUBELET_SOCKET,
             self.socket_name,
@@ -408,12 +425,31 @@ class PluginEndpoint:
                 return False
         return True
 
-    async def _watch_stream(self, generation: int) -> None:
-        """After registration the kubelet must open ListAndWatch and keep it open;
-        when it does not, re-register rather than sit at zero capacity."""
+    async def _wait_until(self, done: Callable[[], bool], timeout: float | None) -> bool:
+        """Wait until ``done()`` holds, re-checked on every stream open and close."""
         res = self.resource
         loop = asyncio.get_running_loop()
-        if not await self._wait_streams(True, self.stream_timeout):
+        deadline = None if timeout is None else loop.time() + timeout
+        while not done():
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                return False
+            res.streams_changed.clear()  # no await since the check: no change is missed
+            await wait_event(res.streams_changed, remaining)
+            if not self._running or res.state.closed:
+                return False
+        return True
+
+    async def _watch_stream(self, generation: int, opened_base: int) -> None:
+        """After registration the kubelet must open ListAndWatch and keep it open;
+        when it does not, re-register rather than sit at zero capacity. A stream that
+        opened and already closed again before this task ran counts as opened (the
+        kubelet can disconnect us right after registering)."""
+        res = self.resource
+        loop = asyncio.get_running_loop()
+        if not await self._wait_until(
+            lambda: res.streams_opened > opened_base, self.stream_timeout
+        ):
             if not self._running or res.state.closed:
                 return
             log.warning(
@@ -424,7 +460,7 @@ class PluginEndpoint:
             self.request_restart("no ListAndWatch stream after registration")
             return
         opened = loop.time()
-        await self._wait_streams(False, None)
+        await self._wait_until(lambda: res.open_streams == 0, None)
         if self._stale(generation):
             return
         if self.mode == "classic" and socket_in_use(self.plugin_dir / KUBELET_SOCKET):
@@ -465,7 +501,8 @@ class PluginEndpoint:
             # the kubelet opened a stream again meanwhile: watch that one
             self._tasks.append(
                 asyncio.get_running_loop().create_task(
-                    self._watch_stream(generation), name=f"watchdog {res.name}"
+                    self._watch_stream(generation, res.streams_opened - 1),
+                    name=f"watchdog {res.name}",
                 )
             )
             return

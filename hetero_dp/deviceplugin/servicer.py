@@ -126,6 +126,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         await refuse_undecodable(request, "ListAndWatch", res.name, context)
         state = res.state
         res.open_streams += 1
+        res.streams_opened += 1
         res.streams_changed.set()
         observe.emit("stream_opened", resource=res.name, open=res.open_streams)
         log.info("ListAndWatch opened", extra={"resource": res.name})

@@ -27,7 +27,12 @@ import grpc
 
 from hetero_dp.api import pluginregistration_v1_pb2 as reg_pb
 from hetero_dp.api import pluginregistration_v1_pb2_grpc as reg_grpc
-from hetero_dp.deviceplugin.endpoint import check_socket_path, remove_socket
+from hetero_dp.deviceplugin.endpoint import (
+    bind_unix,
+    check_socket_path,
+    claim_socket_path,
+    remove_own_socket,
+)
 from hetero_dp.dra.api import APIError, ResourceAPI
 from hetero_dp.dra.checkpoint import Checkpoint, CheckpointError
 from hetero_dp.dra.claimspec import claim_kind
@@ -136,6 +141,8 @@ class DRADriver:
         self._resync_now = asyncio.Event()
         self._running = False
         self._restarting_registration = False
+        # (device, inode) of each socket file this instance bound: only those it removes
+        self._bound: dict[Path, tuple[int, int] | None] = {}
 
     @property
     def running(self) -> bool:
@@ -151,12 +158,12 @@ class DRADriver:
         except CheckpointError as e:
             raise ConfigError(str(e), field="checkpoint") from None
         await self._connect_api()
-        remove_socket(self.socket_path)
+        self._claim(self.socket_path)
         self.health.closed = False
         server = grpc.aio.server()
         add_dra_services(server, self.preparer)
         add_health_services(server, self.health)
-        server.add_insecure_port(f"unix://{self.socket_path}")
+        self._bound[self.socket_path] = bind_unix(server, self.socket_path)
         await server.start()
         self._server = server
         self._running = True
@@ -198,14 +205,31 @@ class DRADriver:
         self.api_ready = True
         return True
 
+    def _claim(self, path: Path) -> None:
+        """Make ``path`` free to bind: a stale socket goes; a live one is another
+        instance's (two pods without ``POD_UID`` share the same names): refused, and
+        the first instance keeps serving."""
+        try:
+            claim_socket_path(path, "instance")
+        except ConfigError as e:
+            if "another running instance" not in e.reason:
+                raise
+            raise ConfigError(
+                f"DRA driver {self.name}: {path} is the socket of another running instance "
+                "of this driver; set POD_UID from the downward API (fieldRef "
+                "metadata.uid) so that each pod has its own sockets, or stop the other "
+                "instance first",
+                field="instance",
+            ) from None
+
     async def _start_registration(self) -> None:
         self.registry_socket.parent.mkdir(parents=True, exist_ok=True)
-        remove_socket(self.registry_socket)
+        self._claim(self.registry_socket)
         reg = grpc.aio.server()
         reg_grpc.add_RegistrationServicer_to_server(
             DRARegistrationServicer(self.name, str(self.socket_path), self._on_status), reg
         )
-        reg.add_insecure_port(f"unix://{self.registry_socket}")
+        self._bound[self.registry_socket] = bind_unix(reg, self.registry_socket)
         await reg.start()
         self._reg_server = reg
 
@@ -309,6 +333,8 @@ class DRADriver:
                 await self._reg_server.stop(STOP_GRACE)
             if self._running:
                 await self._start_registration()
+        except ConfigError as e:  # another instance took the name meanwhile
+            log.error("cannot offer the registration socket again: %s", e)
         finally:
             self._restarting_registration = False
 
@@ -341,8 +367,9 @@ class DRADriver:
             if server is not None:
                 await server.stop(STOP_GRACE)
         self._reg_server = self._server = None
-        remove_socket(self.registry_socket)
-        remove_socket(self.socket_path)
+        # only the files this instance bound: never another instance's
+        for path in (self.registry_socket, self.socket_path):
+            remove_own_socket(path, self._bound.pop(path, None))
         self.registered.clear()
         if self.settings.remove_slices_on_stop and self.api_ready:
             others = await self.other_instances()

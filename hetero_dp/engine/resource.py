@@ -42,6 +42,7 @@ class Resource:
         self.links: dict[tuple[str, str], float] = {}
         self.registered = False
         self.open_streams = 0
+        self.streams_opened = 0
         self.streams_changed = asyncio.Event()  # set on every stream open and close
 
     @property

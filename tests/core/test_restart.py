@@ -120,12 +120,16 @@ async def test_watcher_mode_kubelet_restart_registers_once_without_plugin_restar
 
 
 def _listening(path) -> bool:
-    """Whether a unix socket still listens on ``path`` (even once its file is gone)."""
+    """Whether a unix socket still listens on ``path`` (even once its file is gone).
+    The kernel names a socket by the path it was bound to: the endpoint binds a
+    hidden ``.<name>.<random>`` beside ``path`` and renames it (see bind_unix)."""
     import os
 
     with open("/proc/net/unix") as f:
         rows = [line.split() for line in f.readlines()[1:]]
-    return any(len(r) == 8 and os.path.normpath(r[7]) == str(path) for r in rows)
+    bound = [os.path.normpath(r[7]) for r in rows if len(r) == 8]
+    hidden = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.")
+    return any(b == str(path) or b.startswith(hidden) for b in bound)
 
 
 async def test_stop_during_a_restart_leaves_no_server_behind(fake_kubelet, plugin_runner):

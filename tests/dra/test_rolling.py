@@ -96,3 +96,44 @@ async def test_the_old_instance_takes_over_when_the_new_one_goes_first(dra, api_
 async def test_an_instance_id_must_fit_a_file_name(dra):
     with pytest.raises(ConfigError, match=r"instance ID '\.\./x'"):
         await dra.start(Npus(1), instance="../x")
+
+
+async def test_without_pod_uid_a_second_instance_is_refused_and_the_first_keeps_serving(
+    dra, api_server, kubelet
+):
+    first = await dra.start(Npus(2))  # no POD_UID: the shared names dra.sock, <driver>-reg.sock
+    await kubelet.wait_registered(DRIVER)
+    sock = dra.plugins_dir / DRIVER / "dra.sock"
+    reg = dra.registry_dir / f"{DRIVER}-reg.sock"
+    before = (sock.stat().st_ino, reg.stat().st_ino)
+    with pytest.raises(ConfigError, match=r"another running instance.*set POD_UID"):
+        await dra.start(Npus(2))
+    assert (sock.stat().st_ino, reg.stat().st_ino) == before  # untouched
+    assert len(api_server.devices_of(DRIVER)) == 2
+    claim = api_server.add_claim(
+        make_claim("c1", [("npu", device_name("NPU-0000"))], driver=DRIVER, pool="node-a")
+    )
+    [entry] = (await kubelet.prepare_pod("pod-a", DRIVER, [ClaimRef.of(claim)])).values()
+    assert entry.error == ""  # the first one still prepares
+    await dra.stop(first)
+    assert not sock.exists() and not reg.exists()
+
+
+async def test_an_instance_leaving_removes_only_the_sockets_it_bound(dra, kubelet):
+    first = await dra.start(Npus(1))
+    await kubelet.wait_registered(DRIVER)
+    sock = dra.plugins_dir / DRIVER / "dra.sock"
+    # the file at its path is someone else's now (removed and bound again by another
+    # process): the first instance's exit must leave it alone
+    import socket
+
+    sock.unlink()
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    other.bind(str(sock))
+    other.listen()
+    try:
+        ino = sock.stat().st_ino
+        await dra.stop(first)
+        assert sock.stat().st_ino == ino
+    finally:
+        other.close()

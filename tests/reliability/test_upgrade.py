@@ -66,3 +66,23 @@ async def test_sockets_of_dead_instances_are_removed_live_ones_left_alone(
     finally:
         dead.close()
         live.close()
+
+
+async def test_a_socket_file_put_at_our_path_by_someone_else_survives_our_exit(
+    fake_kubelet, plugin_runner
+):
+    import socket
+
+    daemon = await plugin_runner.start(simulated(), options={"simulated": {"count": 1}})
+    await fake_kubelet.wait_registered(SIM)
+    path = daemon.endpoints[SIM].socket_path
+    path.unlink()  # gone (an operator, a kubelet wipe) and bound again by another process
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    other.bind(str(path))
+    other.listen()
+    try:
+        ino = path.stat().st_ino
+        await plugin_runner.stop(daemon)
+        assert path.stat().st_ino == ino  # not ours: left alone (gRPC's own unlink too)
+    finally:
+        other.close()
