@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    from hetero_dp.kits.runtimeconf import RuntimeView
     from hetero_dp.model.device import Check, Device, Link, Sample
     from hetero_dp.model.events import EventSink
     from hetero_dp.model.response import ContainerResponse
@@ -215,6 +216,20 @@ def doctor(options: Mapping[str, Any]) -> Iterable[Check]:
     ``options`` are the backend's options (paths may point into a fake root).
     Checks come first in the troubleshooting chain: hardware and driver
     before runtime and plugin.
+    """
+
+
+@hookspec
+def runtime_advice(runtime: RuntimeView, needs_cdi: bool, root: str) -> Check | None:
+    """What ``hetero-dp doctor`` says about the node's container runtime for this
+    backend's devices, beyond what the core checks (CDI on where CDI delivers).
+
+    ``runtime`` is what containerd's or dockerd's config says (its runtimes and their
+    binaries, the default one, CDI on or off); ``needs_cdi`` whether some resource
+    delivers through CDI; ``root`` the dir every host path is read under. Return a
+    ``Check`` (``fail`` first in the runtime step; ``pass``/``warn`` when nothing
+    failed) or None. NVIDIA: containers get the driver's libraries only through the
+    nvidia runtime or CDI, so its advice is about that runtime.
     """
 
 

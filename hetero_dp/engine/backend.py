@@ -223,6 +223,10 @@ class Backend:
     async def doctor(self, options: Mapping[str, Any]) -> list[Check]:
         return results.checks(await self.call("doctor", options=options))
 
+    async def runtime_advice(self, runtime: Any, needs_cdi: bool, root: str) -> list[Check]:
+        result = await self.call("runtime_advice", runtime=runtime, needs_cdi=needs_cdi, root=root)
+        return results.checks([result] if isinstance(result, Check) else result)
+
     async def resource_defaults(self, resource: str) -> dict[str, Any]:
         result = await self.call("resource_defaults", resource=resource)
         return results.mapping(self.name, "resource_defaults", result)

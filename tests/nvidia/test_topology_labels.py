@@ -205,6 +205,8 @@ def test_hookimpls_match_the_contract():
         "resource_defaults",
         "doctor",
         "shutdown",
+        "config_sections",
+        "runtime_advice",
     }
     other = NvidiaBackend(environ={})
     pm.register(other, name="nvidia-instance")

@@ -433,3 +433,25 @@ def test_cli_reads_the_daemonsets_env_for_labels_and_daemon(
     assert checks["labels"]["status"] == "fail", checks["labels"]  # no label file yet
     assert checks["daemon"]["status"] == "fail", checks["daemon"]  # asked, nobody answered
     assert "127.0.0.1:9" in json.dumps(checks["daemon"])
+
+
+@pytest.mark.parametrize(
+    ("default", "binary", "message"),
+    [
+        ("kata", "", "the default runtime is kata but no runtime of that name is defined"),
+        ("runc", "/usr/bin/kata-runtime", "the kata runtime points at /usr/bin/kata-runtime"),
+    ],
+)
+def test_runtime_problems_every_device_meets_need_no_backend_advice(root, default, binary, message):
+    # a backend with no runtime_advice hook: the core's own checks of the runtime
+    options = '\n    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kata.options]\n'
+    options += f'      BinaryName = "{binary}"\n' if binary else ""
+    root.file(
+        "etc/containerd/config.toml",
+        CONTAINERD_PLAIN.replace('"runc"\n', f'"{default}"\n', 1)
+        + ('  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kata]\n' + options)
+        * bool(binary),
+    )
+    findings = doctor(root, [Scripted(make_devices(RES, 1))])
+    f = only(findings, "runtime")
+    assert f.status == "fail" and message in f.message, f

@@ -38,7 +38,6 @@ from hetero_dp.ops.doctor.findings import (
 from hetero_dp.ops.doctor.kubelet import check_kubelet, socket_listens
 from hetero_dp.ops.doctor.labels import check_labels
 from hetero_dp.ops.doctor.runtime import (
-    NVIDIA_RUNTIME,
     RuntimeView,
     check_runtime,
     containerd_view,
@@ -73,7 +72,7 @@ async def run_doctor(
     device_findings, resources = await check_devices(config, backends)
     out += device_findings
     needs = _needs(config, backends, resources)  # resources: name -> effective settings
-    out += check_runtime(settings, needs)
+    out += await check_runtime(settings, "cdi" in needs, backends)
     out += check_kubelet(config, settings)
     out += check_daemon(config, settings)
     out += check_cdi_specs(config, settings, needs)
@@ -84,7 +83,7 @@ async def run_doctor(
 def _needs(
     config: Config, backends: Sequence[Backend], resources: Mapping[str, Mapping[str, Any]]
 ) -> set[str]:
-    """What the runtime must offer: ``cdi`` and/or ``nvidia``."""
+    """What the runtime must offer: ``cdi`` when some resource delivers through CDI."""
     needs = set()
     if config.cdi.get("enabled"):
         needs.add("cdi")
@@ -93,8 +92,4 @@ def _needs(
         deliver = [deliver] if isinstance(deliver, str) else deliver
         if any(str(s).startswith("cdi") for s in deliver):
             needs.add("cdi")
-    if any(b.name == NVIDIA_RUNTIME for b in backends) or any(
-        r.startswith("nvidia.com/") for r in resources
-    ):
-        needs.add("nvidia")
     return needs

@@ -35,9 +35,8 @@ async def check_driver(config: Config, backends: Sequence[Backend]) -> list[Find
                     b.name,
                     "fail",
                     f"backend {b.name!r} refuses its options: {e}",
-                    "fix the option the message names (where it was written: "
-                    f"backends.{b.name}, or NVIDIA's flags); hetero-dp list --options {b.name} "
-                    "lists them all",
+                    "fix the option the message names, where the message says it was written; "
+                    f"hetero-dp list --options {b.name} lists them all",
                 )
             )
             continue

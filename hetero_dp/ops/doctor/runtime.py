@@ -3,64 +3,69 @@ defines, the default one and whether CDI is on."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from hetero_dp.engine.backend import Backend
 from hetero_dp.kits.runtimeconf import (
     RuntimeView,
     containerd_view,
     docker_view,
     runtime_cdi_off,
 )
+from hetero_dp.model.device import Check
+from hetero_dp.model.errors import BackendError
 from hetero_dp.ops.doctor.findings import DoctorSettings, Finding
 
 __all__ = ["RuntimeView", "check_runtime", "containerd_view", "docker_view", "runtime_cdi_off"]
 
 
-NVIDIA_RUNTIME = "nvidia"
-NVIDIA_CTK = (
-    "nvidia-ctk runtime configure --runtime={runtime} --set-as-default, then restart {runtime}"
-)
-UNKNOWN_RUNTIME = (
-    '"Unknown runtime specified nvidia" (Docker) or \'no runtime for "nvidia" is configured\' '
-    "(containerd) means exactly this: something asks for the runtime named nvidia "
-    "(default runtime, --runtime=nvidia or a RuntimeClass handler) but the runtime's config "
-    "does not define it, or the runtime was not restarted after it was added"
-)
+# runtimes a runtime knows without a config entry (containerd and dockerd: runc)
+BUILT_IN = frozenset({"runc"})
 
 
-# --- container runtime -----------------------------------------------------------------------
-
-
-def _judge_runtime(view: RuntimeView, settings: DoctorSettings, needs: set[str]) -> Finding:
+def _judge_runtime(
+    view: RuntimeView,
+    settings: DoctorSettings,
+    needs_cdi: bool,
+    advice: Sequence[Check],
+) -> Finding:
+    """One runtime's finding: a backend's failing advice first (it knows what its
+    devices need), then what every device needs, then the backend's other advice."""
     name, where = view.name, view.path
     step = "runtime"
-    enable_cdi = (
-        f'set enable_cdi = true under [plugins."io.containerd.grpc.v1.cri"] in {where} '
-        "(containerd 1.7; 2.x has it on by default) and restart containerd"
-        if name == "containerd"
-        else f'add "features": {{"cdi": true}} to {where} and restart dockerd'
-    )
-    if view.default == NVIDIA_RUNTIME and NVIDIA_RUNTIME not in view.runtimes:
+    for c in advice:
+        if c.status == "fail":
+            return Finding(step, name, "fail", c.message, c.fix)
+    if view.default not in view.runtimes and view.default not in BUILT_IN:
         return Finding(
             step,
             name,
             "fail",
-            f"{where}: the default runtime is nvidia but no runtime named nvidia is defined. "
-            + UNKNOWN_RUNTIME,
-            NVIDIA_CTK.format(runtime=name),
+            f"{where}: the default runtime is {view.default} but no runtime of that name is "
+            "defined: every container fails to start",
+            f"define the runtime {view.default} in {where} or make a defined one the default, "
+            f"then restart {name}",
         )
-    binary = view.runtimes.get(NVIDIA_RUNTIME, "")
-    if binary.startswith("/") and not settings.path(binary).exists():
-        return Finding(
-            step,
-            name,
-            "fail",
-            f"{where}: the nvidia runtime points at {binary}, which does not exist",
-            "install the NVIDIA Container Toolkit (package nvidia-container-toolkit)",
-        )
+    for runtime, binary in sorted(view.runtimes.items()):
+        if binary.startswith("/") and not settings.path(binary).exists():
+            return Finding(
+                step,
+                name,
+                "fail",
+                f"{where}: the {runtime} runtime points at {binary}, which does not exist",
+                f"install what provides {binary}, or remove the runtime {runtime}",
+            )
     found = (
         f"runtimes: {', '.join(sorted(view.runtimes)) or 'none'}; default {view.default}; "
         f"CDI {'on' if view.cdi else 'off'}"
     )
-    if "cdi" in needs and not view.cdi:
+    if needs_cdi and not view.cdi:
+        enable_cdi = (
+            f'set enable_cdi = true under [plugins."io.containerd.grpc.v1.cri"] in {where} '
+            "(containerd 1.7; 2.x has it on by default) and restart containerd"
+            if name == "containerd"
+            else f'add "features": {{"cdi": true}} to {where} and restart dockerd'
+        )
         return Finding(
             step,
             name,
@@ -68,32 +73,15 @@ def _judge_runtime(view: RuntimeView, settings: DoctorSettings, needs: set[str])
             f"{where}: CDI delivery is configured but {name} has CDI off ({found})",
             enable_cdi,
         )
-    if "nvidia" in needs and "cdi" not in needs:
-        if view.default == NVIDIA_RUNTIME:
-            return Finding(step, name, "pass", f"{where}: nvidia is the default runtime ({found})")
-        if NVIDIA_RUNTIME in view.runtimes:
-            return Finding(
-                step,
-                name,
-                "warn",
-                f"{where}: the nvidia runtime is defined but not the default ({found}); only "
-                "pods with runtimeClassName: nvidia get GPU libraries",
-                f"make it the default ({NVIDIA_CTK.format(runtime=name)}) or create a "
-                "RuntimeClass nvidia and use it in GPU pods",
-            )
-        return Finding(
-            step,
-            name,
-            "fail",
-            f"{where}: no nvidia runtime and no CDI delivery ({found}): containers get the "
-            "device nodes but not the driver libraries. " + UNKNOWN_RUNTIME,
-            NVIDIA_CTK.format(runtime=name) + "; or deliver with CDI and " + enable_cdi,
-        )
-    what = "CDI delivery" if "cdi" in needs else "device-node delivery needs nothing special"
+    for c in advice:
+        return Finding(step, name, c.status, c.message, c.fix)
+    what = "CDI delivery" if needs_cdi else "device-node delivery needs nothing special"
     return Finding(step, name, "pass", f"{where}: {what} ({found})")
 
 
-def check_runtime(settings: DoctorSettings, needs: set[str]) -> list[Finding]:
+async def check_runtime(
+    settings: DoctorSettings, needs_cdi: bool, backends: Sequence[Backend]
+) -> list[Finding]:
     out = []
     sources = (("containerd", settings.containerd_config), ("docker", settings.docker_config))
     for name, rel in sources:
@@ -115,10 +103,13 @@ def check_runtime(settings: DoctorSettings, needs: set[str]) -> list[Finding]:
                 )
             )
             continue
-        out.append(_judge_runtime(view, settings, needs))
+        advice = await _advice(backends, view, needs_cdi, settings)
+        out.append(_judge_runtime(view, settings, needs_cdi, advice))
     if not out:
         missing = ", ".join(str(settings.path(p)) for _, p in sources)
-        status = "warn" if needs else "skip"
+        status = (
+            "warn" if needs_cdi or any(b.implements("runtime_advice") for b in backends) else "skip"
+        )
         out.append(
             Finding(
                 "runtime",
@@ -129,4 +120,20 @@ def check_runtime(settings: DoctorSettings, needs: set[str]) -> list[Finding]:
                 "(CRI-O: check /etc/crio/crio.conf.d by hand)",
             )
         )
+    return out
+
+
+async def _advice(
+    backends: Sequence[Backend], view: RuntimeView, needs_cdi: bool, settings: DoctorSettings
+) -> list[Check]:
+    """Each backend's advice on this runtime (its ``runtime_advice`` hook); a hook that
+    fails is a failing check naming it."""
+    out = []
+    for b in backends:
+        if not b.implements("runtime_advice"):
+            continue
+        try:
+            out += await b.runtime_advice(view, needs_cdi, str(settings.root))
+        except BackendError as e:
+            out.append(Check(f"{b.name} advice", "fail", f"the backend's advice crashed: {e}"))
     return out

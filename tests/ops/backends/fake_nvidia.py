@@ -78,3 +78,11 @@ def configure(options) -> None:
 def discover() -> list[Device]:
     count = int(_options.get("count", 0))
     return [Device(id=f"GPU-{i}", resource="nvidia.com/gpu", index=i) for i in range(count)]
+
+
+@hookimpl
+def runtime_advice(runtime, needs_cdi, root):
+    # the NVIDIA backend's own advice: what its GPUs need from the runtime
+    from hetero_dp_nvidia.runtime_advice import advice
+
+    return advice(runtime, needs_cdi, root)

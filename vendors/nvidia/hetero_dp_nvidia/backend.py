@@ -42,6 +42,7 @@ from .mps import MpsResource, mps_response, plan_mps
 from .mps_daemon import MpsManager, find_control, mps_checks
 from .nvml import NvmlUnavailable, log, log_once
 from .options import COMMAND_LINE, NvidiaFlags, parse_command_line, parse_options
+from .runtime_advice import advice
 from .topology import compute_links
 
 CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
@@ -394,6 +395,11 @@ class NvidiaBackend:
         return {COMMAND_LINE: parse_command_line(args)}
 
     # -- doctor ----------------------------------------------------------------
+
+    @hookimpl
+    async def runtime_advice(self, runtime: Any, needs_cdi: bool, root: str) -> Check | None:
+        """doctor's runtime step: the nvidia runtime or CDI (see runtime_advice.py)."""
+        return advice(runtime, needs_cdi, root)
 
     @hookimpl
     def doctor(self, options: Mapping[str, Any]) -> list[Check]:
