@@ -40,12 +40,15 @@ async def test_health_shows_in_the_pod_status(dra, api_server, kubelet):
     await kubelet.watch_health(DRIVER)
     name = device_name("NPU-0000")
     claim = api_server.add_claim(make_claim("train", [("npu", name)], driver=DRIVER, pool="node-a"))
-    await kubelet.prepare_pod("pod-a", DRIVER, [ClaimRef.of(claim)])
+    [entry] = (await kubelet.prepare_pod("pod-a", DRIVER, [ClaimRef.of(claim)])).values()
     await kubelet.wait_for(lambda: name in kubelet.health.get(DRIVER, {}))
+    # kubelet 1.36 names the device by its first CDI device ID
+    first_cdi = entry.devices[0].cdi_device_ids[0]
+    assert first_cdi.startswith(f"{DRIVER}/")
     assert kubelet.pod_resource_status("pod-a") == [
         {
             "name": "claim:train/npu",
-            "resources": [{"resourceID": f"{DRIVER}/node-a/{name}", "health": "Healthy"}],
+            "resources": [{"resourceID": first_cdi, "health": "Healthy"}],
         }
     ]
     daemon.set_health("npus", "NPU-0000", False, "ECC errors")

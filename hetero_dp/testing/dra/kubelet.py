@@ -291,8 +291,10 @@ class FakeDRAKubelet(ChangeWaiter):
     def pod_resource_status(self, pod: str) -> list[dict[str, Any]]:
         """``status.containerStatuses[].allocatedResourcesStatus`` of a pod, as the
         kubelet fills it from the health stream (KEP-4680): one entry per claim
-        request, ``claim:<claim>/<request>``, listing ``<driver>/<pool>/<device>``
-        with ``Healthy``, ``Unhealthy`` or ``Unknown``."""
+        request, ``claim:<claim>/<request>``, listing each device with ``Healthy``,
+        ``Unhealthy`` or ``Unknown``. The device's ``resourceID`` is its first CDI
+        device ID, or ``<driver>/<pool>/<device>`` when it has none (kubelet 1.36
+        ``pkg/kubelet/cm/dra/manager.go`` ``buildResourceHealth``)."""
         words = {"HEALTHY": "Healthy", "UNHEALTHY": "Unhealthy"}
         out: dict[str, list[dict[str, str]]] = {}
         for uid, pods in sorted(self.claim_pods.items()):
@@ -302,12 +304,11 @@ class FakeDRAKubelet(ChangeWaiter):
             for d in self.prepared[uid].devices:
                 known = self.health.get(driver, {}).get(d.device_name)
                 health = words.get(known.health, "Unknown") if known else "Unknown"
+                cdi = list(d.cdi_device_ids)
+                resource_id = cdi[0] if cdi else f"{driver}/{d.pool_name}/{d.device_name}"
                 for request in d.request_names:
                     out.setdefault(f"claim:{ref.name}/{request}", []).append(
-                        {
-                            "resourceID": f"{driver}/{d.pool_name}/{d.device_name}",
-                            "health": health,
-                        }
+                        {"resourceID": resource_id, "health": health}
                     )
         return [{"name": k, "resources": v} for k, v in sorted(out.items())]
 
