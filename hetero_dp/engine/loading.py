@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
+import logging
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,6 +28,9 @@ from hetero_dp.engine.backend import Backend
 from hetero_dp.kits.entrypoints import entry_points
 from hetero_dp.model.errors import ConfigError
 from hetero_dp.model.names import closest
+from hetero_dp.model.options import default_problems
+
+log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "hetero_dp"
 
@@ -232,11 +236,36 @@ def hook_mistakes(name: str, plugin: object, pm: pluggy.PluginManager) -> list[s
     return problems
 
 
+def unmarked_hooks(name: str, plugin: object, pm: pluggy.PluginManager) -> list[str]:
+    """Functions the plugin defines with a hook's name but without ``@hookimpl``: pluggy
+    never calls them, and a ``check_health`` that never runs leaves every device
+    Healthy in silence. Almost certainly a mistake, so each is warned about at load."""
+    specs = _spec_argnames(pm)
+    home = getattr(plugin, "__name__", None) if isinstance(plugin, ModuleType) else None
+    found = []
+    for attr in sorted(specs):
+        function = getattr(plugin, attr, None)
+        if function is None or pm.parse_hookimpl_opts(plugin, attr) is not None:
+            continue
+        if not (inspect.isfunction(function) or inspect.ismethod(function)):
+            continue
+        if home is not None and getattr(function, "__module__", None) != home:
+            continue  # imported from elsewhere, not the plugin's own
+        found.append(
+            f"backend {name!r}: {_where(function)}: function {attr} has the name of a hook "
+            "but no @hookimpl, so it is never called; mark it @hookimpl (or rename it)"
+        )
+    return found
+
+
 def check_plugin(name: str, plugin: object, pm: pluggy.PluginManager) -> None:
-    """ConfigError naming every hook mistake in ``plugin`` (see :func:`hook_mistakes`)."""
+    """ConfigError naming every hook mistake in ``plugin`` (see :func:`hook_mistakes`);
+    a warning for each function named like a hook but not marked."""
     problems = hook_mistakes(name, plugin, pm)
     if problems:
         raise ConfigError("; ".join(problems), field="backend")
+    for warning in unmarked_hooks(name, plugin, pm):
+        log.warning("%s", warning)
 
 
 def new_manager() -> pluggy.PluginManager:
@@ -264,7 +293,12 @@ def load_backends(
             raise ConfigError(
                 f"backend {name!r} is not a valid plugin: {e}", field="backend"
             ) from e
-        backends.append(Backend(name, plugin, pm, timeout=timeout))
+        backend = Backend(name, plugin, pm, timeout=timeout)
+        if backend.schema is not None and (wrong := default_problems(backend.schema)):
+            backend.close()
+            where = _where(backend.schema)
+            raise ConfigError(f"backend {name!r}: {where}: " + "; ".join(wrong), field="backend")
+        backends.append(backend)
     return backends
 
 

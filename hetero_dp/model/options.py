@@ -365,6 +365,42 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
 
+def default_problems(schema: type, prefix: str = "") -> list[str]:
+    """Defaults that do not have their option's type (``count: int = option("ninety")``),
+    one line each: read as the type reads a config value, a default must come back
+    unchanged (a float default may be an int; a Path default a string)."""
+    problems = []
+    for f, hint in _fields(schema):
+        key = prefix + _key(f)
+        if is_schema(hint):
+            problems.extend(default_problems(hint, key + "."))
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            continue
+        if hint is pathlib.Path and isinstance(default, pathlib.PurePath):
+            continue
+        try:
+            read = _value(hint, default, OptionInfo(), key, "", {}, frozenset(), key)
+        except ConfigError as e:
+            problems.append(
+                f"option {key!r} ({type_name(hint)}) has the default {default!r}: {e.reason}"
+            )
+            continue
+        same = read == default or (hint is pathlib.Path and read == pathlib.Path(str(default)))
+        if not same or (
+            type(read) is not type(default) and not isinstance(read, float | pathlib.Path)
+        ):
+            problems.append(
+                f"option {key!r} ({type_name(hint)}) has the default {default!r}, "
+                f"which is not of type {type_name(hint)}"
+            )
+    return problems
+
+
 def describe(schema: type, prefix: str = "") -> list[OptionDoc]:
     """Every option of ``schema`` (nested sections flattened to dotted keys)."""
     rows: list[OptionDoc] = []

@@ -119,3 +119,88 @@ def test_an_object_plugin_and_unmarked_helpers_are_fine(tmp_path):
     (backend,) = load_backends([Plugin()])
     assert backend.implements("check_health")
     backend.close()
+
+
+def test_a_function_named_like_a_hook_without_hookimpl_is_warned_about(
+    tmp_path, cli_env, hetero_dp_cmd
+):
+    path = _plugin(
+        tmp_path,
+        """
+        def check_health(device):
+            return False
+        """,
+        name="unmarked_plugin.py",
+    )
+    listed = _list(hetero_dp_cmd, cli_env, path)
+    assert listed.returncode == 0, listed.stderr  # a warning, not a refusal
+    assert f"{path}:8: function check_health has the name of a hook but no @hookimpl" in (
+        listed.stderr
+    )
+    assert "Healthy" in listed.stdout  # indeed never called
+
+
+def test_imported_functions_named_like_hooks_are_not_warned_about(tmp_path, caplog):
+    path = _plugin(tmp_path, "from os.path import join as labels\n", name="imports.py")
+    (backend,) = load_backends([str(path)])
+    backend.close()
+    assert "no @hookimpl" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("declaration", "said"),
+    [
+        ('count: int = option("ninety")', "option 'count' (int) has the default 'ninety'"),
+        (
+            'count: int = option("90")',
+            "option 'count' (int) has the default '90', which is not of type int",
+        ),
+        (
+            "name: str = option(5)",
+            "option 'name' (str) has the default 5, which is not of type str",
+        ),
+        ('enabled: bool = option("yes")', "option 'enabled' (bool) has the default 'yes'"),
+    ],
+)
+def test_an_option_default_of_the_wrong_type_is_refused(tmp_path, declaration: str, said: str):
+    path = tmp_path / "typed.py"
+    path.write_text(
+        "from dataclasses import dataclass\n\n"
+        "from hetero_dp import Device, hookimpl, option\n\n\n"
+        "@dataclass(frozen=True)\n"
+        "class Options:\n"
+        f"    {declaration}\n\n\n"
+        "@hookimpl\n"
+        "def configure(options: Options):\n"
+        "    pass\n\n\n"
+        "@hookimpl\n"
+        "def discover():\n"
+        "    return []\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        load_backends([str(path)])
+    assert said in str(e.value)
+    assert f"{path}:6" in str(e.value)  # the options class (its decorator line)
+
+
+def test_defaults_of_matching_types_are_accepted(tmp_path):
+    path = tmp_path / "fine.py"
+    path.write_text(
+        "from dataclasses import dataclass\n"
+        "from pathlib import Path\n\n"
+        "from hetero_dp import hookimpl, option\n\n\n"
+        "@dataclass(frozen=True)\n"
+        "class Options:\n"
+        "    ratio: float = option(1)\n"
+        '    root: Path = option("/dev")\n'
+        "    names: list[str] = option([])\n"
+        "    limit: int | None = option(None)\n\n\n"
+        "@hookimpl\n"
+        "def configure(options: Options):\n"
+        "    pass\n\n\n"
+        "@hookimpl\n"
+        "def discover():\n"
+        "    return []\n"
+    )
+    (backend,) = load_backends([str(path)])
+    backend.close()
