@@ -197,7 +197,7 @@ def labels(devices: list[Device]) -> Mapping[str, str]:
     """Node labels (``key -> value``) for the devices this backend serves.
 
     Written to a Node Feature Discovery feature file and refreshed when
-    devices change. Keys should carry the vendor's prefix (``nvidia.com/``).
+    devices change. Keys should carry the vendor's prefix (``acme.example.com/``).
     """
 
 
@@ -228,8 +228,8 @@ def runtime_advice(runtime: RuntimeView, needs_cdi: bool, root: str) -> Check | 
     binaries, the default one, CDI on or off); ``needs_cdi`` whether some resource
     delivers through CDI; ``root`` the dir every host path is read under. Return a
     ``Check`` (``fail`` first in the runtime step; ``pass``/``warn`` when nothing
-    failed) or None. NVIDIA: containers get the driver's libraries only through the
-    nvidia runtime or CDI, so its advice is about that runtime.
+    failed) or None. For a GPU backend whose containers get the driver's libraries
+    only through the vendor's runtime or CDI, the advice is about that runtime.
     """
 
 
@@ -237,9 +237,9 @@ def runtime_advice(runtime: RuntimeView, needs_cdi: bool, root: str) -> Check | 
 def resource_defaults(resource: str) -> Mapping[str, Any] | None:
     """Defaults for a resource's section of the config (``resources.<name>``).
 
-    Lets a backend map its own options onto framework settings, e.g. the
-    NVIDIA backend turns ``deviceListStrategy: cdi-cri`` into
-    ``{"deliver": ["cdi-cri"], "cdiKind": "k8s.device-plugin.nvidia.com/gpu"}``.
+    Lets a backend map its own options onto framework settings, e.g. a backend
+    whose option ``listStrategy: cdi-cri`` means CDI delivery returns
+    ``{"deliver": ["cdi-cri"], "cdiKind": "acme.example.com/npu"}``.
     The config file's ``resources`` section wins over these defaults.
     """
 
@@ -266,8 +266,8 @@ def config_sections() -> Mapping[str, str] | None:
     section) -> where it lands in the options (``""``: the section's keys become
     options themselves).
 
-    For a backend that reads the config file of the plugin it replaces (NVIDIA:
-    ``{"flags": "", "resources.gpus": "resources.gpus", "imex": "imex", ...}``).
+    For a backend that reads the config file of the plugin it replaces (the
+    bundled GPU backend: ``{"flags": "", "resources.gpus": "resources.gpus", ...}``).
     Called before any other hook, on the class's instance: return a constant.
     An option refused there is named where it was written (``flags.migStrategy``);
     a claimed key the core also reads (``sharing``) is read by both. A section a
@@ -285,7 +285,7 @@ def parse_args(args: list[str]) -> Mapping[str, Any] | None:
     (only one loaded backend may implement this hook). Return options merged
     over the backend's config section; raise ``hetero_dp.ConfigError`` naming an
     unknown or bad flag. Lets a backend accept the flags of the plugin it
-    replaces (NVIDIA: ``--mig-strategy``, ``--pass-device-specs`` ...).
+    replaces (the bundled GPU backend: ``--mig-strategy`` ...).
     """
 
 

@@ -77,7 +77,7 @@ def placed(name: str, e: ConfigError, cfg: Config) -> ConfigError:
     A ``configure`` hook knows its options, not where they came from: its ConfigError
     names the option relative to its own options (``plugin.deviceListStrategy``) with
     no source (or ``config``). Here that becomes the file (or ``-o`` flag) and the
-    field as written (``flags.plugin.deviceListStrategy`` for NVIDIA's section,
+    field as written (``flags.plugin.deviceListStrategy`` for a section the backend claims,
     ``backends.<name>.<key>`` otherwise). A refusal that names its own source (an
     environment variable, the command line) is left as it is.
     """

@@ -5,9 +5,9 @@ source (file, ``env HETERO_DP_...`` or ``flag --...``), the field and the reason
 and stops start-up before any socket is touched.
 
 A backend may read sections of the file besides ``backends.<name>`` (the
-``config_sections`` hook: the NVIDIA backend reads NVIDIA's ``flags``, ``imex``,
-``resources.gpus``/``mig`` and ``sharing``, which is also ours); the core knows
-only the sections each backend names.
+``config_sections`` hook: a backend that replaces another plugin reads that
+plugin's layout, such as a ``flags`` section); the core knows only the sections
+each backend names.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ class Config:
 
     def option_field(self, name: str, field_name: str) -> str:
         """``backends.<name>.<key>...`` as the user wrote it (``flags.<key>...`` for an
-        option from a section the backend claims, such as NVIDIA's ``flags``; one also
+        option from a section the backend claims, such as a ``flags`` section; one also
         given under ``backends.<name>`` or ``-o`` is named there)."""
         prefix = f"backends.{name}."
         if not field_name.startswith(prefix):
@@ -516,7 +516,7 @@ def _backends(
     """The options of each backend under ``backends.<name>`` and ``-o`` (the sections a
     backend claims are added when its options are read: :meth:`Config.backend_options`),
     and where each backend's were given (claimed sections are not counted: such a file
-    may be shared with another program, NVIDIA's with GPU feature discovery)."""
+    may be shared with another program)."""
     backends: dict[str, dict[str, Any]] = {}
     origins: dict[str, str] = {}
     for name, options in _mapping(raw.get("backends"), "backends", source).items():
@@ -533,7 +533,7 @@ def _resources(value: Any, source: str, taken: set[str]) -> dict[str, dict[str, 
     out: dict[str, dict[str, Any]] = {}
     for name, settings in _mapping(value, "resources", source).items():
         if name in taken:
-            continue  # a key a backend claims (NVIDIA's gpus/mig renaming; no '/')
+            continue  # a key a backend claims (no '/': no resource name)
         validate_resource_name(name, field=f"resources.{name}", source=source)
         s = _mapping(settings, f"resources.{name}", source)
         unknown = sorted(set(s) - RESOURCE_KEYS)

@@ -46,7 +46,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 @dataclass
 class RuntimeView:
-    """What a runtime config says about the nvidia runtime and CDI."""
+    """What a runtime config says: its runtimes (and binaries), the default one, CDI."""
 
     name: str
     path: Path

@@ -18,7 +18,7 @@ async def check_driver(config: Config, backends: Sequence[Backend]) -> list[Find
                 "backend checks",
                 "skip",
                 "no backend given, so no driver checks",
-                "name the backends the node runs: hetero-dp doctor nvidia",
+                "name the backends the node runs: hetero-dp doctor BACKEND...",
             )
         ]
     out = []
