@@ -229,20 +229,18 @@ class FakeAPIServer:
                 return json.loads(raw) if raw else None
 
             def _answer(self) -> None:
-                if server._is_watch(self.command, self.path):
-                    server._watch(self)
+                if server.is_watch(self.command, self.path):
+                    server.serve_watch(self)
                     return
                 try:
                     body = self._body()
-                    status, payload = server._handle(self.command, self.path, body)
+                    status, payload = server.handle(self.command, self.path, body)
                 except ValueError as e:
                     status, payload = 400, _status(400, "BadRequest", f"bad JSON: {e}")
                 data = json.dumps(payload).encode()
                 # recorded before the answer leaves, so a caller that got its answer
                 # always finds its request in ``requests``
-                with server._cond:
-                    server.requests.append(Request(self.command, self.path, status))
-                    server._cond.notify_all()
+                server.record(Request(self.command, self.path, status))
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -402,7 +400,14 @@ class FakeAPIServer:
             return None
         return parts[2], parts[3:], query
 
-    def _is_watch(self, method: str, raw_path: str) -> bool:
+    def record(self, request: Request) -> None:
+        """Note a request answered (``requests``), waking whoever waits on the server."""
+        with self._cond:
+            self.requests.append(request)
+            self._cond.notify_all()
+
+    def is_watch(self, method: str, raw_path: str) -> bool:
+        """Whether a request opens a ResourceSlice watch stream (``watch=true``)."""
         route = self._route(raw_path)
         return (
             method == "GET"
@@ -425,7 +430,7 @@ class FakeAPIServer:
         }
         return all(fields.get(k) == v for k, v in wanted.items())
 
-    def _watch(self, handler: BaseHTTPRequestHandler) -> None:
+    def serve_watch(self, handler: BaseHTTPRequestHandler) -> None:
         """A watch stream: one JSON event per chunk (``{"type", "object"}``), as the
         real server sends with ``watch=true``; from ``resourceVersion`` on, or an
         ADDED event per object first when none is given; ends after ``timeoutSeconds``."""
@@ -491,7 +496,8 @@ class FakeAPIServer:
             or time.monotonic() >= deadline
         )
 
-    def _handle(self, method: str, raw_path: str, body: Any) -> tuple[int, dict[str, Any]]:
+    def handle(self, method: str, raw_path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        """Answer one request as the API server would: (HTTP status, JSON body)."""
         parts = [p for p in urlsplit(raw_path).path.split("/") if p]
         if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4 and method == "GET":
             with self._cond:
