@@ -201,6 +201,38 @@ def base_image(engine: Engine, rebuild: bool = False) -> str:
     return tag
 
 
+IGNORED = {
+    ".git",
+    ".venv",
+    ".cache",
+    "dist",
+    "build",
+    "site",
+    "__pycache__",
+    ".pytest_cache",
+    ".mypy_cache",
+    ".ruff_cache",
+}
+
+
+def sources_id(context: Path) -> str:
+    """A hash of the build context's files (what .dockerignore leaves in, roughly).
+
+    buildah keys a ``RUN --mount=type=bind,from=build`` step's cache on the command
+    alone, not on the bound stage's content, so without this a rebuilt build stage
+    would be installed from the old wheels; the Dockerfiles take it as SOURCES_ID.
+    """
+    digest = hashlib.sha256()
+    for path in sorted(context.rglob("*")):
+        parts = path.relative_to(context).parts
+        if any(p in IGNORED or p.endswith(".egg-info") or p.startswith(".venv") for p in parts):
+            continue
+        if path.is_file() and not path.is_symlink():
+            digest.update(str(path.relative_to(context)).encode() + b"\0")
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()[:16]
+
+
 def build(engine: Engine, tag: str, dockerfile: Path, context: Path, base: str) -> float:
     say(f"building {tag} from {dockerfile} on {base}")
     started = time.monotonic()
