@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -213,29 +215,59 @@ IGNORED = {
     ".mypy_cache",
     ".ruff_cache",
 }
+_COPY = re.compile(r"^COPY\s+(?!--from)(.+?)\s+\S+\s*$", re.M)
 
 
-def sources_id(context: Path) -> str:
-    """A hash of the build context's files (what .dockerignore leaves in, roughly).
+def copied(dockerfile: Path, context: Path) -> list[Path]:
+    """The context paths a Dockerfile's COPY instructions take (and the Dockerfile)."""
+    paths = [dockerfile]
+    for sources in _COPY.findall(dockerfile.read_text()):
+        paths += [context / s.rstrip("/") for s in sources.split()]
+    return paths
 
-    buildah keys a ``RUN --mount=type=bind,from=build`` step's cache on the command
-    alone, not on the bound stage's content, so without this a rebuilt build stage
-    would be installed from the old wheels; the Dockerfiles take it as SOURCES_ID.
-    """
+
+def sources_id(paths: list[Path]) -> str:
+    """A hash of the files under ``paths`` (caches and environments left out)."""
     digest = hashlib.sha256()
-    for path in sorted(context.rglob("*")):
-        parts = path.relative_to(context).parts
-        if any(p in IGNORED or p.endswith(".egg-info") or p.startswith(".venv") for p in parts):
+    files = []
+    for path in paths:
+        files += [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for path in files:
+        if any(p in IGNORED or p.endswith(".egg-info") for p in path.parts):
             continue
-        if path.is_file() and not path.is_symlink():
-            digest.update(str(path.relative_to(context)).encode() + b"\0")
-            digest.update(hashlib.sha256(path.read_bytes()).digest())
+        digest.update(path.name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
     return digest.hexdigest()[:16]
 
 
+def revision(engine: Engine, tag: str) -> str | None:
+    out = subprocess.run(
+        engine.cmd("image", "inspect", "--format", "{{json .Config.Labels}}", tag),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if out.returncode != 0:
+        return None
+    labels = json.loads(out.stdout.strip() or "null") or {}
+    return labels.get("org.opencontainers.image.revision")
+
+
 def build(engine: Engine, tag: str, dockerfile: Path, context: Path, base: str) -> float:
+    """Build ``tag``, unless the engine has it from these very sources already.
+
+    The sources' hash goes in as SOURCES_ID (label ``org.opencontainers.image.revision``).
+    podman builds without its layer cache (``--layers=false``): buildah 1.28 (Debian 12)
+    took cached COPY layers after the copied files changed, and a cached build stage
+    left ``RUN --mount=type=bind,from=build`` without the stage's files. pip's cache
+    mount still spares the downloads.
+    """
+    wanted = sources_id(copied(dockerfile, context))
+    if revision(engine, tag) == wanted:
+        say(f"{tag} is up to date (sources {wanted})")
+        return 0.0
     say(f"building {tag} from {dockerfile} on {base}")
     started = time.monotonic()
+    layers = ["--layers=false"] if engine.kind == "podman" else []
     env = dict(os.environ, DOCKER_BUILDKIT="1")
     subprocess.run(
         engine.cmd(
@@ -244,6 +276,9 @@ def build(engine: Engine, tag: str, dockerfile: Path, context: Path, base: str) 
             *engine.build_flags,
             "--build-arg",
             f"PYTHON_IMAGE={base}",
+            *layers,
+            "--build-arg",
+            f"SOURCES_ID={wanted}",
             "-f",
             str(dockerfile),
             "-t",
@@ -280,10 +315,12 @@ def build_all(engine: Engine, which: list[str], rebuild_base: bool = False) -> d
 
         with tempfile.TemporaryDirectory(prefix="hetero-dp-images-") as tmp:
             dist = Path(tmp) / "dist"
+            # fixed timestamps in the wheel (SOURCE_DATE_EPOCH), so its hash is the sources'
             subprocess.run(
                 [sys.executable, "-m", "build", "-q", "--wheel", "--outdir", str(dist), str(ROOT)],
                 check=True,
                 stdout=subprocess.DEVNULL,
+                env=dict(os.environ, SOURCE_DATE_EPOCH="315532800"),
             )
             project, _ = scaffold.generate(SCAFFOLD_VALUES, Path(tmp) / "acme", wheels=dist)
             build(engine, tags["scaffold"], project / "Dockerfile", project, base)
