@@ -350,11 +350,13 @@ class NvidiaBackend:
     async def allocate(self, devices: list[Device], response: ContainerResponse) -> None:
         """DeviceSpecs only with passDeviceSpecs: the records carry nodes for the CDI spec
         (envvar plus a CDI strategy), which NVIDIA's plugin does not send as DeviceSpecs.
+        With CDI strategies alone the core has left them out already, unless the
+        runtime has CDI off (cdi.runtimeConfig): then they are the fallback, and stay.
 
         ``async def``: it runs on the event loop with no thread hop (the kubelet waits on
         it), so it makes no blocking call: it reads the options and the MPS plan, which
         the other threads replace whole rather than change in place."""
-        if not self.options.pass_device_specs:
+        if not self.options.pass_device_specs and self.options.uses_env:
             response.devices = []
         mps = self.mps
         if mps is None:
