@@ -1,0 +1,83 @@
+"""The udev DaemonSet and the scaffold's DaemonSet (``hetero-dp new``), started as
+rendered under a real container runtime, with their own images.
+
+The scaffold's plugin finds ``/dev/acme*`` under the host's /dev (mounted read-only at
+/host/dev): a temp dir with two such files stands in for it. The udev backend reads the
+host's sysfs and udev database through libudev: it gets this machine's own /sys and
+/dev (read-only, as the DaemonSet mounts them) and a ConfigMap as shipped, so it
+serves whatever accelerators the rules find here (usually none): the test checks it
+starts under its securityContext, answers its probes and stops cleanly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hetero_dp.cli import scaffold
+
+from .conftest import ROOT, KubeletThread, wait_http
+from .podkit import Node, Pod
+from .test_nvidia_pods import check_serves_and_stops, pods, start_pod  # noqa: F401
+
+SCAFFOLD = {"vendor_domain": "acme.example.com", "resource": "npu", "device_glob": "/dev/acme*"}
+
+
+def manifests(text: str) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    [ds] = [d for d in docs if d["kind"] == "DaemonSet"]
+    maps = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
+    return ds["spec"]["template"], maps
+
+
+def test_scaffold_pod_serves_the_kubelet_and_stops_cleanly(
+    image,
+    kubelet: KubeletThread,
+    engine,
+    workdir: Path,
+    pods,  # noqa: F811
+):
+    tag = image("scaffold")
+    project, _ = scaffold.generate(SCAFFOLD, workdir / "acme")
+    template, _ = manifests((project / "deploy/daemonset.yaml").read_text())
+    dev = workdir / "host-dev"
+    dev.mkdir()
+    for name in ("acme0", "acme1"):
+        (dev / name).touch()
+    node = Node(host_paths={"/var/lib/kubelet/device-plugins": kubelet.plugin_dir, "/dev": dev})
+    rendered = template["spec"]["containers"][0]["image"]
+    pod = start_pod(engine, template, node, workdir, pods, images={rendered: tag})
+    r = check_serves_and_stops(pod, kubelet, 9435, "acme.example.com/npu", 2)
+    assert [d.host_path for d in r.devices] == ["/dev/acme0"]
+
+
+def test_udev_pod_starts_answers_its_probes_and_stops_cleanly(
+    image,
+    kubelet: KubeletThread,
+    engine,
+    workdir: Path,
+    pods,  # noqa: F811
+):
+    tag = image("udev")
+    template, maps = manifests((ROOT / "deploy/udev/daemonset.yaml").read_text())
+    node = Node(
+        host_paths={
+            "/var/lib/kubelet/device-plugins": kubelet.plugin_dir,
+            "/sys": Path("/sys"),
+            "/dev": Path("/dev"),
+        }
+    )
+    pod = Pod(engine, template, node, workdir, configmaps=maps, images={tag: tag})
+    pods.append(pod)
+    pod.start()
+    name = template["spec"]["containers"][0]["name"]
+    try:
+        wait_http("http://127.0.0.1:9435/healthz")
+    except BaseException:
+        print(pod.logs(name))
+        raise
+    took, code = pod.stop(name)
+    assert code == 0 and took < pod.grace, (took, code, pod.logs(name))
+    assert kubelet.plugin_sockets() == []
