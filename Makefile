@@ -40,7 +40,7 @@ ALWAYS := $(if $(ENV_DIR),,FORCE)
 EDITABLE := --config-settings editable_mode=compat
 
 .PHONY: demo test test-matrix install system-deps lint proto bench docs dists check-dists \
-	tools images deploy-check FORCE
+	tools images image-deps deploy-test deploy-check FORCE
 
 $(VENV)/bin/python:
 	@$(BASE_PYTHON) -m venv $(VENV) || { \
@@ -134,9 +134,29 @@ tools: $(NEED_VENV)
 deploy-check: $(DEV)
 	$(PYTHON) -m pytest -q tests/deploy
 
-# Build every image where a container engine runs; say so plainly where none does.
-images:
+# Debian's podman, buildah, runc and mmdebstrap (the stand-in base image): what
+# `make images` and the deployment suite run. Installed as root where apt is, else named.
+IMAGE_APT_PACKAGES := podman buildah runc mmdebstrap uidmap
+image-deps:
+	@missing=$$(command -v dpkg >/dev/null && for p in $(IMAGE_APT_PACKAGES); do \
+	  dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	else \
+	  echo "make: missing system packages:" $$missing "(as root: apt-get install" $$missing \
+	       "); images are built with docker if it runs, else skipped" >&2; \
+	fi
+
+# Build every image where a container engine runs; say so plainly where none does
+# (under CI=true that fails). An image already built from the same sources is kept.
+images: image-deps $(DEV)
 	$(PYTHON) scripts/build_images.py
+
+# The deployment suite: the images, started as the chart and manifests render them
+# (docs/deployment.md). Part of `make test` too; this runs it alone.
+deploy-test: image-deps $(DEV) tools
+	$(PYTHON) -m pytest -q -rs tests/deployment
 
 # (a prerequisite line of its own: the recipe above is the deployment's)
 images: $(NEED_VENV)

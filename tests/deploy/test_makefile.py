@@ -62,6 +62,7 @@ def phony_targets() -> list[str]:
 #: Targets that run a [dev] tool (pytest, ruff, mkdocs, build, ...): on a fresh clone
 #: they must install the dev extra before their first command.
 DEV_TARGETS = ["test", "lint", "proto", "docs", "dists", "check-dists", "deploy-check", "bench"]
+DEV_TARGETS += ["images", "deploy-test"]  # python -m build, pytest
 
 
 def test_the_dev_targets_are_all_the_targets_that_need_the_dev_tools():
@@ -71,11 +72,11 @@ def test_the_dev_targets_are_all_the_targets_that_need_the_dev_tools():
         "system-deps",
         "test-matrix",
         "tools",
-        "images",
+        "image-deps",
     } == set(phony_targets())
 
 
-@pytest.mark.parametrize("target", sorted(set(phony_targets()) - {"system-deps", "test-matrix"}))
+@pytest.mark.parametrize("target", sorted(set(phony_targets()) - {"system-deps", "image-deps", "test-matrix"}))
 def test_every_target_from_a_fresh_clone_makes_the_venv_before_using_it(
     tmp_path: Path, target: str
 ):
