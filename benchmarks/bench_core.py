@@ -223,7 +223,7 @@ async def _flip_latencies(count: int, flips: int) -> dict[str, Any]:
         daemon = await runner.start(_simulated(), options={"simulated": {"count": count}})
         await kubelet.wait_registered(RES, timeout=30)
         state = daemon.resources[RES].state
-        ch = grpc.aio.insecure_channel(f"unix://{daemon.endpoints[RES].socket_path}")
+        ch = grpc.aio.insecure_channel(f"unix://{daemon.front_end.endpoints[RES].socket_path}")
         call = pb_grpc.DevicePluginStub(ch).ListAndWatch(pb.Empty())
         first = await call.read()
         assert len(first.devices) == count

@@ -70,7 +70,7 @@ async def measure(wipes: int, resyncs: int) -> dict[str, Any]:
                 api.wipe_node("node-a")
                 await api.wait_for(lambda: len(api.devices_of(driver_name)) == 2, timeout=60)
                 times.append((time.perf_counter() - t0) * 1000)
-            driver = daemon.drivers["acme.example.com/npu"]
+            driver = daemon.front_end.drivers["acme.example.com/npu"]
             before = len(api.writes())
             for _ in range(resyncs):
                 await driver.resync()

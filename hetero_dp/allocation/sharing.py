@@ -36,14 +36,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetero_dp.deviceplugin.convert import (
+from hetero_dp.model.device import REPLICA_SEPARATOR, Device, is_replica, replica_base
+from hetero_dp.model.errors import AllocationError, ConfigError
+from hetero_dp.model.names import resource_name_problem
+from hetero_dp.model.wire import (
     MAX_LIST_AND_WATCH_BYTES,
     device_entry_size,
     replicas_size,
 )
-from hetero_dp.model.device import REPLICA_SEPARATOR, Device, is_replica, replica_base
-from hetero_dp.model.errors import AllocationError, ConfigError
-from hetero_dp.model.names import resource_name_problem
 
 #: Suffix of the resource name shared devices get with ``renameByDefault``.
 SHARED_SUFFIX = ".shared"

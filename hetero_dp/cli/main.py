@@ -193,7 +193,8 @@ def run(
     from hetero_dp.kits.signals import hold_signals
 
     hold_signals()  # first: a signal during start-up must not kill the daemon halfway
-    from hetero_dp.engine.daemon import Daemon
+    from hetero_dp.engine.build import build_daemon
+    from hetero_dp.engine.frontend import FrontEnd
     from hetero_dp.engine.loading import load_backends
     from hetero_dp.kits.logs import setup_logging
 
@@ -236,24 +237,24 @@ def run(
 
         cfg = read_config()
         setup_logging(cfg.log_level, cfg.log_format)
-        for b in loaded:
-            b.timeout = cfg.hook_timeout
         if mode == "device-plugin" and not fake_kubelet:
             check_kubelet_dir(cfg, create=create_kubelet_dir)
+        front_end: FrontEnd
         if mode == "dra":
-            from hetero_dp.dra.cli import make_dra_daemon
+            from hetero_dp.dra.cli import make_dra_front_end
 
-            daemon = make_dra_daemon(
-                cfg, loaded, node_name, driver_names, dra_plugins_dir, api_server, kubeconfig
+            front_end = make_dra_front_end(
+                node_name, driver_names, dra_plugins_dir, api_server, kubeconfig
             )
         else:
-            daemon = Daemon(cfg, loaded)
+            from hetero_dp.deviceplugin.frontend import DevicePluginFrontEnd
+
+            front_end = DevicePluginFrontEnd()
         from hetero_dp.ops import operations
 
-        if config:  # hot reload (hetero_dp/ops/reload.py): the same sources, read again
-            operations.attach(daemon, Path(config), read_config)
-        else:
-            operations.attach(daemon)
+        # with a config file, hot reload (hetero_dp/ops/reload.py): the same sources read again
+        ops = operations.day_two(Path(config), read_config) if config else operations.day_two()
+        daemon = build_daemon(cfg, loaded, front_end, extensions=[ops])
         if trial_root is not None:
             from hetero_dp.cli.trial import serve_to_fake_kubelet
 

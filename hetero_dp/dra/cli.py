@@ -1,27 +1,26 @@
-"""Building a DRA daemon from ``hetero-dp run --mode dra`` flags."""
+"""The DRA front end from ``hetero-dp run --mode dra`` flags."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from hetero_dp.engine.backend import Backend
-from hetero_dp.engine.config import Config
-from hetero_dp.engine.daemon import Daemon
 from hetero_dp.model.errors import ConfigError
 
+if TYPE_CHECKING:
+    from hetero_dp.dra.frontend import DRAFrontEnd
 
-def make_dra_daemon(
-    cfg: Config,
-    backends: list[Backend],
+
+def make_dra_front_end(
     node_name: str | None,
     driver_names: Sequence[str],
     plugins_dir: str | None,
     api_server: str | None,
     kubeconfig: str | None,
-) -> Daemon:
+) -> DRAFrontEnd:
     try:
         from hetero_dp.dra.api import make_api_client
-        from hetero_dp.dra.runner import DRADaemon, DRAOptions
+        from hetero_dp.dra.frontend import DRAFrontEnd, DRAOptions
     except ImportError as e:
         raise ConfigError(
             f"--mode dra needs the kubernetes client ({e}); pip install 'hetero-dp[dra]'",
@@ -43,4 +42,4 @@ def make_dra_daemon(
         raise ConfigError(
             f"cannot configure the API server client: {e}", field="kubeconfig"
         ) from None
-    return DRADaemon(cfg, backends, options, client)
+    return DRAFrontEnd(options, client)

@@ -1,102 +1,88 @@
-"""The daemon: wires backends, resources, servers and watchers together on one
-event loop, and owns their lifecycle (start, stop, signals).
+"""The engine: wires backends, resources and one front end together on one event
+loop, and owns their lifecycle (start, stop, signals).
 
 The pieces it wires live beside it: each backend's devices and health overlays
 (:mod:`.runtime`), its watch hook (:mod:`.watching`), what a publish sends to
-which resource (:mod:`.publishing`), a config applied while running
-(:mod:`.reconfigure`), and the kubelet dir watch (:mod:`hetero_dp.deviceplugin.dirwatch`).
+which resource (:mod:`.publishing`), the CDI spec files (:mod:`.cdi_publisher`), a
+config applied while running (:mod:`.reconfigure`, a loop over reloadable
+components), and its long-lived tasks (:class:`hetero_dp.kits.tasks.Tasks`). How
+devices reach the kubelet is the front end's (:mod:`.frontend`): the engine knows
+no front end by name.
 
-Public surface for day-two pieces (``hetero_dp.ops``), which the engine never
-imports: :attr:`Daemon.resources` and :meth:`Daemon.devices` (what each resource
-advertises), :attr:`Daemon.runtimes` (read-only), :meth:`Daemon.readiness`,
-:meth:`Daemon.apply_config`, :meth:`Daemon.request_rediscover`,
-:meth:`Daemon.add_publisher` / :meth:`Daemon.remove_publisher`, extensions
-(:mod:`.extension`), and the events on :mod:`hetero_dp.kits.observe`.
+Public surface for front ends and day-two pieces (``hetero_dp.ops``), which the
+engine never imports: :attr:`Daemon.resources` and :meth:`Daemon.devices` (what
+each resource advertises), :attr:`Daemon.runtimes` (read-only),
+:meth:`Daemon.readiness`, :meth:`Daemon.apply_config`,
+:meth:`Daemon.request_rediscover`, :meth:`Daemon.add_publisher` /
+:meth:`Daemon.remove_publisher`, extensions (:mod:`.extension`), and the events on
+:mod:`hetero_dp.kits.observe`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
-import os
 import signal
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hetero_dp.allocation.cdi import spec_device_problems
 from hetero_dp.allocation.delivery import parse_delivery
-from hetero_dp.allocation.gate import Refused, gate_device, refusal
+from hetero_dp.allocation.gate import Refused, refusal
 from hetero_dp.allocation.preferred import link_scores
-from hetero_dp.deviceplugin.dirwatch import KubeletDirWatch
-from hetero_dp.deviceplugin.endpoint import PluginEndpoint
 from hetero_dp.engine.backend import Backend
 from hetero_dp.engine.cdi_publisher import CDIPublisher, make_cdi_publisher
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.extension import Extension
+from hetero_dp.engine.frontend import FrontEnd, Publisher
 from hetero_dp.engine.polling import HealthPolls
-from hetero_dp.engine.publishing import (
-    Plan,
-    check_names,
-    log_transitions,
-    oversized,
-    plan,
-    too_large,
-)
+from hetero_dp.engine.publishing import OversizeHold, Plan, check_names, log_transitions, plan
 from hetero_dp.engine.resource import Resource
 from hetero_dp.engine.runtime import BackendRuntime
 from hetero_dp.engine.watching import HookWatch
 from hetero_dp.kits import observe
-from hetero_dp.kits.aiotools import cancel_and_wait, wait_event
+from hetero_dp.kits.aiotools import wait_event
 from hetero_dp.kits.logs import Repeats
 from hetero_dp.kits.signals import held
+from hetero_dp.kits.tasks import Tasks
 from hetero_dp.model.device import Device
 from hetero_dp.model.errors import BackendError, ConfigError
 from hetero_dp.model.events import EventSink
-from hetero_dp.model.names import instance_tag
 
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT = 3.0  # how long stop() waits for the loops it cancelled
 
-Publisher = Callable[[BackendRuntime], Any]
-
 
 class Daemon:
-    # False: discover, watch health and publish, but serve no device-plugin
-    # endpoints (DRA mode serves the devices through its own drivers).
-    serve_device_plugins = True
-
-    def __init__(self, config: Config, backends: list[Backend]) -> None:
+    def __init__(self, config: Config, backends: list[Backend], front_end: FrontEnd) -> None:
         self.config = config
         self.backends = backends
         self.runtimes = {b.name: BackendRuntime(b) for b in backends}
         self.cdi_off: str | None = None  # why the runtime cannot consume CDI (cdi.runtimeConfig)
         self.resources: dict[str, Resource] = {}
-        self.endpoints: dict[str, PluginEndpoint] = {}
         self.resource_defaults: dict[str, dict[str, Any]] = {}  # from backends' hook
         self.publishers: list[Publisher] = []
-        self._tasks: list[asyncio.Task[Any]] = []
-        self._dir_watch: KubeletDirWatch | None = None
-        self._background: set[asyncio.Task[Any]] = set()
+        self.tasks = Tasks("daemon")
         self._started = False
-        self._held: set[str] = set()  # names whose device set grew past 4 MiB
+        self._oversize = OversizeHold()
         self._stop_event = asyncio.Event()
         self.ready = asyncio.Event()
-        # names this instance's sockets (after its pod: POD_UID / POD_NAME), so that an
-        # old and a new pod of a rolling update never share one
-        self.instance = instance_tag(os.environ)
         # day-two pieces (metrics, probes, labels, reload) that plug in from above
         self.extensions: list[Extension] = []
         self._repeats = Repeats()  # how often a failing hook is logged
-        self.health = HealthPolls(self.publish, self._hook_error, self._spawn)
+        self.health = HealthPolls(self.publish, self._hook_error, self.tasks.spawn)
+        self.front_end = front_end
+        front_end.attach(self)
 
     # --- start-up --------------------------------------------------------
 
     async def start(self) -> None:
         """Configure, discover, validate, then serve and register. ConfigError = bad setup."""
+        await self.front_end.open()
         for rt in self.runtimes.values():
             self.health.wire(rt)
         for b in self.backends:
@@ -115,21 +101,15 @@ class Daemon:
         for ext in self.extensions:
             await ext.start()
         for rt in self.runtimes.values():
-            await self._discover(rt)
-        self._check_startup_names()
+            await rt.discover(functools.partial(self._hook_error, rt))
+        found = {rt.backend.name: rt.discovered.values() for rt in self.runtimes.values()}
+        check_names(found, self.config.sharing)
         for rt in self.runtimes.values():
             await self.publish(rt)
         if cdi is not None and cdi.unusable is not None:  # specs are needed and cannot be
             raise ConfigError(cdi.unusable.reason, field="cdi.dir", source=self.config.source)
-        if self.serve_device_plugins:
-            self._dir_watch = KubeletDirWatch(
-                self.config.kubelet_dir,
-                self.config.plugins_registry_dir if self.config.registration == "watcher" else None,
-                self.endpoints.values,
-            )
-            self._dir_watch.start()
         self._started = True
-        await asyncio.gather(*(ep.start() for ep in self.endpoints.values()))
+        await self.front_end.serve()
         for rt in self.runtimes.values():
             self._start_watch(rt)
         self.restart_loops(None, self.config)
@@ -137,27 +117,19 @@ class Daemon:
 
     def restart_loops(self, old: Config | None, new: Config) -> None:
         """(Re)start the health poll and rediscovery loops whose interval changed."""
-        loop = asyncio.get_running_loop()
-        tasks = self._tasks
         if old is None or old.health_interval != new.health_interval:
-            for t in [t for t in tasks if t.get_name() == "health poll"]:
-                t.cancel()
-                tasks.remove(t)
+            self.tasks.cancel("health poll")
             if new.health_interval > 0:
-                tasks.append(loop.create_task(self._health_loop(), name="health poll"))
+                self.tasks.start("health poll", self._health_loop())
         if old is None or old.rediscover_interval != new.rediscover_interval:
             for rt in self.runtimes.values():
-                name = f"rediscover {rt.backend.name}"
-                for t in [t for t in tasks if t.get_name() == name]:
-                    t.cancel()
-                    tasks.remove(t)
                 if old is not None:
                     # The old loop may be cancelled inside a rediscover it had taken the
                     # request for (a watch hook's "the device set changed"): do it again.
                     rt.rediscover_wanted.set()
-                tasks.append(loop.create_task(self._rediscover_loop(rt), name=name))
+                self.tasks.start(f"rediscover {rt.backend.name}", self._rediscover_loop(rt))
 
-    # --- the public surface for day-two pieces ------------------------------
+    # --- the public surface for front ends and day-two pieces -------------------
 
     def devices(self, resource: str) -> list[Device]:
         """What ``resource`` advertises now (replicas included), or [] if unknown."""
@@ -165,21 +137,10 @@ class Daemon:
         return list(res.state.devices) if res is not None else []
 
     def readiness(self) -> tuple[bool, list[str]]:
-        """(ready, one line per resource) for ``/readyz`` and ``doctor``."""
+        """(ready, one line per resource or driver) for ``/readyz`` and ``doctor``."""
         if not self.ready.is_set():
             return False, ["daemon: starting"]
-        lines = []
-        ok = True
-        for name, res in sorted(self.resources.items()):
-            if res.ready:
-                lines.append(f"{name}: ready ({len(res.state.devices)} devices)")
-                continue
-            ok = False
-            why = "no ListAndWatch stream" if res.registered else "not registered with the kubelet"
-            lines.append(f"{name}: not ready: {why}")
-        if not lines:
-            lines.append("no resources: no backend found devices")
-        return ok, lines
+        return self.front_end.readiness()
 
     def request_rediscover(self, backend_name: str | None = None) -> None:
         """Ask for a rediscovery of one backend (or all) soon; returns at once."""
@@ -194,12 +155,6 @@ class Daemon:
     def remove_publisher(self, publisher: Publisher) -> None:
         if publisher in self.publishers:
             self.publishers.remove(publisher)
-
-    def _check_startup_names(self) -> None:
-        """What was discovered, checked as ``list`` and ``topo`` check it
-        (:func:`~hetero_dp.engine.publishing.check_names`)."""
-        found = {rt.backend.name: rt.discovered.values() for rt in self.runtimes.values()}
-        check_names(found, self.config.sharing)
 
     # --- resources -------------------------------------------------------
 
@@ -248,23 +203,11 @@ class Daemon:
             sharing=self.config.sharing,
             cdi_off=self.cdi_off,
         )
-        if self.serve_device_plugins:
-            try:
-                ep = PluginEndpoint(
-                    res,
-                    plugin_dir=self.config.kubelet_dir,
-                    registry_dir=self.config.plugins_registry_dir,
-                    mode=self.config.registration,
-                    socket_prefix=self.config.socket_prefix,
-                    instance=self.instance,
-                    stream_timeout=self.config.stream_timeout,
-                )
-            except ValueError as e:  # its socket path does not fit
-                self._refuse_resource(rt, f"resource {name}: {e}")
-                return None
-            self.endpoints[name] = ep
-            if self._started:
-                self._tasks.append(asyncio.get_running_loop().create_task(ep.start()))
+        try:
+            self.front_end.add_resource(res)
+        except ValueError as e:  # the front end cannot serve it (a socket path too long)
+            self._refuse_resource(rt, f"resource {name}: {e}")
+            return None
         self.resources[name] = res
         return res
 
@@ -307,7 +250,7 @@ class Daemon:
                 d.resource,
             )
         for phys, (physical_map, grouped) in planned.items():
-            held = self._hold_oversized(rt, grouped, ids_changed)
+            held = self._oversize.check(rt, grouped, ids_changed, self._started)
             for name in set(grouped) | rt.resources.get(phys, set()):
                 res = self._ensure_resource(name, rt)
                 if res is None:
@@ -325,7 +268,7 @@ class Daemon:
             rt.resources[phys] = set(grouped) or rt.resources.get(phys, set())
         if ids_changed and rt.backend.implements("links"):
             await self._refresh_links(rt)
-        for publish in self.publishers:
+        for publish in list(self.publishers):
             try:
                 result = publish(rt)
                 if inspect.isawaitable(result):
@@ -354,30 +297,6 @@ class Daemon:
                         out[d.id] = d.with_health(False, refusal(problems))
         return out
 
-    def _hold_oversized(
-        self, rt: BackendRuntime, grouped: dict[str, list[Device]], ids_changed: bool
-    ) -> set[str]:
-        """Advertised names whose device set would pass the kubelet's 4 MiB limit:
-        ConfigError at start-up; afterwards (a rediscovery or a reload that grew the
-        set) the names keep the devices advertised before, and the log says why.
-        Counted only when the IDs changed or a name is held: a health change keeps
-        the size."""
-        if not (ids_changed or self._held & grouped.keys()):
-            return set()
-        big = oversized(grouped)
-        for name, size in big.items():
-            reason = too_large(name, grouped[name], size)
-            if not self._started:
-                raise ConfigError(reason, field="devices", source=f"backend {rt.backend.name}")
-            if ids_changed:
-                log.error(
-                    "%s; keeping the devices advertised before",
-                    reason,
-                    extra={"resource": name, "backend": rt.backend.name},
-                )
-        self._held = (self._held - grouped.keys()) | big.keys()
-        return set(big)
-
     async def _refresh_links(self, rt: BackendRuntime) -> None:
         try:
             links = await rt.backend.links(list(rt.discovered.values()))
@@ -389,11 +308,6 @@ class Daemon:
             for name in names:
                 if name in self.resources:
                     self.resources[name].links = table
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     def _hook_error(self, rt: BackendRuntime, hook: str, e: Exception) -> None:
         """Log a hook's failure: once per hook and device, then ever more rarely while it
@@ -411,33 +325,11 @@ class Daemon:
 
     # --- discovery and health -------------------------------------------
 
-    async def _discover(self, rt: BackendRuntime) -> None:
-        rt.discoveries += 1
-        number, started_at = rt.discoveries, rt.tick()
-        try:
-            devices = await rt.backend.discover()
-        except BackendError as e:
-            self._hook_error(rt, "discover", e)
-            if number > rt.discovery_applied:
-                rt.discovery_applied = number
-                rt.faults["discover"] = f"discovery failed: {str(e.__cause__ or '') or e}"
-            return
-        if number < rt.discovery_applied:
-            return
-        rt.discovery_applied = number
-        rt.faults.pop("discover", None)
-        rt.discovered = {d.id: gate_device(d) for d in devices}
-        rt.discovered_at = started_at
-        known = set(rt.discovered) | {d.parent for d in devices if d.parent}
-        for overlay in (rt.event_health, rt.poll_health):
-            for key in [k for k in overlay if k not in known]:
-                del overlay[key]
-
     async def rediscover(self, backend_name: str | None = None) -> None:
         """Discover again now (all backends, or one) and publish the result."""
         for rt in self.runtimes.values():
             if backend_name is None or rt.backend.name == backend_name:
-                await self._discover(rt)
+                await rt.discover(functools.partial(self._hook_error, rt))
                 await self.publish(rt)
 
     async def _rediscover_loop(self, rt: BackendRuntime) -> None:
@@ -445,8 +337,7 @@ class Daemon:
         while True:
             await wait_event(rt.rediscover_wanted, interval)
             rt.rediscover_wanted.clear()
-            await self._discover(rt)
-            await self.publish(rt)
+            await self.rediscover(rt.backend.name)
 
     async def _health_loop(self) -> None:
         while True:
@@ -457,14 +348,11 @@ class Daemon:
         """Run every backend's check_health over its devices once, concurrently."""
         await asyncio.gather(
             *(
-                self._poll_backend(rt)
+                self.health.poll(rt)
                 for rt in self.runtimes.values()
                 if rt.backend.implements("check_health")
             )
         )
-
-    async def _poll_backend(self, rt: BackendRuntime) -> None:
-        await self.health.poll(rt)
 
     def set_health(
         self, backend_name: str, device_id: str, healthy: bool, reason: str = ""
@@ -472,7 +360,7 @@ class Daemon:
         """Record a pushed health event (fans out to slices and replicas) and publish."""
         rt = self.runtimes[backend_name]
         rt.event_health[device_id] = (healthy, reason, rt.tick())
-        self._spawn(self.publish(rt))
+        self.tasks.spawn(self.publish(rt))
 
     # --- watch hooks -----------------------------------------------------
 
@@ -491,14 +379,14 @@ class Daemon:
         err = BackendError(f"backend {rt.backend.name!r} hook watch raised {e!r}")
         self._hook_error(rt, "watch", err)
         rt.faults["watch"] = f"health watcher failed: {e!r}"
-        self._spawn(self.publish(rt))
+        self.tasks.spawn(self.publish(rt))
 
     def _watch_restarted(self, rt: BackendRuntime) -> None:
         if rt.faults.pop("watch", None):
             log.info("restarted the health watcher of backend %r", rt.backend.name)
-            self._spawn(self.publish(rt))
+            self.tasks.spawn(self.publish(rt))
 
-    # --- reconfiguration (engine/reconfigure.py) --------------------------
+    # --- reconfiguration (engine/reconfigure/) ------------------------------
 
     async def apply_config(self, new: Config) -> dict[str, list[str]]:
         """Apply a new config while running; ConfigError (and the old one kept) if it cannot."""
@@ -523,14 +411,10 @@ class Daemon:
                 rt.sink.stopping.set()
             if rt.watch_task is not None:
                 rt.watch_task.cancel()
-        left = await cancel_and_wait(self._tasks, STOP_TIMEOUT)
+        left = await self.tasks.stop(STOP_TIMEOUT)
         if left:  # they end at their next stop check; shutdown goes on meanwhile
             log.error("tasks %s did not end within %.0fs of stopping", left, STOP_TIMEOUT)
-        self._tasks.clear()
-        if self._dir_watch is not None:
-            self._dir_watch.close()
-            self._dir_watch = None
-        await asyncio.gather(*(ep.stop() for ep in self.endpoints.values()))
+        await self.front_end.stop()
         for rt in self.runtimes.values():
             if rt.watch_task is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):

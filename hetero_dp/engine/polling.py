@@ -29,7 +29,7 @@ class HealthPolls:
         self,
         publish: Callable[[BackendRuntime], Awaitable[None]],
         hook_error: Callable[[BackendRuntime, str, Exception], None],
-        spawn: Callable[[Any], None],
+        spawn: Callable[[Any], object],
     ) -> None:
         self.publish = publish
         self.hook_error = hook_error

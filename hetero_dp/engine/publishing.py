@@ -8,12 +8,12 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 
 from hetero_dp.allocation.sharing import SharingConfig, advertise
-from hetero_dp.deviceplugin.convert import MAX_LIST_AND_WATCH_BYTES, list_and_watch_size
 from hetero_dp.engine.runtime import BackendRuntime
 from hetero_dp.kits import observe
 from hetero_dp.model.device import Device
 from hetero_dp.model.errors import ConfigError
 from hetero_dp.model.names import device_id_problem, resource_name_problem
+from hetero_dp.model.wire import MAX_LIST_AND_WATCH_BYTES, list_and_watch_size
 
 log = logging.getLogger("hetero_dp.engine.daemon")  # transitions read as the daemon's
 
@@ -129,3 +129,37 @@ def too_large(name: str, devices: Sequence[Device], size: int) -> str:
         f"ListAndWatch message of {name} {size} bytes; the kubelet receives at most "
         f"{MAX_LIST_AND_WATCH_BYTES} (4 MiB): advertise fewer devices or shorter IDs"
     )
+
+
+class OversizeHold:
+    """Advertised names whose device set would pass the kubelet's 4 MiB limit:
+    ConfigError at start-up; afterwards (a rediscovery or a reload that grew the set)
+    the names keep the devices advertised before, and the log says why."""
+
+    def __init__(self) -> None:
+        self.held: set[str] = set()  # names whose device set grew past the limit
+
+    def check(
+        self,
+        rt: BackendRuntime,
+        grouped: dict[str, list[Device]],
+        ids_changed: bool,
+        started: bool,
+    ) -> set[str]:
+        """The names held now. Counted only when the IDs changed or a name is held: a
+        health change keeps the size."""
+        if not (ids_changed or self.held & grouped.keys()):
+            return set()
+        big = oversized(grouped)
+        for name, size in big.items():
+            reason = too_large(name, grouped[name], size)
+            if not started:
+                raise ConfigError(reason, field="devices", source=f"backend {rt.backend.name}")
+            if ids_changed:
+                log.error(
+                    "%s; keeping the devices advertised before",
+                    reason,
+                    extra={"resource": name, "backend": rt.backend.name},
+                )
+        self.held = (self.held - grouped.keys()) | big.keys()
+        return set(big)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
-from hetero_dp.allocation.gate import Refused
+from hetero_dp.allocation.gate import Refused, gate_device
 from hetero_dp.engine.backend import Backend
 from hetero_dp.model.device import Device
+from hetero_dp.model.errors import BackendError
 from hetero_dp.model.events import EventSink
 
 # (healthy, reason, stamp): a verdict and when it was taken, on the runtime's clock
@@ -50,6 +52,30 @@ class BackendRuntime:
         # and one that ends after a newer one has been applied is stale and dropped.
         self.discoveries = 0
         self.discovery_applied = 0
+
+    async def discover(self, on_error: Callable[[str, Exception], None]) -> None:
+        """Run the backend's discover hook and apply what it found, unless a newer
+        discovery was applied meanwhile; a failure is a fault on every device."""
+        self.discoveries += 1
+        number, started_at = self.discoveries, self.tick()
+        try:
+            devices = await self.backend.discover()
+        except BackendError as e:
+            on_error("discover", e)
+            if number > self.discovery_applied:
+                self.discovery_applied = number
+                self.faults["discover"] = f"discovery failed: {str(e.__cause__ or '') or e}"
+            return
+        if number < self.discovery_applied:
+            return
+        self.discovery_applied = number
+        self.faults.pop("discover", None)
+        self.discovered = {d.id: gate_device(d) for d in devices}
+        self.discovered_at = started_at
+        known = set(self.discovered) | {d.parent for d in devices if d.parent}
+        for overlay in (self.event_health, self.poll_health):
+            for key in [k for k in overlay if k not in known]:
+                del overlay[key]
 
     def tick(self) -> int:
         """The next stamp on this runtime's clock."""

@@ -4,7 +4,9 @@ and config reload (when given a config file and a loader).
 
 An engine extension (:mod:`hetero_dp.engine.extension`): :func:`attach` plugs it
 into a daemon, which then starts, stops and reconfigures it; it uses only the
-daemon's public surface."""
+daemon's public surface. :func:`day_two` is what
+:func:`hetero_dp.engine.build.build_daemon` takes, for the CLI and the test runners
+alike."""
 
 from __future__ import annotations
 
@@ -36,6 +38,13 @@ def attach(
     ops = Operations(daemon, config_path, config_loader)
     daemon.extensions.append(ops)
     return ops
+
+
+def day_two(
+    config_path: Path | None = None, config_loader: Callable[[], Config] | None = None
+) -> Callable[[Daemon], Operations]:
+    """:func:`attach` with these arguments, for ``build_daemon(extensions=...)``."""
+    return lambda daemon: attach(daemon, config_path, config_loader)
 
 
 def of(daemon: Daemon) -> Operations | None:

@@ -49,10 +49,7 @@ def parse_address(address: str, field: str = "metrics.address") -> tuple[str | N
 
 def readiness(daemon: Daemon) -> tuple[bool, list[str]]:
     """(ready, one line per resource) for ``/readyz`` and ``doctor``."""
-    dra = getattr(daemon, "dra_readiness", None)  # DRA mode: drivers, not endpoints
-    if dra is not None:
-        return dra()
-    return daemon.readiness()
+    return daemon.readiness()  # the front end's: endpoints, or DRA drivers
 
 
 class ProbeServer:

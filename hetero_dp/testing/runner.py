@@ -8,8 +8,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from hetero_dp.engine.config import load_config
+from hetero_dp.deviceplugin.frontend import DevicePluginFrontEnd
+from hetero_dp.engine.build import build_daemon
+from hetero_dp.engine.config import Config, load_config
 from hetero_dp.engine.daemon import Daemon
+from hetero_dp.engine.frontend import FrontEnd
 from hetero_dp.engine.loading import load_backends
 from hetero_dp.ops import operations
 
@@ -105,10 +108,16 @@ class PluginRunner:
             raw.setdefault("pluginsRegistryDir", str(self.registry_dir))
         keep_off_the_host(raw, self.scratch_dir)
         cfg = load_config(raw=raw, env={})
+        return await self.launch(self.build(cfg, backends, DevicePluginFrontEnd()))
+
+    def build(
+        self, cfg: Config, backends: tuple[str | ModuleType | object, ...], front_end: FrontEnd
+    ) -> Daemon:
+        """The daemon ``hetero-dp run`` builds: the same :func:`build_daemon`, with
+        metrics, probes and labels attached as there."""
         specs = [self._where(b) for b in backends]
-        daemon = Daemon(cfg, load_backends(specs, timeout=cfg.hook_timeout))
-        operations.attach(daemon)  # metrics, probes and labels, as ``hetero-dp run`` has
-        return await self.launch(daemon)
+        loaded = load_backends(specs, timeout=cfg.hook_timeout)
+        return build_daemon(cfg, loaded, front_end, extensions=[operations.day_two()])
 
     async def launch(self, daemon: Daemon) -> Daemon:
         """Start ``daemon``; it is stopped with the others at the end (or now, if it fails)."""

@@ -96,7 +96,7 @@ async def test_concurrent_streams_each_get_updates(fake_kubelet, plugin_runner):
     backend = Scripted(make_devices(RES, 2))
     daemon = await plugin_runner.start(backend)
     res = await fake_kubelet.wait_registered(RES)
-    endpoint = daemon.endpoints[RES].socket_path
+    endpoint = daemon.front_end.endpoints[RES].socket_path
     async with grpc.aio.insecure_channel(f"unix://{endpoint}") as ch:
         stub = pb_grpc.DevicePluginStub(ch)
         streams = [stub.ListAndWatch(pb.Empty()) for _ in range(3)]
@@ -157,7 +157,8 @@ async def test_allocate_errors_name_the_ids(fake_kubelet, plugin_runner, ids, co
 async def test_allocate_without_container_requests_is_invalid(fake_kubelet, plugin_runner):
     daemon = await plugin_runner.start(Scripted(make_devices(RES, 1)))
     await fake_kubelet.wait_registered(RES)
-    async with grpc.aio.insecure_channel(f"unix://{daemon.endpoints[RES].socket_path}") as ch:
+    socket = daemon.front_end.endpoints[RES].socket_path
+    async with grpc.aio.insecure_channel(f"unix://{socket}") as ch:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await pb_grpc.DevicePluginStub(ch).Allocate(pb.AllocateRequest())
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT

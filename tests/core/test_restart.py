@@ -43,13 +43,13 @@ async def test_own_socket_deletion_restarts_only_that_resource(fake_kubelet, plu
     res_a = await fake_kubelet.wait_registered(A)
     res_b = await fake_kubelet.wait_registered(B)
     updates_b = res_b.updates
-    daemon.endpoints[A].socket_path.unlink()
+    daemon.front_end.endpoints[A].socket_path.unlink()
     await fake_kubelet.wait_registered(A, after=1)
-    assert daemon.endpoints[A].socket_path.exists()
-    assert daemon.endpoints[A].restarts == 1
+    assert daemon.front_end.endpoints[A].socket_path.exists()
+    assert daemon.front_end.endpoints[A].restarts == 1
     # B: same registration, same stream, still open
     assert fake_kubelet.registration_count(B) == 1
-    assert daemon.endpoints[B].restarts == 0
+    assert daemon.front_end.endpoints[B].restarts == 0
     assert res_b.stream_open and not res_b.stream_ended and res_b.updates == updates_b
     assert res_a is not fake_kubelet.resources[A]
 
@@ -63,7 +63,8 @@ async def test_registration_retries_until_kubelet_appears(fake_kubelet, plugin_r
     await fake_kubelet.wait_registered(A)
     await fake_kubelet.wait_registered(B)
     # the new kubelet.sock woke the pending Register; no restart sent a second one
-    assert daemon.endpoints[A].restarts == 0 and daemon.endpoints[B].restarts == 0
+    endpoints = daemon.front_end.endpoints
+    assert endpoints[A].restarts == 0 and endpoints[B].restarts == 0
     assert fake_kubelet.registration_count(A) == 1
 
 
@@ -88,7 +89,7 @@ async def test_watcher_mode_registers_and_survives_restart(fake_kubelet, plugin_
     await fake_kubelet.wait_registered(A, after=1)
     await fake_kubelet.wait_registered(B, after=1)
     # deleting the registration socket deregisters; the plugin puts it back
-    ep = daemon.endpoints[A]
+    ep = daemon.front_end.endpoints[A]
     await fake_kubelet.wait_for(lambda: ep.registry_socket.exists() and A in fake_kubelet.resources)
     restarts, count = ep.restarts, fake_kubelet.registration_count(A)
     with contextlib.suppress(FileNotFoundError):
@@ -116,7 +117,8 @@ async def test_watcher_mode_kubelet_restart_registers_once_without_plugin_restar
     await fake_kubelet.wait_registered(A, after=1)
     await fake_kubelet.wait_registered(B, after=1)
     assert fake_kubelet.registration_count(A) == 2
-    assert daemon.endpoints[A].restarts == 0 and daemon.endpoints[B].restarts == 0
+    endpoints = daemon.front_end.endpoints
+    assert endpoints[A].restarts == 0 and endpoints[B].restarts == 0
 
 
 def _listening(path) -> bool:
@@ -135,7 +137,7 @@ def _listening(path) -> bool:
 async def test_stop_during_a_restart_leaves_no_server_behind(fake_kubelet, plugin_runner):
     daemon = await plugin_runner.start(Scripted(make_devices(A, 1, prefix="a")))
     await fake_kubelet.wait_registered(A)
-    ep = daemon.endpoints[A]
+    ep = daemon.front_end.endpoints[A]
     assert _listening(ep.socket_path)
     ep.request_restart("test")
     for _ in range(10_000):  # step the loop until the new server is starting

@@ -23,7 +23,7 @@ async def test_an_upgrade_from_v1beta1_to_v1_is_followed(dra):
         dra.api = server
         backend = Npus(2)
         daemon = await dra.start(backend)
-        driver = daemon.drivers[RES]
+        driver = daemon.front_end.drivers[RES]
         assert driver.publisher.version == "v1beta1"
         server.serve(["v1"])  # the control plane was upgraded: v1beta1 is gone
         backend.devices.append(npu(2))
@@ -39,7 +39,7 @@ async def test_a_rollback_to_v1beta1_is_followed_by_the_periodic_check(dra):
     with FakeAPIServer(versions=("v1",)) as server:
         dra.api = server
         daemon = await dra.start(Npus(1))
-        driver = daemon.drivers[RES]
+        driver = daemon.front_end.drivers[RES]
         server.serve(["v1beta1"])
         server.wipe_node("node-a")
         await driver.resync()
@@ -62,7 +62,7 @@ def test_canonical_and_given_quantities_compare_equal():
 async def test_a_sync_that_changes_nothing_sends_nothing(dra, api_server):
     backend = Npus(3)
     daemon = await dra.start(backend)
-    driver = daemon.drivers[RES]
+    driver = daemon.front_end.drivers[RES]
     before = len(api_server.writes())
     for _ in range(3):
         await driver.resync()
@@ -74,7 +74,7 @@ async def test_a_sync_that_changes_nothing_sends_nothing(dra, api_server):
 
 async def test_a_wipe_is_repaired_by_the_watch_without_a_periodic_check(dra, api_server):
     daemon = await dra.start(Npus(2), resync_interval=0)  # no periodic check at all
-    driver = daemon.drivers[RES]
+    driver = daemon.front_end.drivers[RES]
     await api_server.wait_for(lambda: api_server.watches >= 1)
     gone = api_server.wipe_node("node-a")  # what a starting kubelet does
     assert gone and api_server.slices_of(DRIVER) == []
@@ -101,7 +101,7 @@ async def test_the_generation_never_goes_backwards(dra, api_server):
     s["spec"]["pool"]["generation"] = 30
     s["spec"]["devices"] = s["spec"]["devices"][:1]
     ResourceAPI(api_server.client(), "v1").replace_slice(s["metadata"]["name"], s)
-    await daemon.drivers[RES].resync()
+    await daemon.front_end.drivers[RES].resync()
     assert generations(api_server) == {31} and len(api_server.devices_of(DRIVER)) == 2
     backend.devices.append(npu(2))
     await daemon.rediscover()
@@ -116,9 +116,9 @@ async def test_the_same_content_at_a_higher_generation_is_taken_over_without_a_w
     s["spec"]["pool"]["generation"] = 7
     ResourceAPI(api_server.client(), "v1").replace_slice(s["metadata"]["name"], s)
     before = len(api_server.writes())
-    await daemon.drivers[RES].resync()
+    await daemon.front_end.drivers[RES].resync()
     assert len(api_server.writes()) == before
-    assert daemon.drivers[RES].publisher.generation == 7
+    assert daemon.front_end.drivers[RES].publisher.generation == 7
 
 
 async def test_the_watch_thread_ends_with_the_driver(dra, api_server, caplog):
@@ -161,7 +161,7 @@ async def test_a_newly_served_version_is_taken_up_by_the_scheduled_check(dra):
     with FakeAPIServer(versions=("v1beta1",)) as server:
         dra.api = server
         daemon = await dra.start(Npus(1))
-        driver = daemon.drivers[RES]
+        driver = daemon.front_end.drivers[RES]
         server.serve(["v1", "v1beta1"])
         await driver.resync()
         assert driver.publisher.version == "v1beta1"  # within the interval: unchanged
@@ -191,6 +191,6 @@ async def test_without_the_node_slices_are_published_without_owner_and_the_log_s
     with caplog.at_level(logging.WARNING, logger="hetero_dp.dra"):
         daemon = await dra.start(Npus(1))
     assert "cannot read Node node-a" in caplog.text and "no owner reference" in caplog.text
-    assert daemon.drivers[RES].publisher.owner is None
+    assert daemon.front_end.drivers[RES].publisher.owner is None
     [s] = api_server.slices_of(DRIVER)
     assert "ownerReferences" not in s["metadata"] and len(s["spec"]["devices"]) == 1

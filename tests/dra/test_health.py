@@ -63,7 +63,7 @@ async def test_health_streams_end_when_the_driver_stops(dra, api_server, kubelet
     await kubelet.watch_health(DRIVER)
     await kubelet.wait_for(lambda: bool(kubelet.health.get(DRIVER)))
     await dra.stop(daemon)  # returns: no stream holds the server's stop
-    assert not daemon.drivers[RES].running
+    assert not daemon.front_end.drivers[RES].running
 
 
 # --- device taints (KEP-5055) where the server keeps them ---------------------------
@@ -84,7 +84,7 @@ async def test_unhealthy_devices_are_tainted_where_the_server_keeps_taints(dra, 
         assert len(server.devices_of(DRIVER)) == 2  # still listed, not withdrawn
         # the server added timeAdded; a sync that changes nothing still sends nothing
         before = len(server.writes())
-        await daemon.drivers[RES].resync()
+        await daemon.front_end.drivers[RES].resync()
         assert len(server.writes()) == before
         daemon.set_health("npus", "NPU-0001", True)
         await server.wait_for(lambda: "taints" not in server.devices_of(DRIVER)[name])
@@ -127,7 +127,7 @@ async def test_without_taints_unhealthy_devices_are_withdrawn_and_the_log_says_w
 
 async def test_the_health_list_is_sent_again_as_a_heartbeat(dra, api_server, kubelet):
     daemon = await dra.start(Npus(1))
-    daemon.drivers[RES].health.heartbeat = 0.05
+    daemon.front_end.drivers[RES].health.heartbeat = 0.05
     await kubelet.wait_registered(DRIVER)
     await kubelet.watch_health(DRIVER, "v1")
     await kubelet.wait_for(lambda: kubelet.health_messages.get(DRIVER, 0) >= 3)

@@ -210,7 +210,7 @@ async def test_prepare_unprepare_through_the_daemon_of_a_resource_with_two_drive
         for d in other.devices
     ]
     daemon = await dra.start(Npus(1), other)
-    assert set(daemon.drivers) == {RES, "acme.example.com/fpga"}
+    assert set(daemon.front_end.drivers) == {RES, "acme.example.com/fpga"}
     await kubelet.wait_registered("fpga.acme.example.com")
     fpga = device_name("FPGA-0")
     ref = claim(api_server, "f", [("fpga", fpga)], driver="fpga.acme.example.com")

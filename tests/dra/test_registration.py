@@ -21,11 +21,11 @@ async def test_get_info_offers_both_versions_and_a_socket_under_the_driver_dir(d
     assert plugin.version == "v1"  # the newest both speak
     assert plugin.endpoint == str(dra.plugins_dir / DRIVER / "dra.sock")
     assert plugin.registry_socket == str(dra.registry_dir / f"{DRIVER}-reg.sock")
-    driver = daemon.drivers[RES]
+    driver = daemon.front_end.drivers[RES]
     assert driver.registered.is_set() and driver.registration_error == ""
-    # no device-plugin endpoint in DRA mode
-    assert daemon.endpoints == {}
-    assert not (dra.root / "dp" / "kubelet.sock").exists()
+    # no device-plugin endpoint in DRA mode: nothing of the device-plugin front end runs
+    assert daemon.front_end.name == "dra"
+    assert not (dra.root / "dp").exists() or not any((dra.root / "dp").iterdir())
 
 
 @pytest.mark.parametrize("kubelet_versions", [("v1beta1",), ("v1", "v1beta1")])
@@ -58,7 +58,7 @@ async def test_kubelet_without_a_common_version_refuses_and_the_driver_says_why(
         await kubelet.start()
         daemon = await dra.start(Npus(1))
         await kubelet.wait_for(lambda: bool(kubelet.rejections))
-        driver = daemon.drivers[RES]
+        driver = daemon.front_end.drivers[RES]
         await kubelet.wait_for(lambda: bool(driver.registration_error))
         assert "none of the versions" in driver.registration_error
         assert not driver.registered.is_set()
@@ -129,7 +129,7 @@ async def test_bare_driver_name_fits_one_resource_only(dra):
 
 def test_driver_name_flags():
     pytest.importorskip("kubernetes")
-    from hetero_dp.dra.runner import DRAOptions
+    from hetero_dp.dra.frontend import DRAOptions
 
     opts = DRAOptions.from_flags(
         node_name=None,
@@ -147,7 +147,7 @@ async def test_a_restarted_kubelet_finds_the_driver_again(dra, kubelet, api_serv
     await kubelet.wait_registered(DRIVER)
     await kubelet.restart()
     await kubelet.wait_registered(DRIVER, after=1)
-    assert daemon.drivers[RES].registered.is_set()
+    assert daemon.front_end.drivers[RES].registered.is_set()
     ref = ClaimRef.of(
         api_server.add_claim(
             make_claim("c", [("npu", device_name("NPU-0000"))], driver=DRIVER, pool="node-a")
@@ -158,18 +158,18 @@ async def test_a_restarted_kubelet_finds_the_driver_again(dra, kubelet, api_serv
 
 async def test_readiness_says_what_is_missing(dra, api_server):
     daemon = await dra.start(Npus(2))  # no kubelet yet
-    ok, lines = daemon.dra_readiness()
+    ok, lines = daemon.readiness()
     assert not ok and lines == [f"{DRIVER} ({RES}): not ready: not registered with the kubelet"]
     kubelet = FakeDRAKubelet(dra.registry_dir)
     await kubelet.start()
     try:
         await kubelet.wait_registered(DRIVER)
-        await kubelet.wait_for(lambda: daemon.dra_readiness()[0])
-        assert daemon.dra_readiness()[1] == [f"{DRIVER} ({RES}): ready (2 devices, generation 1)"]
+        await kubelet.wait_for(lambda: daemon.readiness()[0])
+        assert daemon.readiness()[1] == [f"{DRIVER} ({RES}): ready (2 devices, generation 1)"]
         api_server.refuse_slices = "no"
         api_server.delete_slice(api_server.slices_of(DRIVER)[0]["metadata"]["name"])
-        await daemon.drivers[RES].resync()
-        ok, [line] = daemon.dra_readiness()
+        await daemon.front_end.drivers[RES].resync()
+        ok, [line] = daemon.readiness()
         assert not ok and "ResourceSlice refused: HTTP 403 Forbidden: no" in line
     finally:
         await kubelet.stop()

@@ -39,8 +39,8 @@ async def test_two_instances_coexist_and_only_the_last_removes_the_pool(dra, api
     assert current.endpoint == str(dra.plugins_dir / DRIVER / "dra-pod-new.sock")
     assert len(kubelet.instances[DRIVER]) == 2
     assert len(api_server.devices_of(DRIVER)) == 3  # the newer instance publishes
-    await api_server.wait_for(lambda: not old.drivers[RES].publisher.active)
-    ok, lines = old.dra_readiness()
+    await api_server.wait_for(lambda: not old.front_end.drivers[RES].publisher.active)
+    ok, lines = old.readiness()
     assert ok and "standing by: a newer instance publishes" in lines[0]
 
     # the old instance stands by: its changes are not written over the new pool
@@ -85,9 +85,9 @@ async def test_a_claim_prepared_by_one_instance_is_unprepared_by_the_other(
 async def test_the_old_instance_takes_over_when_the_new_one_goes_first(dra, api_server, kubelet):
     old = await dra.start(Npus(2), instance="pod-old")
     new = await dra.start(Npus(3), instance="pod-new")
-    await api_server.wait_for(lambda: not old.drivers[RES].publisher.active)
+    await api_server.wait_for(lambda: not old.front_end.drivers[RES].publisher.active)
     await dra.stop(new)  # a rollback: the newer pod goes first
-    await api_server.wait_for(lambda: old.drivers[RES].publisher.active)
+    await api_server.wait_for(lambda: old.front_end.drivers[RES].publisher.active)
     await api_server.wait_for(lambda: len(api_server.devices_of(DRIVER)) == 2)
     gens = generations_written(api_server)
     assert gens == sorted(gens), gens

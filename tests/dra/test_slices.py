@@ -184,7 +184,7 @@ async def test_vanished_slices_are_republished(dra, api_server):
     [s] = api_server.slices_of(DRIVER)
     api_server.delete_slice(s["metadata"]["name"])
     assert api_server.slices_of(DRIVER) == []
-    await daemon.drivers[RES].resync()
+    await daemon.front_end.drivers[RES].resync()
     gen, names = pool_of(api_server)
     assert len(names) == 2 and gen == 1
 
@@ -224,15 +224,15 @@ async def test_refused_slice_is_logged_with_the_servers_reason_and_retried(
     await kubelet.wait_registered(DRIVER)
     # ... and publishes once the server accepts again
     api_server.refuse_slices = None
-    await daemon.drivers[RES].resync()
+    await daemon.front_end.drivers[RES].resync()
     assert len(api_server.devices_of(DRIVER)) == 2
-    assert daemon.drivers[RES].publisher.errors == {}
+    assert daemon.front_end.drivers[RES].publisher.errors == {}
 
 
 async def test_invalid_slice_reason_from_validation_is_logged(dra, api_server, caplog):
     # a driver name the publisher never makes itself: write a bad slice through its API
     daemon = await dra.start(Npus(1))
-    publisher = daemon.drivers[RES].publisher
+    publisher = daemon.front_end.drivers[RES].publisher
     publisher.devices = [{"name": "Bad_Name"}]
     with caplog.at_level(logging.ERROR, logger="hetero_dp.dra"):
         await publisher.sync()
@@ -255,7 +255,7 @@ async def test_a_new_process_continues_the_generation(dra, api_server):
     backend.devices.append(npu(2))
     await daemon.rediscover()
     assert pool_of(api_server)[0] == 2
-    daemon.drivers[RES].settings.remove_slices_on_stop = False  # a crash leaves slices
+    daemon.front_end.drivers[RES].settings.remove_slices_on_stop = False  # a crash leaves slices
     await dra.stop(daemon)
     await dra.start(Npus(2))
     gen, names = pool_of(api_server)
@@ -266,7 +266,7 @@ async def test_old_api_server_gets_v1beta1_slices(dra):
     with FakeAPIServer(versions=("v1beta1",)) as old:
         dra.api = old
         daemon = await dra.start(Npus(2))
-        assert daemon.drivers[RES].publisher.version == "v1beta1"
+        assert daemon.front_end.drivers[RES].publisher.version == "v1beta1"
         [s] = old.slices_of(DRIVER, version="v1beta1")
         assert s["apiVersion"] == "resource.k8s.io/v1beta1"
         assert all("basic" in d and "attributes" not in d for d in s["spec"]["devices"])
@@ -280,7 +280,7 @@ async def test_unreachable_api_server_is_retried(dra, caplog):
     gone.stop()  # nothing listens on its port any more
     with caplog.at_level(logging.ERROR, logger="hetero_dp.dra"):
         daemon = await dra.start(Npus(1))
-    driver = daemon.drivers[RES]
+    driver = daemon.front_end.drivers[RES]
     assert not driver.api_ready and "cannot reach the API server" in caplog.text
     with FakeAPIServer() as back:
         driver.api.api_client.configuration.host = back.url

@@ -230,7 +230,7 @@ async def test_the_pool_is_published_without_the_bad_attribute_and_logged_once(
     assert len(devices) == 2  # the whole pool, both devices
     d0 = devices[device_name("NPU-0000")]
     assert "productName" not in d0["attributes"] and "serial" not in d0["attributes"]
-    assert daemon.drivers[RES].publisher.errors == {}
+    assert daemon.front_end.drivers[RES].publisher.errors == {}
     lines = [r.getMessage() for r in caplog.records if "productName" in r.getMessage()]
     assert len(lines) == 1 and "64 bytes" in lines[0], lines
     assert not [r for r in api_server.requests if r.status >= 400]

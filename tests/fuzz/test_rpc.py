@@ -36,7 +36,7 @@ async def test_undecodable_requests_answer_invalid_argument_with_one_log_line(
 ):
     daemon = await plugin_runner.start(Scripted(make_devices(A, 2)))
     await fake_kubelet.wait_registered(A)
-    socket = daemon.endpoints[A].socket_path
+    socket = daemon.front_end.endpoints[A].socket_path
     rng = random.Random(29)
     caplog.set_level(logging.INFO)
     refused = 0

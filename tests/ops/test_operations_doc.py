@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
-from hetero_dp.engine.reconfigure import FIXED
+from hetero_dp.engine.reconfigure.fixed import FIXED
 from hetero_dp.ops.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -152,7 +152,7 @@ async def test_file_change_and_sighup_reload_and_invalid_files_are_rejected(
 async def test_health_interval_reload_starts_polling(fake_kubelet, plugin_runner):
     doc = base_doc(fake_kubelet)
     backend, daemon = await start_two(fake_kubelet, plugin_runner, doc)
-    assert not [t for t in daemon._tasks if t.get_name() == "health poll"]
+    assert "health poll" not in daemon.tasks.names()
     doc["healthInterval"] = 0.05
     await daemon.apply_config(load_config(raw=doc, env={}))
     backend.unhealthy["dev1"] = "polled after reload"
@@ -161,8 +161,7 @@ async def test_health_interval_reload_starts_polling(fake_kubelet, plugin_runner
 
     doc["healthInterval"] = 0
     await daemon.apply_config(load_config(raw=doc, env={}))
-    polls = [t for t in daemon._tasks if t.get_name() == "health poll"]
-    assert polls == []
+    assert "health poll" not in daemon.tasks.names()
 
 
 async def test_reload_turns_metrics_and_labels_on_without_touching_streams(

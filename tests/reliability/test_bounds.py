@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from hetero_dp import Device, hookimpl
-from hetero_dp.deviceplugin.convert import MAX_LIST_AND_WATCH_BYTES
 from hetero_dp.engine.config import load_config
+from hetero_dp.model.wire import MAX_LIST_AND_WATCH_BYTES
 from hetero_dp.ops.reload import ConfigReloader
 from tests.core.scripted import Scripted, make_devices
 
@@ -296,7 +296,7 @@ async def test_sockets_get_their_mode_whatever_the_umask(fake_kubelet, plugin_ru
     finally:
         os.umask(old)
     await fake_kubelet.wait_registered(SIM)
-    sock = daemon.endpoints[SIM].socket_path
+    sock = daemon.front_end.endpoints[SIM].socket_path
     assert stat.S_IMODE(sock.stat().st_mode) == 0o600
 
 

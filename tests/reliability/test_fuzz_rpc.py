@@ -61,7 +61,7 @@ class LiveDaemon:
     def __enter__(self) -> LiveDaemon:
         self.thread.start()
         self.run(self._start())
-        self.socket = str(self.daemon.endpoints[SIM].socket_path)
+        self.socket = str(self.daemon.front_end.endpoints[SIM].socket_path)
         self.channel = grpc.insecure_channel(f"unix://{self.socket}")
         self.stub = pb_grpc.DevicePluginStub(self.channel)
         return self

@@ -59,7 +59,7 @@ async def test_socket_deleted_at_any_point_of_a_restart(fake_kubelet, plugin_run
     on a socket that exists, registered and streaming."""
     daemon = await plugin_runner.start(simulated(), config={"streamTimeout": 60})
     await fake_kubelet.wait_registered(SIM)
-    endpoint = daemon.endpoints[SIM]
+    endpoint = daemon.front_end.endpoints[SIM]
     for step in range(45):
         before = fake_kubelet.registration_count(SIM)
         endpoint.request_restart("test")

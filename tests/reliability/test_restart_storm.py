@@ -97,4 +97,4 @@ async def test_stream_drop_storm_stays_flat(fake_kubelet, plugin_runner):
     assert end.fds <= base.fds + FD_SLACK, (base, end)
     assert end.threads <= base.threads + THREAD_SLACK, (base, end)
     assert len(asyncio.all_tasks()) <= tasks_before + 2
-    assert daemon.endpoints[SIM].restarts == 35
+    assert daemon.front_end.endpoints[SIM].restarts == 35

@@ -26,7 +26,7 @@ async def test_stream_never_opened_then_kubelet_behaves():
         # registered, but no stream: it must keep trying rather than wait forever
         await kubelet.wait_for(lambda: kubelet.registration_count(SIM) >= 3, timeout=10)
         assert not kubelet.resources[SIM].stream_open
-        assert daemon.endpoints[SIM].restarts >= 2
+        assert daemon.front_end.endpoints[SIM].restarts >= 2
         # once the kubelet opens streams again, the next registration sticks
         kubelet.open_streams = True
         n = kubelet.registration_count(SIM)
@@ -54,7 +54,7 @@ async def test_dropped_stream_is_recovered(fake_kubelet, plugin_runner):
         assert res.stream_open and res.allocatable == 3, round_
     # the kubelet is up all along: each time the plugin registers again on the same
     # socket (a hand-over), without restarting its server
-    assert daemon.endpoints[SIM].restarts == 0
+    assert daemon.front_end.endpoints[SIM].restarts == 0
     resp = await fake_kubelet.allocate(SIM, ["sim0"])
     assert resp.envs["SIM_VISIBLE_DEVICES"] == "0"
 
@@ -66,5 +66,5 @@ async def test_stream_kept_open_is_left_alone(fake_kubelet, plugin_runner):
     # nothing may happen for three stream timeouts: waiting for a second registration fails
     with pytest.raises(asyncio.TimeoutError):
         await fake_kubelet.wait_for(lambda: fake_kubelet.registration_count(SIM) > 1, timeout=0.6)
-    assert daemon.endpoints[SIM].restarts == 0
+    assert daemon.front_end.endpoints[SIM].restarts == 0
     assert fake_kubelet.resources[SIM].stream_open

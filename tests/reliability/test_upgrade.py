@@ -58,11 +58,11 @@ async def test_sockets_of_dead_instances_are_removed_live_ones_left_alone(
         await fake_kubelet.wait_registered(SIM)
         names = {p.name for p in fake_kubelet.plugin_dir.iterdir()}
         assert "hetero-dp-hetero-dp.io_sim-deadbeef0000.sock" not in names
-        assert daemon.endpoints[SIM].socket_path.name in names
+        assert daemon.front_end.endpoints[SIM].socket_path.name in names
         await plugin_runner.stop(daemon)
         live_path = fake_kubelet.plugin_dir / "hetero-dp-hetero-dp.io_sim-a11fe0000000.sock"
         assert live_path.stat().st_ino == live_ino  # never touched
-        assert not daemon.endpoints[SIM].socket_path.exists()  # its own: removed
+        assert not daemon.front_end.endpoints[SIM].socket_path.exists()  # its own: removed
     finally:
         dead.close()
         live.close()

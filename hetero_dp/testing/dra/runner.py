@@ -11,7 +11,8 @@ from hetero_dp.testing.runner import PluginRunner, keep_off_the_host, test_confi
 
 
 class DRARunner(PluginRunner):
-    """Start :class:`~hetero_dp.dra.runner.DRADaemon` s under ``root`` against ``api``.
+    """Start daemons with the DRA front end (:class:`~hetero_dp.dra.frontend.DRAFrontEnd`)
+    under ``root`` against ``api``, built as ``hetero-dp run --mode dra`` builds them.
 
     Layout: ``root/reg`` (plugins_registry, where a :class:`FakeDRAKubelet`
     looks), ``root/plugins`` (driver sockets and checkpoints), ``root/cdi``
@@ -46,9 +47,8 @@ class DRARunner(PluginRunner):
         resync_interval: float = 0,
         instance: str = "",
     ) -> Any:
-        from hetero_dp.dra.runner import DRADaemon, DRAOptions
+        from hetero_dp.dra.frontend import DRAFrontEnd, DRAOptions
         from hetero_dp.engine.config import load_config
-        from hetero_dp.engine.loading import load_backends
 
         node_name = self.node if node is None else node
         if self.create_node and node_name and node_name not in self.api.nodes:
@@ -69,7 +69,5 @@ class DRARunner(PluginRunner):
         )
         if api_versions:
             opts.api_versions = tuple(api_versions)
-        daemon = DRADaemon(
-            cfg, load_backends(backends, timeout=cfg.hook_timeout), opts, self.api.client()
-        )
-        return await self.launch(daemon)
+        front_end = DRAFrontEnd(opts, self.api.client())
+        return await self.launch(self.build(cfg, backends, front_end))

@@ -1,7 +1,7 @@
-"""``hetero-dp run --mode dra``: the daemon's backends served as DRA drivers.
+"""Front end 2: the daemon's backends served as DRA drivers (``hetero-dp run --mode dra``).
 
-:class:`DRADaemon` is the device-plugin :class:`~hetero_dp.engine.daemon.Daemon` with
-its kubelet endpoints switched off: discovery, health polling, watch hooks and
+:class:`DRAFrontEnd` is a :class:`~hetero_dp.engine.frontend.FrontEnd` over the same
+engine as the device-plugin front end: discovery, health polling, watch hooks and
 rediscovery work exactly as in device-plugin mode, and every publish of a
 backend's devices goes to one :class:`DRADriver` per resource name.
 """
@@ -25,9 +25,10 @@ from hetero_dp.dra.driver import (
 from hetero_dp.dra.names import driver_name_for, driver_name_problem
 from hetero_dp.dra.prepare import ClaimError, ClaimRef
 from hetero_dp.dra.slices import VERSIONS
-from hetero_dp.engine.backend import Backend
 from hetero_dp.engine.config import Config
-from hetero_dp.engine.daemon import BackendRuntime, Daemon
+from hetero_dp.engine.frontend import Engine
+from hetero_dp.engine.resource import Resource
+from hetero_dp.engine.runtime import BackendRuntime
 from hetero_dp.model.device import Device, is_replica, replica_base
 from hetero_dp.model.errors import BackendError, ConfigError
 
@@ -76,13 +77,10 @@ class DRAOptions:
         return opts
 
 
-class DRADaemon(Daemon):
-    serve_device_plugins = False
+class DRAFrontEnd:
+    name = "dra"
 
-    def __init__(
-        self, config: Config, backends: list[Backend], options: DRAOptions, api_client: Any
-    ) -> None:
-        super().__init__(config, backends)
+    def __init__(self, options: DRAOptions, api_client: Any) -> None:
         self.dra = options
         self.api_client = api_client
         self.drivers: dict[str, DRADriver] = {}  # resource -> driver
@@ -91,7 +89,16 @@ class DRADaemon(Daemon):
         self._partitions: dict[str, tuple[frozenset[str], dict[str, Device]]] = {}
         self._dra_started = False
         self._errors: list[ConfigError] = []
-        self.publishers.append(self._publish_dra)
+        self._engine: Engine | None = None
+
+    @property
+    def engine(self) -> Engine:
+        assert self._engine is not None, "attach() the front end to an engine first"
+        return self._engine
+
+    def attach(self, engine: Engine) -> None:
+        self._engine = engine
+        engine.add_publisher(self._publish_dra)
 
     def driver_name(self, resource: str) -> str:
         names = self.dra.driver_names
@@ -116,8 +123,8 @@ class DRADaemon(Daemon):
                 driver=self.driver_name(resource),
                 node=self.dra.node_name,
                 plugins_dir=self.dra.plugins_dir,
-                registry_dir=self.config.plugins_registry_dir,
-                cdi_dir=self.dra.cdi_dir or Path(self.config.cdi["dir"]),
+                registry_dir=self.engine.config.plugins_registry_dir,
+                cdi_dir=self.dra.cdi_dir or Path(self.engine.config.cdi["dir"]),
                 resync_interval=self.dra.resync_interval,
                 api_versions=self.dra.api_versions,
                 resource=resource,
@@ -211,7 +218,7 @@ class DRADaemon(Daemon):
         """Call the ``prepare`` hook of each backend that serves some of ``devices``."""
         claim = {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid}
         out: list[Device] = []
-        for rt in self.runtimes.values():
+        for rt in self.engine.runtimes.values():
             mine = [d for d in devices.values() if self._owned(rt, d.id)]
             if not mine or not rt.backend.implements("prepare"):
                 continue
@@ -230,8 +237,8 @@ class DRADaemon(Daemon):
         """Call the ``unprepare`` hook of each backend that has some of ``device_ids``
         (every backend that has the hook gets the IDs no backend publishes now)."""
         claim = {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid}
-        hooked = [rt for rt in self.runtimes.values() if rt.backend.implements("unprepare")]
-        runtimes = list(self.runtimes.values())
+        hooked = [rt for rt in self.engine.runtimes.values() if rt.backend.implements("unprepare")]
+        runtimes = list(self.engine.runtimes.values())
         orphans = [i for i in device_ids if not any(self._owned(rt, i) for rt in runtimes)]
         errors = []
         for rt in hooked:
@@ -249,20 +256,15 @@ class DRADaemon(Daemon):
         """Device ID -> replicas the sharing config makes of it (time-slicing); DRA
         publishes each device once and maps the replicas onto consumable capacity."""
         counts: dict[str, int] = {}
-        for d in advertise(devices, self.config.sharing):
+        for d in advertise(devices, self.engine.config.sharing):
             if is_replica(d.id):
                 base = replica_base(d.id)
                 counts[base] = counts.get(base, 0) + 1
         return counts
 
-    def dra_readiness(self) -> tuple[bool, list[str]]:
-        """(ready, one line per driver), the DRA counterpart of ``probes.readiness``.
-
-        A driver is ready when the kubelet registered it and its pool is on the
-        API server without refusals.
-        """
-        if not self.ready.is_set():
-            return False, ["daemon: starting"]
+    def readiness(self) -> tuple[bool, list[str]]:
+        """(ready, one line per driver): a driver is ready when the kubelet registered
+        it and its pool is on the API server without refusals."""
         lines, ok = [], True
         for resource, d in sorted(self.drivers.items()):
             what = f"{d.name} ({resource})"
@@ -286,18 +288,24 @@ class DRADaemon(Daemon):
             lines.append("no resources: no backend found devices")
         return ok, lines
 
-    async def start(self) -> None:
+    async def open(self) -> None:
+        """The drivers named on the command line exist before the first publish."""
         for resource in self.dra.driver_names:
             if resource:
                 self._driver(resource)
-        await super().start()
-        self.ready.clear()
+
+    def add_resource(self, resource: Resource) -> None:
+        """Nothing per resource: each gets its driver when devices are published to it."""
+
+    async def serve(self) -> None:
         if self._errors:
             raise self._errors[0]
         for driver in self.drivers.values():
             await driver.start()
         self._dra_started = True
-        self.ready.set()
+
+    def restart(self, names: Mapping[str, str]) -> None:
+        """A driver follows its devices on every publish: nothing to restart."""
 
     async def stop(self) -> None:
         for driver in self.drivers.values():
@@ -306,4 +314,14 @@ class DRADaemon(Daemon):
             except Exception:
                 log.exception("stopping DRA driver %s failed", driver.name)
         self._dra_started = False
-        await super().stop()
+
+    # --- reload (engine/frontend.py Reloadable) ---------------------------------
+
+    async def prepare(self, old: Config, new: Config) -> None:
+        pass
+
+    async def discard(self) -> None:
+        pass
+
+    async def apply(self, old: Config, new: Config) -> None:
+        pass

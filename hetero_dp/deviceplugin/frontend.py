@@ -1,0 +1,110 @@
+"""Front end 1: the kubelet's device-plugin API.
+
+One :class:`~hetero_dp.deviceplugin.endpoint.PluginEndpoint` per resource (its own
+socket, registration, ListAndWatch streams) and the watch on the kubelet's dirs
+that turns a kubelet restart into re-registration. The engine knows it only as a
+:class:`~hetero_dp.engine.frontend.FrontEnd`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping
+
+from hetero_dp.deviceplugin.dirwatch import KubeletDirWatch
+from hetero_dp.deviceplugin.endpoint import PluginEndpoint
+from hetero_dp.engine.config import Config
+from hetero_dp.engine.frontend import Engine
+from hetero_dp.engine.resource import Resource
+from hetero_dp.model.names import instance_tag
+
+
+class DevicePluginFrontEnd:
+    name = "device-plugin"
+
+    def __init__(self) -> None:
+        # names this instance's sockets (after its pod: POD_UID / POD_NAME), so that an
+        # old and a new pod of a rolling update never share one
+        self.instance = instance_tag(os.environ)
+        self.endpoints: dict[str, PluginEndpoint] = {}
+        self.dir_watch: KubeletDirWatch | None = None
+        self._engine: Engine | None = None
+        self._serving = False
+
+    @property
+    def engine(self) -> Engine:
+        assert self._engine is not None, "attach() the front end to an engine first"
+        return self._engine
+
+    def attach(self, engine: Engine) -> None:
+        self._engine = engine
+
+    async def open(self) -> None:
+        """Nothing to bind before discovery: endpoints come with their resources."""
+
+    def add_resource(self, resource: Resource) -> None:
+        """An endpoint for ``resource``; ValueError when its socket path does not fit."""
+        cfg = self.engine.config
+        ep = PluginEndpoint(
+            resource,
+            plugin_dir=cfg.kubelet_dir,
+            registry_dir=cfg.plugins_registry_dir,
+            mode=cfg.registration,
+            socket_prefix=cfg.socket_prefix,
+            instance=self.instance,
+            stream_timeout=cfg.stream_timeout,
+        )
+        self.endpoints[resource.name] = ep
+        if self._serving:  # a resource that appeared later (rediscovery, reload)
+            self.engine.tasks.start(f"serve {resource.name}", ep.start())
+
+    async def serve(self) -> None:
+        """Watch the kubelet's dirs, then serve and register every endpoint."""
+        cfg = self.engine.config
+        self.dir_watch = KubeletDirWatch(
+            cfg.kubelet_dir,
+            cfg.plugins_registry_dir if cfg.registration == "watcher" else None,
+            self.endpoints.values,
+        )
+        self.dir_watch.start()
+        self._serving = True
+        await asyncio.gather(*(ep.start() for ep in self.endpoints.values()))
+
+    def restart(self, names: Mapping[str, str]) -> None:
+        for name, why in sorted(names.items()):
+            if name in self.endpoints:
+                self.endpoints[name].request_restart(why)
+
+    async def stop(self) -> None:
+        self._serving = False
+        if self.dir_watch is not None:
+            self.dir_watch.close()
+            self.dir_watch = None
+        await asyncio.gather(*(ep.stop() for ep in self.endpoints.values()))
+
+    def readiness(self) -> tuple[bool, list[str]]:
+        lines = []
+        ok = True
+        for name, res in sorted(self.engine.resources.items()):
+            if res.ready:
+                lines.append(f"{name}: ready ({len(res.state.devices)} devices)")
+                continue
+            ok = False
+            why = "no ListAndWatch stream" if res.registered else "not registered with the kubelet"
+            lines.append(f"{name}: not ready: {why}")
+        if not lines:
+            lines.append("no resources: no backend found devices")
+        return ok, lines
+
+    # --- reload (engine/frontend.py Reloadable) ---------------------------------
+
+    async def prepare(self, old: Config, new: Config) -> None:
+        """Where sockets live cannot change while running: the engine refuses that."""
+
+    async def discard(self) -> None:
+        pass
+
+    async def apply(self, old: Config, new: Config) -> None:
+        for ep in self.endpoints.values():
+            ep.stream_timeout = new.stream_timeout

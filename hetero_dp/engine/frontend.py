@@ -1,0 +1,83 @@
+"""How devices reach the kubelet: the front-end interface.
+
+One engine (:class:`hetero_dp.engine.daemon.Daemon`: backends, resources, health,
+publishing) serves through exactly one front end, chosen when the daemon is built
+(:func:`hetero_dp.engine.build.build_daemon`); the engine imports neither:
+
+- :class:`hetero_dp.deviceplugin.frontend.DevicePluginFrontEnd`: one device-plugin
+  endpoint per resource, registered with the kubelet, and the kubelet dir watch;
+- :class:`hetero_dp.dra.frontend.DRAFrontEnd`: one DRA driver per resource
+  (ResourceSlices, NodePrepareResources).
+
+A front end sees the engine through :class:`Engine` only, and takes part in a
+config reload as every reloadable component does (:class:`Reloadable`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from hetero_dp.engine.config import Config
+from hetero_dp.engine.resource import Resource
+from hetero_dp.engine.runtime import BackendRuntime
+from hetero_dp.kits.tasks import Tasks
+
+Publisher = Callable[[BackendRuntime], Any]
+
+
+class Reloadable(Protocol):
+    """One component a config change touches.
+
+    ``prepare`` runs before anything changes and may refuse (ConfigError: the old
+    config is kept); then either ``discard`` (some component refused: drop what
+    ``prepare`` made) or ``apply`` (every component agreed: follow the new config;
+    nothing refuses any more)."""
+
+    async def prepare(self, old: Config, new: Config) -> None: ...
+
+    async def discard(self) -> None: ...
+
+    async def apply(self, old: Config, new: Config) -> None: ...
+
+
+class Engine(Protocol):
+    """What a front end may use of the engine."""
+
+    config: Config
+    runtimes: dict[str, BackendRuntime]
+    resources: dict[str, Resource]
+    ready: asyncio.Event
+    tasks: Tasks
+
+    def add_publisher(self, publisher: Publisher) -> None: ...
+
+
+class FrontEnd(Reloadable, Protocol):
+    """The engine calls these, in this order: ``attach`` once when built; at start-up
+    ``open`` (before the first discovery; ConfigError stops start-up), ``add_resource``
+    for every resource the publishes create (ValueError: this one cannot be served),
+    ``serve`` (after the first publish of every backend: serve and register); on a
+    reload the :class:`Reloadable` steps and ``restart`` for resources whose
+    settings changed; ``stop`` at shutdown. ``readiness`` answers ``/readyz``."""
+
+    name: str
+
+    def attach(self, engine: Engine) -> None: ...
+
+    async def open(self) -> None: ...
+
+    def add_resource(self, resource: Resource) -> None: ...
+
+    async def serve(self) -> None: ...
+
+    def restart(self, names: Mapping[str, str]) -> None:
+        """Serve the resources ``names`` (name -> why) again after their settings changed."""
+        ...
+
+    async def stop(self) -> None: ...
+
+    def readiness(self) -> tuple[bool, list[str]]:
+        """(ready, one line per resource or driver), once the engine has started."""
+        ...
