@@ -80,14 +80,14 @@ async def roll(
 
     try:
         old = await start()
-        old_socket = old.endpoints[resource].socket_path
+        old_socket = old.front_end.endpoints[resource].socket_path
         await kubelet.wait_for(lambda: _serving(kubelet, resource, old_socket, count), 30)
         await admit()
         since = time.monotonic()
         capacities: list[int] = []
         if order == "surge":
             new = await start()  # beside the old one
-            new_socket = new.endpoints[resource].socket_path
+            new_socket = new.front_end.endpoints[resource].socket_path
             await kubelet.wait_for(lambda: _serving(kubelet, resource, new_socket, count), 30)
             await admit()
             capacities.append(kubelet.resources[resource].capacity)
@@ -96,7 +96,7 @@ async def roll(
             await runner.stop(old)
             capacities.append(kubelet.resources[resource].capacity)
             new = await start()
-            new_socket = new.endpoints[resource].socket_path
+            new_socket = new.front_end.endpoints[resource].socket_path
         await kubelet.wait_for(lambda: _serving(kubelet, resource, new_socket, count), 30)
         await admit()
         capacities.append(kubelet.resources[resource].capacity)
