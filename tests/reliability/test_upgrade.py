@@ -75,7 +75,7 @@ async def test_a_socket_file_put_at_our_path_by_someone_else_survives_our_exit(
 
     daemon = await plugin_runner.start(simulated(), options={"simulated": {"count": 1}})
     await fake_kubelet.wait_registered(SIM)
-    path = daemon.endpoints[SIM].socket_path
+    path = daemon.front_end.endpoints[SIM].socket_path
     path.unlink()  # gone (an operator, a kubelet wipe) and bound again by another process
     other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     other.bind(str(path))
