@@ -15,13 +15,16 @@ from typing import Any
 import click
 
 from hetero_dp.engine.config import Config, check_backend_names, load_config, set_option
-from hetero_dp.model.errors import BackendError, ConfigError
+from hetero_dp.model.errors import BackendError, ConfigError, StartError
 
 EXIT_CONFIG = 2
 
 
 def _fail_config(e: ConfigError) -> None:
-    click.echo(f"hetero-dp: configuration error: {e}", err=True)
+    # A backend that failed to start (its configure hook raised) stops start-up too,
+    # but the configuration is not what to fix: its message says what is.
+    what = "cannot start" if isinstance(e, StartError) else "configuration error"
+    click.echo(f"hetero-dp: {what}: {e}", err=True)
     sys.exit(EXIT_CONFIG)
 
 

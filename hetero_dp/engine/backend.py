@@ -20,7 +20,7 @@ from hetero_dp.engine.binding import OptionBinder, configure_error, placed
 from hetero_dp.engine.healthcalls import check_health_many
 from hetero_dp.engine.hookrunner import REQUEST_HOOKS, HookRunner, defined_at, hook_impls
 from hetero_dp.model.device import Check, Device, Link, Sample
-from hetero_dp.model.errors import BackendError, ConfigError
+from hetero_dp.model.errors import BackendError, ConfigError, StartError
 
 if TYPE_CHECKING:
     from hetero_dp.engine.config import Config
@@ -148,8 +148,10 @@ class Backend:
             raise (
                 configure_error(self.name, e) if cfg is None else placed(self.name, e, cfg)
             ) from None
-        except (ValueError, BackendError) as e:
+        except ValueError as e:
             raise configure_error(self.name, e) from None
+        except BackendError as e:  # the hook failed: not a refusal of its options
+            raise StartError(str(e)) from e
         self.options = value
 
     def parse_args(self, args: list[str]) -> dict[str, Any]:

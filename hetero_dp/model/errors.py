@@ -18,6 +18,12 @@ class ConfigError(HeteroDPError):
         super().__init__(f"{where}: {reason}" if where else reason)
 
 
+class StartError(ConfigError):
+    """A backend could not start: its ``configure`` hook failed (a missing driver, say),
+    as opposed to refusing its options. It stops start-up as a ConfigError does, but the
+    configuration is not the problem, and messages do not say it is."""
+
+
 class AllocationError(HeteroDPError):
     """A refused Allocate or GetPreferredAllocation; the message names the device IDs.
 

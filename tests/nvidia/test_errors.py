@@ -91,7 +91,9 @@ def test_version_mismatch_names_the_fix(fake_node, caplog):
         b.configure(node.options)
     assert "driver/library version mismatch" in str(info.value)
     assert info.value.fix == "reload the nvidia kernel module or reboot the node"
-    assert len(lines(caplog, "version mismatch")) == 1
+    # not logged too: the caller that reports the failed hook says it, once (issue #30:
+    # `hetero-dp list nvidia` printed the same sentence three times)
+    assert lines(caplog, "version mismatch") == []
 
 
 def test_version_mismatch_with_fail_on_init_error_false(fake_node, caplog):

@@ -305,6 +305,7 @@ def test_no_plugin_socket_is_a_warning(root):
 
 
 def test_invalid_and_broken_cdi_specs(root):
+    root.file("dev/accel0", "")  # the good spec's device node exists
     root.file("var/run/cdi/good.json", json.dumps(GOOD_SPEC))
     bad = dict(GOOD_SPEC, kind="Example.com", devices=[{"name": "dev 0"}])
     root.file("var/run/cdi/bad.json", json.dumps(bad))
@@ -455,3 +456,110 @@ def test_runtime_problems_every_device_meets_need_no_backend_advice(root, defaul
     findings = doctor(root, [Scripted(make_devices(RES, 1))])
     f = only(findings, "runtime")
     assert f.status == "fail" and message in f.message, f
+
+
+def test_a_spec_whose_host_paths_are_gone_fails_naming_them(root):
+    """A stale spec (a test's, another host's, a removed driver's) is valid in form but
+    hands containers paths that do not exist: a failure naming them, not a pass."""
+    root.file("dev/accel0", "")
+    spec = dict(
+        GOOD_SPEC,
+        devices=[
+            {"name": "dev0", "containerEdits": {"deviceNodes": [{"path": "/dev/accel0"}]}},
+            {
+                "name": "dev1",
+                "containerEdits": {
+                    "deviceNodes": [{"path": "/dev/accel1", "hostPath": "/gone/accel1"}]
+                },
+            },
+        ],
+        containerEdits={
+            "mounts": [{"hostPath": "/usr/lib/libaccel.so.1", "containerPath": "/usr/lib/x"}]
+        },
+    )
+    root.file("var/run/cdi/stale.json", json.dumps(spec))
+    f = only(doctor(root), "cdi", "stale.json")
+    assert f.status == "fail"
+    assert "2 of its 3 host paths do not exist: /gone/accel1, /usr/lib/libaccel.so.1" in f.message
+    assert "stale" in f.fix and "remove it" in f.fix
+
+
+CANNOT_START = """
+from hetero_dp import Check, Device, hookimpl
+
+
+@hookimpl
+def configure(options):
+    raise RuntimeError("the accelerator library is missing")
+
+
+@hookimpl
+def discover():
+    return [Device("a0", "example.com/accel")]
+"""
+
+DRIVER_FAILS = (
+    CANNOT_START
+    + """
+
+@hookimpl
+def doctor(options):
+    return [Check("library", "fail", "the accelerator library is missing", "install it")]
+"""
+)
+
+
+def test_a_backend_that_cannot_start_is_not_called_a_config_problem(root, tmp_path):
+    path = tmp_path / "nolib.py"
+    path.write_text(CANNOT_START)
+    f = only(doctor(root, [str(path)]), "devices")
+    assert f.status == "fail"
+    assert f.message.startswith("backend 'nolib' cannot start: ")
+    assert "RuntimeError('the accelerator library is missing')" in f.message
+    assert f"at {path}:7" in f.message
+    assert "config" not in f.fix and "backends." not in f.fix
+
+
+def test_a_cause_the_driver_step_named_is_not_said_again(root, tmp_path):
+    path = tmp_path / "nolib2.py"
+    path.write_text(DRIVER_FAILS)
+    findings = doctor(root, [str(path)])
+    assert only(findings, "driver", "library").status == "fail"
+    devices = only(findings, "devices")
+    assert devices.message == "backend 'nolib2' cannot start: the driver check above says why"
+    text = render_text(findings)
+    assert text.count("the accelerator library is missing") == 1, text
+
+
+def test_list_nvidia_without_a_driver_says_the_cause_once(cli_env, hetero_dp_cmd):
+    import ctypes.util
+
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("this machine has an NVIDIA driver: nothing to report")
+    env = {k: v for k, v in cli_env.items() if k != "LD_LIBRARY_PATH"}
+    listed = subprocess.run(
+        [*hetero_dp_cmd, "list", "nvidia"], env=env, capture_output=True, text=True, timeout=60
+    )
+    out = listed.stdout + listed.stderr
+    assert listed.returncode == 2, out
+    assert out.count("libnvidia-ml.so.1 not found") == 1, out
+    assert "hetero-dp: cannot start: " in listed.stderr and "configuration error" not in out
+
+
+def test_the_readme_usage_lines_name_each_commands_arguments(repo_root):
+    """Following the README's usage line must not leave out an argument (``doctor``
+    without ``BACKEND`` skips the driver and devices steps)."""
+    import click
+
+    from hetero_dp.cli.main import main
+
+    readme = (repo_root / "README.md").read_text()
+    rows = [ln for ln in readme.splitlines() if ln.startswith("| `hetero-dp ")]
+    for name, command in main.commands.items():
+        usage = [r.split("`")[1] for r in rows if r.startswith(f"| `hetero-dp {name} ")]
+        usage += [r.split("`")[1] for r in rows if r.startswith(f"| `hetero-dp {name}`")]
+        assert usage, f"no README usage line for {name}"
+        for param in command.params:
+            if isinstance(param, click.Argument):
+                stem = param.human_readable_name.upper().removesuffix("S")
+                assert all(stem in u for u in usage), (name, stem, usage)

@@ -68,8 +68,10 @@ async def run_doctor(
 ) -> list[Finding]:
     """Walk the chain; never raises for what it finds (that is what findings are for)."""
     out: list[Finding] = []
-    out += await check_driver(config, backends)
-    device_findings, resources = await check_devices(config, backends)
+    driver = await check_driver(config, backends)
+    out += driver
+    failed = {f.name.split(":")[0] for f in driver if f.status == "fail"}
+    device_findings, resources = await check_devices(config, backends, failed)
     out += device_findings
     needs = _needs(config, backends, resources)  # resources: name -> effective settings
     out += await check_runtime(settings, "cdi" in needs, backends)

@@ -7,7 +7,7 @@ import json
 import yaml
 
 from hetero_dp.engine.config import Config
-from hetero_dp.ops.doctor.cdi_spec import spec_problems
+from hetero_dp.ops.doctor.cdi_spec import host_paths, spec_problems
 from hetero_dp.ops.doctor.findings import DoctorSettings, Finding
 
 
@@ -68,8 +68,24 @@ def check_cdi_specs(config: Config, settings: DoctorSettings, needs: set[str]) -
                     "the runtime refuses every device of an invalid spec",
                 )
             )
-        else:
-            good.append(f"{p.name} ({doc['kind']}, {len(doc['devices'])} devices)")
+            continue
+        paths = host_paths(doc)
+        missing = [h for h in paths if not settings.path(h).exists()]
+        if missing:
+            shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" * (len(missing) > 5))
+            out.append(
+                Finding(
+                    step,
+                    p.name,
+                    "fail",
+                    f"{p}: {len(missing)} of its {len(paths)} host paths do not exist: {shown}",
+                    "the spec is stale (its devices or driver files are gone, or another "
+                    "host or a test wrote it): remove it, or restart the plugin that writes "
+                    "it; a container given one of its devices fails to start",
+                )
+            )
+            continue
+        good.append(f"{p.name} ({doc['kind']}, {len(doc['devices'])} devices)")
     if good:
         out.append(Finding(step, "cdi specs", "pass", "valid: " + ", ".join(good)))
     return out

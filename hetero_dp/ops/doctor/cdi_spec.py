@@ -77,3 +77,17 @@ def spec_problems(doc: Any) -> list[str]:
     if doc.get("containerEdits"):
         out.extend(_edits_problems(doc["containerEdits"], "containerEdits"))
     return out
+
+
+def host_paths(doc: Mapping[str, Any]) -> list[str]:
+    """Every host path a (valid) spec hands to a container: device nodes (``hostPath``,
+    else ``path``, as the CDI specification defines it) and mount sources."""
+    edits = [d.get("containerEdits") or {} for d in doc.get("devices") or []]
+    edits.append(doc.get("containerEdits") or {})
+    paths = []
+    for e in edits:
+        for node in e.get("deviceNodes") or []:
+            paths.append(str(node.get("hostPath") or node.get("path")))
+        for mount in e.get("mounts") or []:
+            paths.append(str(mount.get("hostPath")))
+    return list(dict.fromkeys(p for p in paths if p.startswith("/")))

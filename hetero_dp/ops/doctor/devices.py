@@ -3,26 +3,37 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from hetero_dp.engine.backend import Backend
 from hetero_dp.engine.config import Config
-from hetero_dp.model.errors import BackendError, ConfigError
+from hetero_dp.model.errors import BackendError, ConfigError, StartError
 from hetero_dp.ops.doctor.findings import Finding
 
 
 async def check_devices(
-    config: Config, backends: Sequence[Backend]
+    config: Config, backends: Sequence[Backend], driver_failed: Collection[str] = ()
 ) -> tuple[list[Finding], dict[str, dict[str, Any]]]:
     """Configure and discover each backend once; also each resource's effective settings
-    (the backend's ``resource_defaults`` under the config's section)."""
+    (the backend's ``resource_defaults`` under the config's section). ``driver_failed``:
+    the backends whose driver check failed, whose failures here follow from it (said
+    once, there)."""
     out: list[Finding] = []
     resources: dict[str, dict[str, Any]] = {}
     for b in backends:
         try:
             try:
                 await b.configure_from(config)
+            except StartError as e:  # the hook failed: the cause is not the config
+                if b.name in driver_failed:
+                    message = f"backend {b.name!r} cannot start: the driver check above says why"
+                    fix = "fix the driver first (see its fix above)"
+                else:
+                    message = f"backend {b.name!r} cannot start: {e}"
+                    fix = f"what the message names; then hetero-dp list {b.name}"
+                out.append(Finding("devices", b.name, "fail", message, fix))
+                continue
             except ConfigError as e:
                 out.append(
                     Finding(
@@ -30,20 +41,24 @@ async def check_devices(
                         b.name,
                         "fail",
                         f"backend {b.name!r} refuses its options: {e}",
-                        f"fix the named field of backends.{b.name} in the config",
+                        "fix the field the message names, in the place it says it was written",
                     )
                 )
                 continue
             try:
                 devices = await b.discover()
             except BackendError as e:
+                failed = b.name in driver_failed
                 out.append(
                     Finding(
                         "devices",
                         b.name,
                         "fail",
-                        f"discovery failed: {e.__cause__ or e}",
-                        "fix the driver problem above first; then hetero-dp list " + b.name,
+                        "discovery failed"
+                        + (": the driver check above says why" if failed else f": {e}"),
+                        "fix the driver problem above first; then hetero-dp list " + b.name
+                        if failed
+                        else "what the message names; then hetero-dp list " + b.name,
                     )
                 )
                 continue

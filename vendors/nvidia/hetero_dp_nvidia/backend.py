@@ -141,8 +141,7 @@ class NvidiaBackend:
             except NvmlUnavailable as err:
                 self.init_error = err
                 if fail_on_init_error:
-                    log.error("%s", err)
-                    raise
+                    raise  # said once, by whoever reports the failed hook
                 log_once(
                     f"init:{err.code}",
                     f"{err}; failOnInitError=false: serving 0 GPUs until the driver works",
