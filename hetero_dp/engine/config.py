@@ -502,7 +502,9 @@ def _claimed(
         head, *rest = target.split(".")
         node = options
         for part in [head, *rest][:-1]:
-            node = node.setdefault(part, {})
+            child = node.get(part)  # copied: the file's own mapping is never changed
+            node[part] = dict(child) if isinstance(child, dict) else {}
+            node = node[part]
         node[[head, *rest][-1]] = value
         # the field as written for the option's first key: the file key less the
         # option key's tail (resources.gpus -> options resources.gpus: resources)
