@@ -585,6 +585,13 @@ class FakeKubelet(ChangeWaiter):
         except grpc.aio.AioRpcError as e:
             self.in_use.difference_update(ids)
             raise AdmissionError(f"Allocate of {ids} failed: {e.code().name}: {e.details()}") from e
+        except asyncio.CancelledError:
+            self.in_use.difference_update(ids)
+            if res.channel is None:  # the kubelet closed the connection under the call
+                raise AdmissionError(
+                    f"Allocate of {ids} failed: {name}: endpoint {res.endpoint} stopped"
+                ) from None
+            raise
         return ids
 
     def release(self, ids: Sequence[str]) -> None:
