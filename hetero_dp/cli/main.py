@@ -228,6 +228,9 @@ def run(
         trial_root, trial_dp, trial_reg = fake_kubelet_dirs()
         flags["kubeletDir"] = str(trial_dp)
         flags["pluginsRegistryDir"] = str(trial_reg)
+        # CDI specs beside the fake kubelet too: in the host's /var/run/cdi they would
+        # advertise the trial's devices to the laptop's own container runtime
+        flags["cdi"] = {**flags.get("cdi", {}), "dir": str(trial_root / "cdi")}
     try:
         names, backend_args = split_backend_args(backends)
         if not names:

@@ -248,3 +248,35 @@ def test_run_fake_kubelet_leaves_no_temp_dir_after_a_config_error(tmp_path, cli_
     assert result.returncode == 2, result.stderr
     assert "argument 'dev' is not an argument of hook discover" in result.stderr
     assert set(Path("/tmp").glob("hdp-try-*")) <= before
+
+
+async def test_run_fake_kubelet_keeps_cdi_specs_off_the_host(tmp_path, cli_env, hetero_dp_cmd):
+    """A trial on a laptop must not advertise its devices to the laptop's own container
+    runtime: the CDI spec goes beside the fake kubelet, not into /var/run/cdi (the
+    suite's host guard fails this test if it does)."""
+    config = tmp_path / "cdi.yaml"
+    config.write_text("resources:\n  hetero-dp.io/sim:\n    deliver: [cdi-cri]\n")
+    proc = await asyncio.create_subprocess_exec(
+        *hetero_dp_cmd,
+        "run",
+        "simulated",
+        "--fake-kubelet",
+        "-c",
+        str(config),
+        env=cli_env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    seen: list[str] = []
+    try:
+        await _line(proc.stdout, "fake kubelet at ", seen)
+        root = Path(seen[-1].split(" at ", 1)[1]).parent
+        await _line(proc.stdout, "4 devices (4 healthy)", seen)
+        assert [p.name for p in (root / "cdi").iterdir()] == ["hetero-dp_hetero-dp.io_sim.json"]
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert not root.exists()
