@@ -12,6 +12,7 @@ each backend names.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -31,6 +32,7 @@ from hetero_dp.model.names import (
     closest,
     validate_resource_name,
 )
+from hetero_dp.model.options import camel, option, parse_options
 
 ENV_PREFIX = "HETERO_DP_"
 # backend name -> {key as written in the file (dotted) -> where in its options ("" = spread)}
@@ -73,19 +75,56 @@ CHOICES = {
     "logLevel": ("debug", "info", "warning", "error"),
     "logFormat": ("text", "json"),
 }
-SECTION_KEYS: dict[str, dict[str, tuple[type, Any]]] = {
-    # enabled unset (None): specs are written for the resources that deliver through
-    # CDI, the dir checked when the first one is needed; false: never; true: the
-    # dir is checked at start-up.
-    # runtimeConfig: the node's container runtime config (containerd's config.toml or
-    # dockerd's daemon.json, mounted read-only); where it says CDI is off, a CDI
-    # delivery falls back to device specs with a warning (docs/cdi.md).
-    "cdi": {"enabled": (bool, None), "dir": (str, "/var/run/cdi"), "runtimeConfig": (str, "")},
-    "labels": {
-        "enabled": (bool, False),
-        "dir": (str, "/etc/kubernetes/node-feature-discovery/features.d"),
-    },
-    "metrics": {"address": (str, "")},
+
+
+@dataclass(frozen=True)
+class CdiSection:
+    """``cdi``: CDI specs for the resources that deliver through CDI (docs/cdi.md)."""
+
+    enabled: bool | None = option(
+        None,
+        help="unset: specs for the resources that deliver through CDI, the dir checked when "
+        "the first one is needed; false: never; true: the dir is checked at start-up",
+    )
+    dir: str = option("/var/run/cdi", help="where the specs are written", min=1)
+    runtime_config: str = option(
+        "",
+        help="the node's container runtime config (containerd's config.toml or dockerd's "
+        "daemon.json, mounted read-only); where it says CDI is off, a CDI delivery falls "
+        "back to device specs with a warning",
+    )
+
+
+@dataclass(frozen=True)
+class LabelsSection:
+    """``labels``: the node label file for Node Feature Discovery."""
+
+    enabled: bool = option(False, help="write the label file")
+    dir: str = option(
+        "/etc/kubernetes/node-feature-discovery/features.d",
+        help="Node Feature Discovery's features.d",
+        min=1,
+    )
+
+
+@dataclass(frozen=True)
+class MetricsSection:
+    """``metrics``: the Prometheus endpoint, /healthz and /readyz."""
+
+    address: str = option("", help="host:port to serve on ('' = off)")
+
+
+# The core's own sections, declared like a backend's options (model/options.py): one
+# reader, one error style (the file, the field as written, the reason, did-you-mean).
+SECTION_SCHEMAS: dict[str, type] = {
+    "cdi": CdiSection,
+    "labels": LabelsSection,
+    "metrics": MetricsSection,
+}
+# section -> {key: (type, default)}, derived from the declarations above
+SECTION_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
+    name: {camel(f.name): (f.type, f.default) for f in dataclasses.fields(schema)}
+    for name, schema in SECTION_SCHEMAS.items()
 }
 
 
@@ -168,6 +207,11 @@ class Config:
 
 def _section_defaults(section: str) -> dict[str, Any]:
     return {k: default for k, (_t, default) in SECTION_KEYS[section].items()}
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    """A section's dataclass as the mapping the daemon reads (config keys)."""
+    return {camel(f.name): getattr(value, f.name) for f in dataclasses.fields(value)}
 
 
 def _coerce(value: Any, typ: type, *, field: str, source: str) -> Any:
@@ -568,16 +612,13 @@ def _resources(value: Any, source: str, taken: set[str]) -> dict[str, dict[str, 
 
 def _section(section: str, value: Any, source: str) -> dict[str, Any]:
     given = _mapping(value, section, source)
-    spec = SECTION_KEYS[section]
-    unknown = sorted(set(given) - set(spec))
-    if unknown:
-        raise ConfigError(
-            f"unknown key (known: {', '.join(sorted(spec))})",
-            field=f"{section}.{unknown[0]}",
-            source=source,
-        )
-    out = _section_defaults(section)
-    for key, (typ, _default) in spec.items():
-        if key in given:
-            out[key] = _coerce(given[key], typ, field=f"{section}.{key}", source=source)
-    return out
+    for key, (hint, _default) in SECTION_KEYS[section].items():
+        # a path or an address written as a number (address: 9435) is a mistake here
+        if hint == "str" and key in given and not isinstance(given[key], str):
+            raise ConfigError(
+                f"expected a string, got {given[key]!r}", field=f"{section}.{key}", source=source
+            )
+    parsed = parse_options(
+        SECTION_SCHEMAS[section], given, field=section, source=source, environ={}
+    )
+    return _as_dict(parsed)
