@@ -96,7 +96,7 @@ test: system-deps $(DEV)
 # The slow restart storms run too (they are what differs most between versions, ~1 min);
 # MATRIX_PYTEST="-q -m 'not slow'" leaves them out.
 MATRIX_PYTHONS ?= 3.10 3.11 3.12 3.13
-MATRIX_TESTS ?= tests/core tests/reliability tests/ops tests/cdi tests/udev tests/nvidia
+MATRIX_TESTS ?= tests/core tests/reliability tests/fuzz tests/ops tests/cdi tests/udev tests/nvidia
 MATRIX_PYTEST ?= -q
 test-matrix: system-deps
 	$(BASE_PYTHON) scripts/test_matrix.py --pythons "$(MATRIX_PYTHONS)" -- \
