@@ -91,9 +91,10 @@ def _dev_root(path: str) -> str | None:
 def node_problem(node: DeviceNode, roots: Sequence[str] = ()) -> str | None:
     """Why ``node`` may not go into a container, or None.
 
-    ``roots``: more directories whose device nodes are allowed (each a ``dev``
-    directory); ``/dev`` and any ``<root>/dev`` are allowed by name anyway, and
-    ``roots`` allows others, such as ``/run/nvidia/driver/dev``.
+    ``roots``: directories where a test's fake device nodes live (the testing
+    harness passes the temp dir): a path under one is allowed by name, and a plain
+    file there stands for a node. ``/dev`` and any ``<root>/dev`` are allowed by name
+    anyway (a driver root: NVIDIA's ``/run/nvidia/driver/dev``).
     """
     host = node.host_path
     problem = _path_problem(host)
@@ -121,7 +122,8 @@ def node_problem(node: DeviceNode, roots: Sequence[str] = ()) -> str | None:
         mode = os.stat(real).st_mode
     except OSError:
         return f"hostPath {host!r} resolves to {real!r}, which does not exist"
-    if not (stat.S_ISCHR(mode) or stat.S_ISBLK(mode)):
+    fake = any(_under(real, r) and real != r for r in roots) and not stat.S_ISDIR(mode)
+    if not (stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or fake):
         return f"hostPath {host!r} is not a device node" + (
             f" (it resolves to {real!r})" if real != host else ""
         )

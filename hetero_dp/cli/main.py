@@ -261,6 +261,10 @@ def run(
         # with a config file, hot reload (hetero_dp/ops/reload.py): the same sources read again
         ops = operations.day_two(Path(config), read_config) if config else operations.day_two()
         daemon = build_daemon(cfg, loaded, front_end, extensions=[ops])
+        if fake_kubelet:  # a trial, as under the testing harness: fake nodes in /tmp
+            import tempfile
+
+            daemon.accept_fake_nodes(os.path.realpath(tempfile.gettempdir()))
         if trial_root is not None:
             from hetero_dp.cli.trial import serve_to_fake_kubelet
 

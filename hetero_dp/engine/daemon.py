@@ -78,6 +78,12 @@ class Daemon:
         self.front_end = front_end
         front_end.attach(self)
 
+    def accept_fake_nodes(self, root: str) -> None:
+        """Tests and trials: plain files under ``root`` stand for device nodes (the
+        container gate refuses them elsewhere, hetero_dp/allocation/gate.py)."""
+        for rt in self.runtimes.values():
+            rt.fake_node_roots = (root,)
+
     # --- start-up --------------------------------------------------------
 
     async def start(self) -> None:

@@ -36,6 +36,9 @@ class BackendRuntime:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.discovered: dict[str, Device] = {}
+        # Dirs where plain files may stand for device nodes (the container gate):
+        # empty in production, the temp dir under the testing harness and in a trial.
+        self.fake_node_roots: tuple[str, ...] = ()
         self.event_health: dict[str, Verdict] = {}
         self.poll_health: dict[str, Verdict] = {}
         self.faults: dict[str, str] = {}  # "discover" / "watch" / "stuck" -> reason
@@ -70,7 +73,7 @@ class BackendRuntime:
             return
         self.discovery_applied = number
         self.faults.pop("discover", None)
-        self.discovered = {d.id: gate_device(d) for d in devices}
+        self.discovered = {d.id: gate_device(d, self.fake_node_roots) for d in devices}
         self.discovered_at = started_at
         known = set(self.discovered) | {d.parent for d in devices if d.parent}
         for overlay in (self.event_health, self.poll_health):

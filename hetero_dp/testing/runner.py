@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -117,7 +118,11 @@ class PluginRunner:
         metrics, probes and labels attached as there."""
         specs = [self._where(b) for b in backends]
         loaded = load_backends(specs, timeout=cfg.hook_timeout)
-        return build_daemon(cfg, loaded, front_end, extensions=[operations.day_two()])
+        daemon = build_daemon(cfg, loaded, front_end, extensions=[operations.day_two()])
+        # A test's fake device nodes are plain files in the temp dir (tmp_path): the
+        # container gate takes them there, and only there, for nodes.
+        daemon.accept_fake_nodes(os.path.realpath(tempfile.gettempdir()))
+        return daemon
 
     async def launch(self, daemon: Daemon) -> Daemon:
         """Start ``daemon``; it is stopped with the others at the end (or now, if it fails)."""

@@ -43,9 +43,13 @@ async def test_sigterm_stops_streams_removes_sockets_exits_0(fake_kubelet, cli_e
 
 
 async def test_example_plugin_end_to_end(fake_kubelet, cli_env, hetero_dp_cmd, tmp_path, repo_root):
+    # `hetero-dp run` takes only device nodes (the container gate): each fake node is
+    # a link to /dev/null, a character device, in a dev dir as a driver root's are
+    dev = tmp_path / "dev"
+    dev.mkdir()
     for i in range(3):
-        (tmp_path / f"acme{i}").write_text("")
-    env = dict(cli_env, ACME_DEV_GLOB=str(tmp_path / "acme*"))
+        os.symlink("/dev/null", dev / f"acme{i}")
+    env = dict(cli_env, ACME_DEV_GLOB=str(dev / "acme*"))
     cmd = [
         *hetero_dp_cmd,
         "run",
@@ -62,10 +66,10 @@ async def test_example_plugin_end_to_end(fake_kubelet, cli_env, hetero_dp_cmd, t
         resp = await fake_kubelet.allocate(name, ["npu0", "npu2"])
         assert resp.envs["ACME_VISIBLE_DEVICES"] == "0,2"
         assert [(d.host_path, d.container_path) for d in resp.devices] == [
-            (str(tmp_path / "acme0"), "/dev/acme0"),
-            (str(tmp_path / "acme2"), "/dev/acme2"),
+            (str(dev / "acme0"), "/dev/acme0"),
+            (str(dev / "acme2"), "/dev/acme2"),
         ]
-        (tmp_path / "acme1").unlink()  # the health check notices the node vanished
+        (dev / "acme1").unlink()  # the health check notices the node vanished
         await fake_kubelet.wait_devices(name, lambda d: not d["npu1"].healthy, timeout=30)
     finally:
         proc.send_signal(signal.SIGTERM)
