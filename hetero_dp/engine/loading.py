@@ -142,7 +142,10 @@ def resolve(spec: str | ModuleType | object) -> tuple[str, object]:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == spec:
             try:
-                return spec, ep.load()
+                loaded = ep.load()
+                # an entry point naming a module (installed before the bundled backends
+                # named their instances) gets the module's ``plugin`` instance
+                return spec, _instance_in(loaded) if inspect.ismodule(loaded) else loaded
             except Exception as e:
                 raise ConfigError(f"loading backend {spec!r} failed: {e!r}", field="backend") from e
     known = ", ".join(sorted(available_backends())) or "none installed"

@@ -193,3 +193,19 @@ async def test_run_eagerly_goes_on_under_the_timeout_once_the_hook_waits() -> No
     assert cleaned.is_set()
     with pytest.raises(ValueError, match="refused"):
         await run_eagerly(raises(), 5.0)
+
+
+def test_an_entry_point_naming_a_module_gets_its_plugin_instance(tmp_path, monkeypatch) -> None:
+    # metadata installed before the bundled backends named their instances
+    # (udev = "hetero_dp_udev.backend") still loads the backend, not a hookless module
+    pytest.importorskip("hetero_dp_udev")
+    from hetero_dp.engine.loading import resolve
+    from hetero_dp_udev import backend as udev_module
+
+    dist = tmp_path / "stale_udev-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Name: stale-udev\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[hetero_dp]\nstale_udev = hetero_dp_udev.backend\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name, plugin = resolve("stale_udev")
+    assert name == "stale_udev" and plugin is udev_module.plugin
