@@ -199,8 +199,9 @@ def test_an_entry_point_naming_a_module_gets_its_plugin_instance(tmp_path, monke
     # metadata installed before the bundled backends named their instances
     # (udev = "hetero_dp_udev.backend") still loads the backend, not a hookless module
     pytest.importorskip("hetero_dp_udev")
-    from hetero_dp.engine.loading import resolve
     from hetero_dp_udev import backend as udev_module
+
+    from hetero_dp.engine.loading import resolve
 
     dist = tmp_path / "stale_udev-0.1.dist-info"
     dist.mkdir()
