@@ -2,12 +2,12 @@
 loop, and owns their lifecycle (start, stop, signals).
 
 The pieces it wires live beside it: each backend's devices and health overlays
-(:mod:`.runtime`), its watch hook (:mod:`.watching`), what a publish sends to
-which resource (:mod:`.publishing`), the CDI spec files (:mod:`.cdi_publisher`), a
-config applied while running (:mod:`.reconfigure`, a loop over reloadable
-components), and its long-lived tasks (:class:`hetero_dp.kits.tasks.Tasks`). How
-devices reach the kubelet is the front end's (:mod:`.frontend`): the engine knows
-no front end by name.
+(:mod:`.runtime`), its watch hook (:mod:`.watching`), what a publish sends to which
+resource (:mod:`.publishing`, pushed by :mod:`.advertising`), the CDI spec files
+(:mod:`.cdi_publisher`), a config applied while running (:mod:`.reconfigure`, a
+loop over reloadable components), and its long-lived tasks
+(:class:`hetero_dp.kits.tasks.Tasks`). How devices reach the kubelet is the front
+end's (:mod:`.frontend`): the engine knows no front end by name.
 
 Public surface for front ends and day-two pieces (``hetero_dp.ops``), which the
 engine never imports: :attr:`Daemon.resources` and :meth:`Daemon.devices` (what
@@ -23,23 +23,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import inspect
 import logging
 import signal
 from pathlib import Path
 from typing import Any
 
-from hetero_dp.allocation.cdi import spec_device_problems
-from hetero_dp.allocation.delivery import parse_delivery
-from hetero_dp.allocation.gate import Refused, refusal
-from hetero_dp.allocation.preferred import link_scores
+from hetero_dp.engine.advertising import Advertiser
 from hetero_dp.engine.backend import Backend
-from hetero_dp.engine.cdi_publisher import CDIPublisher, make_cdi_publisher
+from hetero_dp.engine.cdi_publisher import make_cdi_publisher
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.extension import Extension
 from hetero_dp.engine.frontend import FrontEnd, Publisher
 from hetero_dp.engine.polling import HealthPolls
-from hetero_dp.engine.publishing import OversizeHold, Plan, check_names, log_transitions, plan
+from hetero_dp.engine.publishing import check_names
 from hetero_dp.engine.resource import Resource
 from hetero_dp.engine.runtime import BackendRuntime
 from hetero_dp.engine.watching import HookWatch
@@ -67,14 +63,14 @@ class Daemon:
         self.resource_defaults: dict[str, dict[str, Any]] = {}  # from backends' hook
         self.publishers: list[Publisher] = []
         self.tasks = Tasks("daemon")
-        self._started = False
-        self._oversize = OversizeHold()
+        self.started = False  # the first publishes are done: refusals are logged, not raised
         self._stop_event = asyncio.Event()
         self.ready = asyncio.Event()
         # day-two pieces (metrics, probes, labels, reload) that plug in from above
         self.extensions: list[Extension] = []
         self._repeats = Repeats()  # how often a failing hook is logged
-        self.health = HealthPolls(self.publish, self._hook_error, self.tasks.spawn)
+        self.health = HealthPolls(self.publish, self.hook_error, self.tasks.spawn)
+        self.advertiser = Advertiser(self)
         self.front_end = front_end
         front_end.attach(self)
 
@@ -107,14 +103,14 @@ class Daemon:
         for ext in self.extensions:
             await ext.start()
         for rt in self.runtimes.values():
-            await rt.discover(functools.partial(self._hook_error, rt))
+            await rt.discover(functools.partial(self.hook_error, rt))
         found = {rt.backend.name: rt.discovered.values() for rt in self.runtimes.values()}
         check_names(found, self.config.sharing)
         for rt in self.runtimes.values():
             await self.publish(rt)
         if cdi is not None and cdi.unusable is not None:  # specs are needed and cannot be
             raise ConfigError(cdi.unusable.reason, field="cdi.dir", source=self.config.source)
-        self._started = True
+        self.started = True
         await self.front_end.serve()
         for rt in self.runtimes.values():
             self._start_watch(rt)
@@ -173,149 +169,15 @@ class Daemon:
         """A resource's settings: the backend's defaults under the config file's section."""
         return {**self.resource_defaults.get(name, {}), **self.config.resource_settings(name)}
 
-    def _wants_defaults(self, name: str, rt: BackendRuntime) -> bool:
-        return name not in self.resource_defaults and rt.backend.implements("resource_defaults")
-
     async def load_defaults(self, name: str, rt: BackendRuntime) -> None:
-        if not self._wants_defaults(name, rt):  # loaded already (by a concurrent publish too)
-            return
-        try:
-            defaults = await rt.backend.resource_defaults(name)
-            parse_delivery(
-                {**defaults, **self.config.resource_settings(name)},
-                f"resource_defaults({name})",
-                resource=name,
-            )
-        except (BackendError, ConfigError) as e:
-            self._hook_error(rt, "resource_defaults", e)
-            defaults = {}
-        self.resource_defaults[name] = dict(defaults)
-
-    def _ensure_resource(self, name: str, rt: BackendRuntime) -> Resource | None:
-        res = self.resources.get(name)
-        if res is not None:
-            if res.backend.name == rt.backend.name:
-                return res
-            self._refuse_resource(
-                rt,
-                f"resource {name} is served by backend {res.backend.name!r} already; "
-                f"ignoring {rt.backend.name!r}",
-            )
-            return None
-        res = Resource(
-            name,
-            rt.backend,
-            settings=self.settings_for(name),
-            sharing=self.config.sharing,
-            cdi_off=self.cdi_off,
-        )
-        try:
-            self.front_end.add_resource(res)
-        except ValueError as e:  # the front end cannot serve it (a socket path too long)
-            self._refuse_resource(rt, f"resource {name}: {e}")
-            return None
-        self.resources[name] = res
-        return res
-
-    def _refuse_resource(self, rt: BackendRuntime, msg: str) -> None:
-        """A resource that cannot be served: a ConfigError at start-up, later an error logged."""
-        if not self._started:
-            raise ConfigError(msg, field="resource", source=f"backend {rt.backend.name}")
-        log.error(msg)
+        """Ask the backend for ``name``'s settings defaults, once."""
+        await self.advertiser.load_defaults(name, rt)
 
     async def publish(self, rt: BackendRuntime) -> None:
-        """Push the backend's effective devices to its resources."""
-        # Load new resources' defaults first, then read the devices and update every
-        # resource without awaiting: a publish that read them before an await could
-        # finish after a newer one and put its stale view back.
-        while True:
-            effective = rt.effective()
-            planned, invalid = plan(rt, effective, self.config.sharing)
-            refused = self._cdi_refusals(planned)
-            if refused:  # out of the CDI spec: Unhealthy, so never allocated by CDI name
-                effective = [refused.get(d.id, d) for d in effective]
-                planned, invalid = plan(rt, effective, self.config.sharing)
-            missing = {
-                name
-                for phys, (_, grouped) in planned.items()
-                for name in set(grouped) | rt.resources.get(phys, set())
-                if self._wants_defaults(name, rt)
-            }
-            if not missing:
-                break
-            for name in sorted(missing):
-                await self.load_defaults(name, rt)
-        log_transitions(rt, effective)
-        ids_changed = set(rt.published) != {d.id for d in effective}
-        rt.published = {d.id: d for d in effective}
-        for d in invalid:
-            log.error(
-                "backend %r: device %r has an invalid resource name %r; ignored",
-                rt.backend.name,
-                d.id,
-                d.resource,
-            )
-        for phys, (physical_map, grouped) in planned.items():
-            held = self._oversize.check(rt, grouped, ids_changed, self._started)
-            for name in set(grouped) | rt.resources.get(phys, set()):
-                res = self._ensure_resource(name, rt)
-                if res is None:
-                    continue
-                advertised = grouped.get(name, [])
-                if name in held:  # the devices advertised before that are still there
-                    advertised = [d for d in advertised if res.state.get(d.id) is not None]
-                if res.state.update(advertised, physical_map):
-                    observe.emit(
-                        "devices_changed",
-                        resource=name,
-                        total=len(res.state.devices),
-                        healthy=res.state.healthy_count,
-                    )
-            rt.resources[phys] = set(grouped) or rt.resources.get(phys, set())
-        if ids_changed and rt.backend.implements("links"):
-            await self._refresh_links(rt)
-        for publish in list(self.publishers):
-            try:
-                result = publish(rt)
-                if inspect.isawaitable(result):
-                    await result
-            except Exception:
-                log.exception("publisher %r failed", publish)
+        """Push the backend's effective devices to its resources (:mod:`.advertising`)."""
+        await self.advertiser.publish(rt)
 
-    def _cdi_refusals(self, planned: Plan) -> dict[str, Device]:
-        """Devices that cannot be in the CDI spec of a kind their resource delivers by,
-        made Unhealthy with the reason (the spec is written for the others)."""
-        cdi = next((p for p in self.publishers if isinstance(p, CDIPublisher)), None)
-        if cdi is None:
-            return {}
-        out: dict[str, Device] = {}
-        for phys, (physical_map, grouped) in planned.items():
-            try:
-                kinds = cdi.kinds(phys, set(grouped))
-            except ConfigError:
-                continue  # the publisher logs it
-            for kind in sorted(kinds):
-                for d in physical_map.values():
-                    if d.id in out or isinstance(d.reason, Refused):
-                        continue
-                    problems = spec_device_problems(kind, d)
-                    if problems:
-                        out[d.id] = d.with_health(False, refusal(problems))
-        return out
-
-    async def _refresh_links(self, rt: BackendRuntime) -> None:
-        try:
-            links = await rt.backend.links(list(rt.discovered.values()))
-        except BackendError as e:
-            self._hook_error(rt, "links", e)
-            return
-        table = link_scores(links)
-        for names in rt.resources.values():
-            for name in names:
-                if name in self.resources:
-                    self.resources[name].links = table
-
-    def _hook_error(self, rt: BackendRuntime, hook: str, e: Exception) -> None:
+    def hook_error(self, rt: BackendRuntime, hook: str, e: Exception) -> None:
         """Log a hook's failure: once per hook and device, then ever more rarely while it
         goes on (:class:`~hetero_dp.kits.logs.Repeats`; the rest at debug level). The
         event, which metrics count, is emitted every time."""
@@ -335,7 +197,7 @@ class Daemon:
         """Discover again now (all backends, or one) and publish the result."""
         for rt in self.runtimes.values():
             if backend_name is None or rt.backend.name == backend_name:
-                await rt.discover(functools.partial(self._hook_error, rt))
+                await rt.discover(functools.partial(self.hook_error, rt))
                 await self.publish(rt)
 
     async def _rediscover_loop(self, rt: BackendRuntime) -> None:
@@ -383,7 +245,7 @@ class Daemon:
 
     def _watch_failed(self, rt: BackendRuntime, e: BaseException) -> None:
         err = BackendError(f"backend {rt.backend.name!r} hook watch raised {e!r}")
-        self._hook_error(rt, "watch", err)
+        self.hook_error(rt, "watch", err)
         rt.faults["watch"] = f"health watcher failed: {e!r}"
         self.tasks.spawn(self.publish(rt))
 
@@ -430,7 +292,7 @@ class Daemon:
             try:
                 await rt.backend.call("shutdown", timeout=5)
             except BackendError as e:
-                self._hook_error(rt, "shutdown", e)
+                self.hook_error(rt, "shutdown", e)
             rt.backend.close()
         self.ready.clear()
 

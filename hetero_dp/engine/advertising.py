@@ -1,0 +1,194 @@
+"""Publishing: pushing one backend's effective devices to the resources they are
+advertised under, creating those resources (and their front-end side) on first sight,
+then calling every publisher (CDI specs, labels, DRA drivers).
+
+The order is the daemon's (:mod:`.daemon`); the plan of what goes where is
+:mod:`.publishing`'s."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any, Protocol
+
+from hetero_dp.allocation.cdi import spec_device_problems
+from hetero_dp.allocation.delivery import parse_delivery
+from hetero_dp.allocation.gate import Refused, refusal
+from hetero_dp.allocation.preferred import link_scores
+from hetero_dp.engine.cdi_publisher import CDIPublisher
+from hetero_dp.engine.config import Config
+from hetero_dp.engine.frontend import FrontEnd, Publisher
+from hetero_dp.engine.publishing import OversizeHold, Plan, log_transitions, plan
+from hetero_dp.engine.resource import Resource
+from hetero_dp.engine.runtime import BackendRuntime
+from hetero_dp.kits import observe
+from hetero_dp.model.device import Device
+from hetero_dp.model.errors import BackendError, ConfigError
+
+log = logging.getLogger("hetero_dp.engine.daemon")  # read as the daemon's
+
+
+class Host(Protocol):
+    """What the advertiser uses of the daemon."""
+
+    config: Config
+    resources: dict[str, Resource]
+    resource_defaults: dict[str, dict[str, Any]]
+    publishers: list[Publisher]
+    front_end: FrontEnd
+    cdi_off: str | None
+    started: bool
+
+    def settings_for(self, name: str) -> dict[str, Any]: ...
+
+    def hook_error(self, rt: BackendRuntime, hook: str, e: Exception) -> None: ...
+
+
+class Advertiser:
+    def __init__(self, engine: Host) -> None:
+        self.engine = engine
+        self._oversize = OversizeHold()
+
+    def _wants_defaults(self, name: str, rt: BackendRuntime) -> bool:
+        return name not in self.engine.resource_defaults and rt.backend.implements(
+            "resource_defaults"
+        )
+
+    async def load_defaults(self, name: str, rt: BackendRuntime) -> None:
+        if not self._wants_defaults(name, rt):  # loaded already (by a concurrent publish too)
+            return
+        try:
+            defaults = await rt.backend.resource_defaults(name)
+            parse_delivery(
+                {**defaults, **self.engine.config.resource_settings(name)},
+                f"resource_defaults({name})",
+                resource=name,
+            )
+        except (BackendError, ConfigError) as e:
+            self.engine.hook_error(rt, "resource_defaults", e)
+            defaults = {}
+        self.engine.resource_defaults[name] = dict(defaults)
+
+    def _ensure_resource(self, name: str, rt: BackendRuntime) -> Resource | None:
+        res = self.engine.resources.get(name)
+        if res is not None:
+            if res.backend.name == rt.backend.name:
+                return res
+            self._refuse_resource(
+                rt,
+                f"resource {name} is served by backend {res.backend.name!r} already; "
+                f"ignoring {rt.backend.name!r}",
+            )
+            return None
+        res = Resource(
+            name,
+            rt.backend,
+            settings=self.engine.settings_for(name),
+            sharing=self.engine.config.sharing,
+            cdi_off=self.engine.cdi_off,
+        )
+        try:
+            self.engine.front_end.add_resource(res)
+        except ValueError as e:  # the front end cannot serve it (a socket path too long)
+            self._refuse_resource(rt, f"resource {name}: {e}")
+            return None
+        self.engine.resources[name] = res
+        return res
+
+    def _refuse_resource(self, rt: BackendRuntime, msg: str) -> None:
+        """A resource that cannot be served: a ConfigError at start-up, later an error logged."""
+        if not self.engine.started:
+            raise ConfigError(msg, field="resource", source=f"backend {rt.backend.name}")
+        log.error(msg)
+
+    async def publish(self, rt: BackendRuntime) -> None:
+        """Push the backend's effective devices to its resources."""
+        # Load new resources' defaults first, then read the devices and update every
+        # resource without awaiting: a publish that read them before an await could
+        # finish after a newer one and put its stale view back.
+        while True:
+            effective = rt.effective()
+            planned, invalid = plan(rt, effective, self.engine.config.sharing)
+            refused = self._cdi_refusals(planned)
+            if refused:  # out of the CDI spec: Unhealthy, so never allocated by CDI name
+                effective = [refused.get(d.id, d) for d in effective]
+                planned, invalid = plan(rt, effective, self.engine.config.sharing)
+            missing = {
+                name
+                for phys, (_, grouped) in planned.items()
+                for name in set(grouped) | rt.resources.get(phys, set())
+                if self._wants_defaults(name, rt)
+            }
+            if not missing:
+                break
+            for name in sorted(missing):
+                await self.load_defaults(name, rt)
+        log_transitions(rt, effective)
+        ids_changed = set(rt.published) != {d.id for d in effective}
+        rt.published = {d.id: d for d in effective}
+        for d in invalid:
+            log.error(
+                "backend %r: device %r has an invalid resource name %r; ignored",
+                rt.backend.name,
+                d.id,
+                d.resource,
+            )
+        for phys, (physical_map, grouped) in planned.items():
+            held = self._oversize.check(rt, grouped, ids_changed, self.engine.started)
+            for name in set(grouped) | rt.resources.get(phys, set()):
+                res = self._ensure_resource(name, rt)
+                if res is None:
+                    continue
+                advertised = grouped.get(name, [])
+                if name in held:  # the devices advertised before that are still there
+                    advertised = [d for d in advertised if res.state.get(d.id) is not None]
+                if res.state.update(advertised, physical_map):
+                    observe.emit(
+                        "devices_changed",
+                        resource=name,
+                        total=len(res.state.devices),
+                        healthy=res.state.healthy_count,
+                    )
+            rt.resources[phys] = set(grouped) or rt.resources.get(phys, set())
+        if ids_changed and rt.backend.implements("links"):
+            await self._refresh_links(rt)
+        for publish in list(self.engine.publishers):
+            try:
+                result = publish(rt)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("publisher %r failed", publish)
+
+    def _cdi_refusals(self, planned: Plan) -> dict[str, Device]:
+        """Devices that cannot be in the CDI spec of a kind their resource delivers by,
+        made Unhealthy with the reason (the spec is written for the others)."""
+        cdi = next((p for p in self.engine.publishers if isinstance(p, CDIPublisher)), None)
+        if cdi is None:
+            return {}
+        out: dict[str, Device] = {}
+        for phys, (physical_map, grouped) in planned.items():
+            try:
+                kinds = cdi.kinds(phys, set(grouped))
+            except ConfigError:
+                continue  # the publisher logs it
+            for kind in sorted(kinds):
+                for d in physical_map.values():
+                    if d.id in out or isinstance(d.reason, Refused):
+                        continue
+                    problems = spec_device_problems(kind, d)
+                    if problems:
+                        out[d.id] = d.with_health(False, refusal(problems))
+        return out
+
+    async def _refresh_links(self, rt: BackendRuntime) -> None:
+        try:
+            links = await rt.backend.links(list(rt.discovered.values()))
+        except BackendError as e:
+            self.engine.hook_error(rt, "links", e)
+            return
+        table = link_scores(links)
+        for names in rt.resources.values():
+            for name in names:
+                if name in self.engine.resources:
+                    self.engine.resources[name].links = table
