@@ -89,6 +89,10 @@ async def roll(
             new = await start()  # beside the old one
             new_socket = new.front_end.endpoints[resource].socket_path
             await kubelet.wait_for(lambda: _serving(kubelet, resource, new_socket, count), 30)
+            # /readyz of the new pod passes (registered and advertising): only now does
+            # a surge rollout stop the old one
+            ready, lines = new.readiness()
+            assert ready, lines
             await admit()
             capacities.append(kubelet.resources[resource].capacity)
             await runner.stop(old)
