@@ -28,6 +28,9 @@ import pytest
 import yaml
 
 from hetero_dp.testing.fake_kubelet import FakeKubelet
+from tests.nvidia.support import build_fake, make_node
+
+from .podkit import Node, Pod
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -159,3 +162,47 @@ def helm_render(args: list[str]) -> list[dict[str, Any]]:
 
 def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [d for d in docs if d.get("kind") == kind]
+
+
+# --- the NVIDIA node: fake NVML, driver root, runtime config --------------------------------
+
+LIB_PATH = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+CONTAINERD_17_CDI = 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  enable_cdi = true\n'
+
+
+@pytest.fixture(scope="session")
+def fake_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_fake(tmp_path_factory.mktemp("fakenvml-image"))
+
+
+@pytest.fixture
+def nvidia_node(workdir: Path, fake_lib: Path, kubelet: KubeletThread):
+    """``nvidia_node(scenario)`` -> (Node, fake node): host paths stood in by temp dirs."""
+
+    def make(scenario: str = "a100-8x-nvlink.scn", runtime_config: str = CONTAINERD_17_CDI):
+        fake = make_node(None, workdir / "node", scenario)  # type: ignore[arg-type]
+        etc = workdir / "etc-containerd"
+        etc.mkdir(exist_ok=True)
+        (etc / "config.toml").write_text(runtime_config)
+        node = Node(
+            host_paths={
+                "/var/lib/kubelet/device-plugins": kubelet.plugin_dir,
+                "/": fake.root / "driver",
+                "/dev": fake.root / "driver" / "dev",
+                "/var/run/cdi": workdir / "cdi",
+                "/etc/containerd": etc,
+            },
+            runtime_mounts={fake_lib: LIB_PATH, fake.scenario.parent: "/run/fake-nvml"},
+            runtime_env={"FAKE_NVML_SCENARIO": "/run/fake-nvml/scenario.scn"},
+        )
+        return node, fake
+
+    return make
+
+
+@pytest.fixture
+def pods(engine: Any, workdir: Path) -> Iterator[list[Pod]]:
+    started: list[Pod] = []
+    yield started
+    for pod in started:
+        pod.remove()

@@ -15,23 +15,19 @@ import json
 import re
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from tests.nvidia.fake_nodes import FakeNodes
-from tests.nvidia.support import build_fake, make_node
 
 from .conftest import ROOT, KubeletThread, by_kind, free_port, helm_render, wait_http
-from .podkit import Node, Pod
+from .podkit import Pod
 
 CHART = ROOT / "deploy/nvidia/helm/hetero-dp-nvidia"
 STATIC = ROOT / "deploy/nvidia/nvidia-device-plugin.yml"
-LIB_PATH = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 GPU = "nvidia.com/gpu"
-CONTAINERD_17_CDI = 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  enable_cdi = true\n'
 CONTAINERD_16 = (
     'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n  snapshotter = "overlayfs"\n'
 )
@@ -55,36 +51,6 @@ USER_CONFIG = (
 )
 
 
-@pytest.fixture(scope="session")
-def fake_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_fake(tmp_path_factory.mktemp("fakenvml-image"))
-
-
-@pytest.fixture
-def nvidia_node(workdir: Path, fake_lib: Path, kubelet: KubeletThread):
-    """``nvidia_node(scenario)`` -> (Node, fake node): host paths stood in by temp dirs."""
-
-    def make(scenario: str = "a100-8x-nvlink.scn", runtime_config: str = CONTAINERD_17_CDI):
-        fake = make_node(None, workdir / "node", scenario)  # type: ignore[arg-type]
-        etc = workdir / "etc-containerd"
-        etc.mkdir(exist_ok=True)
-        (etc / "config.toml").write_text(runtime_config)
-        node = Node(
-            host_paths={
-                "/var/lib/kubelet/device-plugins": kubelet.plugin_dir,
-                "/": fake.root / "driver",
-                "/dev": fake.root / "driver" / "dev",
-                "/var/run/cdi": workdir / "cdi",
-                "/etc/containerd": etc,
-            },
-            runtime_mounts={fake_lib: LIB_PATH, fake.scenario.parent: "/run/fake-nvml"},
-            runtime_env={"FAKE_NVML_SCENARIO": "/run/fake-nvml/scenario.scn"},
-        )
-        return node, fake
-
-    return make
-
-
 def render(*args: str) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
     """(the DaemonSet's pod template, ConfigMaps by name) of ``helm template`` with args."""
     docs = helm_render(["nv", str(CHART), "-n", "kube-system", *args])
@@ -95,14 +61,6 @@ def render(*args: str) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
 
 def metrics_port(template: dict[str, Any]) -> int:
     return int(template["spec"]["containers"][0]["ports"][0]["containerPort"])
-
-
-@pytest.fixture
-def pods(engine: Any, workdir: Path) -> Iterator[list[Pod]]:
-    started: list[Pod] = []
-    yield started
-    for pod in started:
-        pod.remove()
 
 
 def start_pod(engine, template, node, workdir, pods, configmaps=None, **kw) -> Pod:
@@ -284,8 +242,8 @@ def test_config_manager_picks_the_named_config_and_follows_the_label(
     )
     k = kubelet.kubelet
     try:
-        wait_registered(pod, kubelet, "nvidia.com/mig-1g.10gb")
-        assert "nvidia.com/mig-3g.40gb" in k.resources
+        for profile in ("1g.10gb", "2g.20gb", "3g.40gb"):  # the scenario's MIG devices
+            wait_registered(pod, kubelet, f"nvidia.com/mig-{profile}")
         nodes.set_labels(node.name, {"nvidia.com/device-plugin.config": "whole"})
         kubelet.call(k.wait_devices(GPU, lambda d: len(d) == 4, timeout=60))
     except BaseException:

@@ -20,7 +20,7 @@ from hetero_dp.cli import scaffold
 
 from .conftest import ROOT, KubeletThread, wait_http
 from .podkit import Node, Pod
-from .test_nvidia_pods import check_serves_and_stops, pods, start_pod  # noqa: F401
+from .test_nvidia_pods import check_serves_and_stops, start_pod
 
 SCAFFOLD = {"vendor_domain": "acme.example.com", "resource": "npu", "device_glob": "/dev/acme*"}
 
@@ -37,7 +37,7 @@ def test_scaffold_pod_serves_the_kubelet_and_stops_cleanly(
     kubelet: KubeletThread,
     engine,
     workdir: Path,
-    pods,  # noqa: F811
+    pods,
 ):
     tag = image("scaffold")
     project, _ = scaffold.generate(SCAFFOLD, workdir / "acme")
@@ -58,7 +58,7 @@ def test_udev_pod_starts_answers_its_probes_and_stops_cleanly(
     kubelet: KubeletThread,
     engine,
     workdir: Path,
-    pods,  # noqa: F811
+    pods,
 ):
     tag = image("udev")
     template, maps = manifests((ROOT / "deploy/udev/daemonset.yaml").read_text())
