@@ -140,7 +140,7 @@ def main() -> None:
     type=click.Choice(["device-plugin", "dra"]),
     default="device-plugin",
     show_default=True,
-    help="Serve as device plugins, or as DRA drivers (needs hetero-dp[dra]; see docs/dra.md).",
+    help="Serve as device plugins, or as DRA drivers (see docs/dra.md).",
 )
 @click.option("--node-name", help="DRA: this node's name (env NODE_NAME).")
 @click.option(

@@ -1,6 +1,7 @@
 """DRA mode: every backend also serves as a Dynamic Resource Allocation driver.
 
-Needs the ``kubernetes`` client (``pip install 'hetero-dp[dra]'``). See ``docs/dra.md``.
+No dependency beyond the core's: the API client is the standard library's
+``http.client`` (:mod:`.client`). See ``docs/dra.md``.
 """
 
 from __future__ import annotations

@@ -18,15 +18,9 @@ def make_dra_front_end(
     api_server: str | None,
     kubeconfig: str | None,
 ) -> DRAFrontEnd:
-    try:
-        from hetero_dp.dra.api import make_api_client
-        from hetero_dp.dra.frontend import DRAFrontEnd, DRAOptions
-    except ImportError as e:
-        raise ConfigError(
-            f"--mode dra needs the kubernetes client ({e}); pip install 'hetero-dp[dra]'",
-            field="mode",
-            source="flag --mode",
-        ) from None
+    from hetero_dp.dra.api import make_api_client
+    from hetero_dp.dra.frontend import DRAFrontEnd, DRAOptions
+
     options = DRAOptions.from_flags(
         node_name=node_name, driver_names=driver_names, plugins_dir=plugins_dir
     )
@@ -38,7 +32,7 @@ def make_dra_front_end(
         )
     try:
         client = make_api_client(api_server, kubeconfig)
-    except Exception as e:  # the kubernetes client raises its own ConfigException types
+    except (ValueError, OSError) as e:  # no cluster, an unreadable kubeconfig, a bad CA
         raise ConfigError(
             f"cannot configure the API server client: {e}", field="kubeconfig"
         ) from None

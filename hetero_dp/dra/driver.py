@@ -126,7 +126,11 @@ class DRADriver:
         )
         self.health = HealthFeed(self.node)
         self.publisher = SlicePublisher(
-            self.api, self.name, self.node, versions=settings.api_versions
+            self.api,
+            self.name,
+            self.node,
+            versions=settings.api_versions,
+            watched=settings.watch_slices,
         )
         self.registered = asyncio.Event()
         self.registration_error = ""
@@ -175,13 +179,7 @@ class DRADriver:
             await self.publisher.publish(self._devices)
         self._loop = asyncio.get_running_loop()
         if self.settings.watch_slices:
-            self._slice_watch = SliceWatch(
-                self.api,
-                self.name,
-                self.node,
-                on_change=self._on_slices_changed,
-                is_own=self.publisher.is_own,
-            )
+            self._slice_watch = self.publisher.watch(self._on_slices_changed)
             self._slice_watch.start()
         self._resync_task = asyncio.get_running_loop().create_task(
             self._resync_loop(), name=f"dra resync {self.name}"
@@ -349,6 +347,7 @@ class DRADriver:
 
     async def stop(self) -> None:
         self._running = False
+        self.publisher.cancel_retry()
         if self._slice_watch is not None:
             self._slice_watch.stop()
             if not await asyncio.to_thread(self._slice_watch.join, WATCH_STOP_TIMEOUT):

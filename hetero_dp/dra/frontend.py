@@ -308,12 +308,13 @@ class DRAFrontEnd:
         """A driver follows its devices on every publish: nothing to restart."""
 
     async def stop(self) -> None:
+        # first: a publish still in flight must not start a driver stopped meanwhile
+        self._dra_started = False
         for driver in self.drivers.values():
             try:
                 await driver.stop()
             except Exception:
                 log.exception("stopping DRA driver %s failed", driver.name)
-        self._dra_started = False
 
     # --- reload (engine/frontend.py Reloadable) ---------------------------------
 

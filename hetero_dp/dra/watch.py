@@ -1,22 +1,37 @@
-"""A watch on this node's ResourceSlices of one driver, so a wipe is repaired at once.
+"""This node's ResourceSlices of one driver, read through a watch (informer-style).
 
-The kubelet deletes a node's slices when it starts (and an admin or a
-controller may delete or edit them); a periodic check notices that only at its
-next round, and the node advertises nothing meanwhile. :class:`SliceWatch`
-keeps a ``watch=true`` list open in a thread of its own and calls
-``on_change`` (thread-safe, from that thread) when a slice of the pool is
-deleted, or added or modified by someone else (a write whose
-``resourceVersion`` the publisher did not get back from its own call).
+:class:`SliceCache` holds the node's slices as the server has them.
+:class:`SliceWatch` fills it with one LIST, then keeps it current from a
+``watch=true`` stream opened at the list's ``resourceVersion`` with
+``allowWatchBookmarks=true``, and calls ``on_change`` (thread-safe, from its own
+thread) when someone else changed the pool, so the publisher's sync compares
+against the cache without asking the server (Kubernetes docs, "API Concepts",
+*Efficient detection of changes* and *Watch bookmarks*).
 
-The stream ends after ``timeout_seconds`` (the server ends it too) and is
-reopened from the last ``resourceVersion`` seen; on an error it is reopened
-after a back-off, and ``on_change`` is called, so the driver's sync looks (a
-``404`` there re-detects the served API version).
+- A stream the server ends after ``timeoutSeconds`` is reopened from the last
+  ``resourceVersion`` seen (a bookmark moves it on with no object changed), so
+  an idle node makes no LIST between watches.
+- A watch that ends with ``410 Gone`` / ``Expired`` ("too old resource
+  version": the server no longer holds the history from there, as after an API
+  server restart or an etcd restore), as an ``ERROR`` event or as the answer's
+  status, is followed at once by a new LIST that replaces the cache, and the
+  pool is synced: slices deleted while the driver could not see are back right
+  after the server answers again. The same docs: "clients must handle the case
+  by recognizing the status code 410 Gone, clearing their local cache,
+  performing a new get or list operation, and starting the watch from the
+  resourceVersion that was returned".
+- Any other failure (no server, a broken stream) is retried with the one
+  policy, :class:`~hetero_dp.dra.client.Backoff`, one connection attempt per
+  try; the first stream opened after a failure syncs the pool too. A ``404``
+  (the version in use no longer served) marks the cache stale, so the next
+  sync lists, which re-detects the version.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import copy
 import json
 import logging
 import threading
@@ -24,11 +39,110 @@ from collections.abc import Callable
 from typing import Any
 
 from hetero_dp.dra.api import APIError, ResourceAPI
+from hetero_dp.dra.client import Backoff, Stream
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 300
-MAX_BACKOFF = 10.0
+MAX_BACKOFF = 5.0  # the cap also bounds how long after an outage a driver looks again
+
+
+def _meta(obj: dict[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+class SliceCache:
+    """The pool's slices as the server holds them, and this process's own writes.
+
+    A write's answer is laid over the watched state until the watch brings the
+    same ``resourceVersion`` (or, for a delete, the ``DELETED`` event), so a
+    sync right after a write never sees the state from before it; events arrive
+    in order, so an event for that slice seen before its own write's event is an
+    older one and is kept under the overlay.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._seen: collections.deque[str] = collections.deque(maxlen=256)
+        self._objects: dict[str, dict[str, Any]] = {}
+        self._written: dict[str, str | None] = {}  # name -> rv of our write; None: deleted
+        self._overlay: dict[str, dict[str, Any]] = {}
+        self.resource_version = ""
+        # True while the cache can stand for the server: listed, and a watch keeps it
+        # current (``watched``: a watch runs or is about to, so a LIST makes it live)
+        self.live = False
+        self.watched = False
+        self.lists = 0
+
+    def replace(self, items: list[dict[str, Any]], resource_version: str) -> None:
+        """The answer of a LIST: the whole pool."""
+        with self._lock:
+            self._objects = {str(_meta(o).get("name")): o for o in items}
+            self._written.clear()
+            self._overlay.clear()
+            self.resource_version = resource_version
+            self.lists += 1
+            self.live = self.watched
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> bool:
+        """A watch event; True when it is not the echo of this process's own write."""
+        meta = _meta(obj)
+        name, rv = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
+        with self._lock:
+            if rv:
+                self.resource_version = rv
+                self._seen.append(rv)
+                self._lock.notify_all()
+            if kind == "BOOKMARK" or not name:
+                return False
+            if kind == "DELETED":
+                self._objects.pop(name, None)
+            else:
+                self._objects[name] = obj
+            if name in self._written:
+                mine = self._written[name]
+                if (kind == "DELETED" and mine is None) or (mine is not None and mine == rv):
+                    del self._written[name]
+                    self._overlay.pop(name, None)
+                    return False
+            return True
+
+    def wrote(self, obj: dict[str, Any]) -> None:
+        """The server's answer to a create or replace this process sent."""
+        meta = _meta(obj)
+        name, rv = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
+        with self._lock:
+            seen = self._objects.get(name)
+            if seen is not None and str(_meta(seen).get("resourceVersion")) == rv:
+                self._written.pop(name, None)  # the watch was quicker: already applied
+                self._overlay.pop(name, None)
+                return
+            self._written[name] = rv
+            self._overlay[name] = obj
+
+    def removed(self, name: str) -> None:
+        """This process deleted ``name`` (or found it gone)."""
+        with self._lock:
+            if name in self._objects:
+                self._written[name] = None
+            self._overlay.pop(name, None)
+
+    def wait_seen(self, resource_version: str, timeout: float) -> bool:
+        """Block until the watch brought ``resource_version`` (for tests); True if it did."""
+        with self._lock:
+            return self._lock.wait_for(lambda: resource_version in self._seen, timeout)
+
+    def view(self) -> dict[str, dict[str, Any]]:
+        """Name -> slice, as the server holds it after every write answered so far."""
+        with self._lock:
+            out = dict(self._objects)
+            for name, mine in self._written.items():
+                if mine is None:
+                    out.pop(name, None)
+                elif name in self._overlay:
+                    out[name] = self._overlay[name]
+            return copy.deepcopy(out)
 
 
 class SliceWatch:
@@ -39,18 +153,22 @@ class SliceWatch:
         node: str,
         *,
         on_change: Callable[[str], None],
-        is_own: Callable[[str], bool],
+        cache: SliceCache | None = None,
         timeout_seconds: int = DEFAULT_TIMEOUT,
+        backoff: Backoff | None = None,
     ) -> None:
         self.api = api
         self.driver = driver
         self.node = node
         self.on_change = on_change
-        self.is_own = is_own
+        self.cache = cache if cache is not None else SliceCache()
         self.timeout_seconds = timeout_seconds
+        self.backoff = backoff or Backoff(cap=MAX_BACKOFF)
         self.events = 0  # events received (for tests and metrics)
+        self.relists = 0  # LISTs after an expired watch
+        self.opened = 0  # watch streams opened
         self._stop = threading.Event()
-        self._response: Any = None
+        self._stream: Stream | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -62,10 +180,10 @@ class SliceWatch:
     def stop(self) -> None:
         """Ask the thread to end and cut its open stream (it is not waited for)."""
         self._stop.set()
-        response = self._response
-        if response is not None:
-            with contextlib.suppress(Exception):
-                response.shutdown()  # unblocks the read; the thread closes the connection
+        self.cache.live = False
+        stream = self._stream
+        if stream is not None:
+            stream.shutdown()
 
     def join(self, timeout: float) -> bool:
         """Wait for the thread to end; True when it did."""
@@ -74,75 +192,84 @@ class SliceWatch:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
+    def _list(self) -> None:
+        items, rv = self.api.list_slices_rv(self.driver, self.node)
+        self.cache.replace(items, rv)
+
     def _run(self) -> None:
-        resource_version = ""
-        backoff = 0.5
+        # "" or "0" as a watch's start means "any": not a point to continue from
+        need_list = self.cache.resource_version in ("", "0")
+        failed = need_list
         while not self._stop.is_set():
             try:
-                resource_version = self._watch_once(resource_version)
-                backoff = 0.5
+                if need_list:
+                    self._list()
+                    need_list = False
+                    failed = True  # the cache was replaced: sync against it
+                self._watch_once(failed)
+                failed = False
+                self.backoff.reset()
             except APIError as e:
+                self.cache.live = False
                 if self._stop.is_set():
                     return
-                if e.status == 410:  # expired: start over from the current state
-                    resource_version = ""
+                if e.expired:
+                    log.info(
+                        "DRA driver %s: the watch on ResourceSlices expired (%s); listing again",
+                        self.driver,
+                        e.message or e.reason,
+                    )
+                    self.relists += 1
+                    need_list = True
                     continue
+                failed = True
+                if e.status == 404:  # the version in use is gone: the sync re-detects
+                    self.on_change(f"watch failed: {e}")
+                delay = self.backoff.next()
                 log.warning(
                     "DRA driver %s: watching ResourceSlices failed (%s); retrying in %.1fs",
                     self.driver,
                     e,
-                    backoff,
+                    delay,
                 )
-                self.on_change(f"watch failed: {e}")
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF)
+                self._stop.wait(delay)
             except Exception as e:  # a broken stream: reopen it
+                self.cache.live = False
                 if self._stop.is_set():
                     return
+                failed = True
                 log.debug("DRA driver %s: watch stream ended: %r", self.driver, e)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF)
+                self._stop.wait(self.backoff.next())
 
-    def _watch_once(self, resource_version: str) -> str:
-        response = self.api.watch_slices(
-            self.driver, self.node, resource_version, self.timeout_seconds
+    def _watch_once(self, resync: bool) -> None:
+        stream = self.api.watch_slices(
+            self.driver, self.node, self.cache.resource_version, self.timeout_seconds
         )
-        self._response = response
-        complete = False
+        self._stream = stream
+        self.opened += 1
         try:
             if self._stop.is_set():
-                return resource_version
-            buffer = b""
-            for chunk in response.stream(4096, decode_content=True):
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    if line.strip():
-                        resource_version = self._handle(json.loads(line)) or resource_version
+                return
+            self.cache.live = True
+            if resync:  # first stream after a list or a failure: compare once
+                self.on_change("watch (re)opened")
+            for line in stream.lines():
+                self._handle(json.loads(line))
                 if self._stop.is_set():
                     break
-            else:
-                complete = True
         finally:
-            self._response = None
+            self._stream = None
             with contextlib.suppress(Exception):
-                # A stream cut short leaves unread chunks on the connection: closed, not
-                # pooled, or the next request on it reads them as its status line.
-                if not complete:
-                    response.close()
-                response.release_conn()
-        return resource_version
+                stream.close()
 
-    def _handle(self, event: dict[str, Any]) -> str:
+    def _handle(self, event: dict[str, Any]) -> None:
         kind = event.get("type", "")
         obj = event.get("object") or {}
         if kind == "ERROR":
             status = int(obj.get("code") or 0)
             raise APIError(status, str(obj.get("reason", "")), str(obj.get("message", "")))
-        rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
         self.events += 1
-        name = (obj.get("metadata") or {}).get("name", "?")
-        if kind == "DELETED" or (kind in ("ADDED", "MODIFIED") and not self.is_own(rv)):
-            log.debug("DRA driver %s: ResourceSlice %s %s by someone else", self.driver, name, kind)
+        if self.cache.apply(kind, obj):
+            name = _meta(obj).get("name", "?")
+            log.debug("DRA driver %s: ResourceSlice %s %s", self.driver, name, kind.lower())
             self.on_change(f"ResourceSlice {name} {kind.lower()}")
-        return rv

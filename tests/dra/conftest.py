@@ -14,7 +14,6 @@ from hetero_dp.testing.dra import DRARunner, FakeAPIServer, FakeDRAKubelet
 
 @pytest.fixture
 def api_server() -> Iterator[FakeAPIServer]:
-    pytest.importorskip("kubernetes")  # DRA mode's optional dependency (extra "dra")
     with FakeAPIServer() as server:
         yield server
 

@@ -4,6 +4,7 @@ pool (a watch repairs a wipe; the generation never goes backwards)."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 
 from hetero_dp.dra import device_name
@@ -35,14 +36,15 @@ async def test_an_upgrade_from_v1beta1_to_v1_is_followed(dra):
         assert server.slices_of(DRIVER) == []
 
 
-async def test_a_rollback_to_v1beta1_is_followed_by_the_periodic_check(dra):
+async def test_a_rollback_to_v1beta1_is_followed_through_the_watch(dra):
     with FakeAPIServer(versions=("v1",)) as server:
         dra.api = server
         daemon = await dra.start(Npus(1))
         driver = daemon.front_end.drivers[RES]
         server.serve(["v1beta1"])
         server.wipe_node("node-a")
-        await driver.resync()
+        # the v1 watch ends, its reopening gets 404: the next sync lists, re-detects
+        await server.wait_for(lambda: len(server.devices_of(DRIVER)) == 1)
         assert driver.publisher.version == "v1beta1"
         assert len(server.devices_of(DRIVER)) == 1
         await dra.stop_all()
@@ -101,8 +103,9 @@ async def test_the_generation_never_goes_backwards(dra, api_server):
     s["spec"]["pool"]["generation"] = 30
     s["spec"]["devices"] = s["spec"]["devices"][:1]
     ResourceAPI(api_server.client(), "v1").replace_slice(s["metadata"]["name"], s)
-    await daemon.front_end.drivers[RES].resync()
-    assert generations(api_server) == {31} and len(api_server.devices_of(DRIVER)) == 2
+    await api_server.wait_for(
+        lambda: generations(api_server) == {31} and len(api_server.devices_of(DRIVER)) == 2
+    )
     backend.devices.append(npu(2))
     await daemon.rediscover()
     assert generations(api_server) == {32}
@@ -114,8 +117,10 @@ async def test_the_same_content_at_a_higher_generation_is_taken_over_without_a_w
     daemon = await dra.start(Npus(2))
     [s] = api_server.slices_of(DRIVER)
     s["spec"]["pool"]["generation"] = 7
-    ResourceAPI(api_server.client(), "v1").replace_slice(s["metadata"]["name"], s)
+    stored = ResourceAPI(api_server.client(), "v1").replace_slice(s["metadata"]["name"], s)
     before = len(api_server.writes())
+    cache = daemon.front_end.drivers[RES].publisher.cache
+    assert await asyncio.to_thread(cache.wait_seen, stored["metadata"]["resourceVersion"], 10)
     await daemon.front_end.drivers[RES].resync()
     assert len(api_server.writes()) == before
     assert daemon.front_end.drivers[RES].publisher.generation == 7

@@ -168,6 +168,8 @@ async def test_readiness_says_what_is_missing(dra, api_server):
         assert daemon.readiness()[1] == [f"{DRIVER} ({RES}): ready (2 devices, generation 1)"]
         api_server.refuse_slices = "no"
         api_server.delete_slice(api_server.slices_of(DRIVER)[0]["metadata"]["name"])
+        # the watch saw the delete and the sync it started was refused
+        await api_server.wait_for(lambda: any(r.status == 403 for r in api_server.requests))
         await daemon.front_end.drivers[RES].resync()
         ok, [line] = daemon.readiness()
         assert not ok and "ResourceSlice refused: HTTP 403 Forbidden: no" in line

@@ -184,7 +184,9 @@ async def test_vanished_slices_are_republished(dra, api_server):
     [s] = api_server.slices_of(DRIVER)
     api_server.delete_slice(s["metadata"]["name"])
     assert api_server.slices_of(DRIVER) == []
-    await daemon.front_end.drivers[RES].resync()
+    # the watch sees the delete; no periodic check is needed
+    await api_server.wait_for(lambda: len(api_server.devices_of(DRIVER)) == 2)
+    assert daemon.front_end.drivers[RES].settings.resync_interval == 0
     gen, names = pool_of(api_server)
     assert len(names) == 2 and gen == 1
 
@@ -282,8 +284,7 @@ async def test_unreachable_api_server_is_retried(dra, caplog):
         daemon = await dra.start(Npus(1))
     driver = daemon.front_end.drivers[RES]
     assert not driver.api_ready and "cannot reach the API server" in caplog.text
-    with FakeAPIServer() as back:
-        driver.api.api_client.configuration.host = back.url
+    with FakeAPIServer(port=gone.port) as back:  # the server is back where it was
         await driver.resync()
         assert driver.api_ready and len(back.devices_of(DRIVER)) == 1
         await dra.stop_all()

@@ -8,7 +8,10 @@ serves only the endpoints DRA mode uses, for the versions it is told to serve:
 - ``GET|POST /apis/resource.k8s.io/{v}/resourceslices`` (``fieldSelector`` on
   ``spec.driver``, ``spec.nodeName``, ``spec.pool.name``; ``limit`` ignored;
   ``watch=true`` streams ADDED/MODIFIED/DELETED events, one JSON object per
-  chunk, from ``resourceVersion``, ending after ``timeoutSeconds``)
+  chunk, from ``resourceVersion``, ending after ``timeoutSeconds``; with
+  ``allowWatchBookmarks=true`` also BOOKMARK events, see below)
+- ``GET /apis/resource.k8s.io`` (the group's discovery document) and
+  ``GET /api/v1/nodes/{name}``
 - ``GET|PUT|DELETE /apis/resource.k8s.io/{v}/resourceslices/{name}``
 
 Slices are validated as the real server validates them: the JSON schema of
@@ -23,14 +26,31 @@ quantities in canonical form (``16384Mi`` comes back as ``16Gi``), empty
 fields omitted, fields of feature gates not in ``features`` dropped, one
 storage version converted to whichever version is asked (``v1``/``v1beta1``),
 and :meth:`FakeAPIServer.serve` changes the served versions at run time (an
-upgrade). It keeps no admission, no authentication, no ``410 Gone`` for old
-watch versions and no field managers. Guessed, not checked against a real
+upgrade). It keeps no admission, no authentication and no field managers.
+
+Watch history, as the real server keeps it (Kubernetes docs, "API Concepts":
+*Efficient detection of changes*, *Watch bookmarks*; the watch cache,
+``staging/src/k8s.io/apiserver/pkg/storage/cacher/watch_cache.go``): only the
+last ``history`` changes are kept; a watch from an older ``resourceVersion``
+gets ``410 Gone`` (reason ``Expired``, "too old resource version"), as an
+``ERROR`` event in a 200 stream (what the watch cache sends) or, with
+``expired_as="status"``, as the answer's status. A server stopped and started
+again (:meth:`stop`, :meth:`start`: same port, same objects, as after an API
+server restart) rebuilds its watch cache from storage, so every watch from a
+``resourceVersion`` older than the current one expires. Bookmarks (only for a
+watch that asks, ``allowWatchBookmarks=true``) carry the current
+``resourceVersion`` every ``bookmark_interval`` seconds (the cacher's
+``bookmarkFrequency``, a minute) and once shortly before the watch's
+``timeoutSeconds`` end, so the client resumes from there. :meth:`verbs` counts
+the requests by verb (LIST, WATCH, GET, CREATE, UPDATE, DELETE, ...) and
+``connections`` the connections accepted. Guessed, not checked against a real
 server: the exact wording of messages beyond the field path and reason.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import functools
 import json
@@ -45,6 +65,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from hetero_dp.dra.api import forget_served
+from hetero_dp.dra.client import ClusterConfig, KubeClient
+from hetero_dp.dra.features import forget_probes
 from hetero_dp.dra.validation import INT64_MAX, INT64_MIN, canonical_quantity, prune_empty, unwrap
 from hetero_dp.dra.validation import slice_problems as server_slice_problems
 
@@ -174,6 +197,7 @@ class Request:
     method: str
     path: str
     status: int
+    auth: str = ""  # the Authorization header, as sent
 
 
 class FakeAPIServer:
@@ -193,8 +217,22 @@ class FakeAPIServer:
         *,
         features: Sequence[str] = (),
         schema: str = SCHEMA_VERSION,
+        port: int = 0,
+        history: int = 1000,
+        bookmark_interval: float = 60.0,
+        expired_as: str = "event",
     ) -> None:
         self.versions = tuple(versions)
+        self.port = port
+        self.history = history
+        self.bookmark_interval = bookmark_interval
+        self.expired_as = expired_as  # "event" (an ERROR event) or "status" (HTTP 410)
+        self.connections = 0  # connections accepted
+        self.restarts = 0
+        self._compacted = 0  # watches from a resourceVersion below this expire
+        self._open: set[Any] = set()  # connections open now
+        self._delivering = threading.Event()  # cleared: watch events are held back
+        self._delivering.set()
         self.features = tuple(features)
         self.schema = schema
         self.slices: dict[str, dict[str, Any]] = {}  # name -> object, stored as v1
@@ -204,7 +242,8 @@ class FakeAPIServer:
         self.requests: list[Request] = []
         self.events: list[tuple[int, str, dict[str, Any]]] = []  # (rv, type, v1 object)
         self.watches = 0  # watch streams open now
-        self._rv = 0
+        # a real server never answers resourceVersion "0" (that means "any" in a request)
+        self._rv = 1
         self._stopping = False
         self._cond = threading.Condition()
         self._httpd: ThreadingHTTPServer | None = None
@@ -214,14 +253,37 @@ class FakeAPIServer:
     # lifecycle
 
     def start(self) -> FakeAPIServer:
+        """Serve (again, after :meth:`stop`: on the same port, with the same objects and
+        the watch history dropped, as a restarted API server)."""
         server = self
-        self._stopping = False
+        with self._cond:
+            self._stopping = False
+            if self._url:  # a restart: the watch cache starts over at the current version
+                self.restarts += 1
+                self.events.clear()
+                # resourceVersions are etcd's, shared by every resource: the rest of the
+                # cluster wrote meanwhile (each node's Lease alone renews every 10 s,
+                # "Leases" in the Kubernetes docs), so the cache starts past any client's
+                self._rv += 1
+                self._compacted = self._rv
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
             def log_message(self, format: str, *args: Any) -> None:  # quiet
                 pass
+
+            def setup(self) -> None:
+                super().setup()
+                with server._cond:
+                    server.connections += 1
+                    server._open.add(self.connection)
+
+            def finish(self) -> None:
+                with server._cond:
+                    server._open.discard(self.connection)
+                with contextlib.suppress(OSError):
+                    super().finish()
 
             def _body(self) -> Any:
                 length = int(self.headers.get("Content-Length") or 0)
@@ -240,7 +302,14 @@ class FakeAPIServer:
                 data = json.dumps(payload).encode()
                 # recorded before the answer leaves, so a caller that got its answer
                 # always finds its request in ``requests``
-                server.record(Request(self.command, self.path, status))
+                server.record(
+                    Request(
+                        self.command,
+                        self.path,
+                        status,
+                        str(self.headers.get("Authorization") or ""),
+                    )
+                )
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -249,10 +318,15 @@ class FakeAPIServer:
 
             do_GET = do_POST = do_PUT = do_DELETE = _answer
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._httpd.daemon_threads = True
         host, port = self._httpd.server_address[:2]
-        self._url = f"http://{host!s}:{port}"
+        self.port = int(port)
+        if not self._url:
+            self._url = f"http://{host!s}:{port}"
+            # a new server on a port an earlier one used: not the one this process knew
+            forget_served(self._url)
+            forget_probes(self._url)
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, name="fake-apiserver", daemon=True
         )
@@ -260,13 +334,19 @@ class FakeAPIServer:
         return self
 
     def stop(self) -> None:
+        """Stop serving: the listening socket closes and every open connection (kept
+        alive, or a watch) is cut, as when the API server's process ends."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+            open_now = list(self._open)
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
             self._httpd = None
+        for conn in open_now:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
 
     def __enter__(self) -> FakeAPIServer:
         return self.start()
@@ -280,13 +360,9 @@ class FakeAPIServer:
         assert self._url, "start() first"
         return self._url
 
-    def client(self) -> Any:
-        """A ``kubernetes.client.ApiClient`` pointed at this server."""
-        from kubernetes import client as k8s
-
-        cfg = k8s.Configuration()
-        cfg.host = self.url
-        return k8s.ApiClient(cfg)
+    def client(self) -> KubeClient:
+        """A :class:`~hetero_dp.dra.client.KubeClient` pointed at this server."""
+        return KubeClient(ClusterConfig(server=self.url))
 
     # test-side state
 
@@ -327,6 +403,31 @@ class FakeAPIServer:
             if obj is not None:
                 self._event("DELETED", obj)
             self._cond.notify_all()
+
+    def lose(self, node: str) -> list[str]:
+        """Make ``node``'s slices vanish without a watch event, as restoring etcd from a
+        backup taken before they were written does (only while stopped). The restore
+        is done as the Kubernetes docs ask ("Operating etcd clusters for Kubernetes",
+        restoring: ``etcdutl snapshot restore --bump-revision ... --mark-compacted``),
+        so the revision moves on and every watch from before it gets 410."""
+        assert self._httpd is None, "stop() first: a restore happens with the server down"
+        with self._cond:
+            names = [n for n, s in self.slices.items() if s["spec"].get("nodeName") == node]
+            for n in names:
+                del self.slices[n]
+            self._rv += 1000
+            self._compacted = self._rv
+        return names
+
+    def hold_watches(self, held: bool = True) -> None:
+        """Hold back watch events (a slow watch: a client's writes may meet a newer
+        object than its watch has shown it yet); ``False`` lets them through."""
+        if held:
+            self._delivering.clear()
+        else:
+            self._delivering.set()
+            with self._cond:
+                self._cond.notify_all()
 
     def wipe_node(self, node: str) -> list[str]:
         """Delete every slice of ``node``, as a starting kubelet does; returns their names.
@@ -373,6 +474,20 @@ class FakeAPIServer:
                 and "dryRun=" not in r.path
             ]
 
+    def verbs(self, since: int = 0) -> dict[str, int]:
+        """Requests from ``requests[since:]`` by verb, as an audit log names them:
+        LIST, WATCH, GET, CREATE, UPDATE, DELETE, DRYRUN (a dry-run create) and
+        DISCOVERY; FAILED counts answers of 400 and up as well."""
+        counts: dict[str, int] = {}
+        with self._cond:
+            requests = self.requests[since:]
+        for r in requests:
+            verb = _verb(r)
+            counts[verb] = counts.get(verb, 0) + 1
+            if r.status >= 400:
+                counts["FAILED"] = counts.get("FAILED", 0) + 1
+        return counts
+
     async def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         """Wait until ``predicate()`` holds, re-checked on every request and change."""
 
@@ -391,6 +506,10 @@ class FakeAPIServer:
             obj = copy.deepcopy(obj)
             obj["metadata"]["resourceVersion"] = str(self._rv)
         self.events.append((self._rv, kind, copy.deepcopy(obj)))
+        if len(self.events) > self.history:  # the oldest changes fall out of the window
+            dropped = self.events[: len(self.events) - self.history]
+            del self.events[: len(dropped)]
+            self._compacted = max(self._compacted, dropped[-1][0])
 
     def _route(self, raw_path: str) -> tuple[str, list[str], dict[str, str]] | None:
         url = urlsplit(raw_path)
@@ -433,27 +552,66 @@ class FakeAPIServer:
     def serve_watch(self, handler: BaseHTTPRequestHandler) -> None:
         """A watch stream: one JSON event per chunk (``{"type", "object"}``), as the
         real server sends with ``watch=true``; from ``resourceVersion`` on, or an
-        ADDED event per object first when none is given; ends after ``timeoutSeconds``."""
+        ADDED event per object first when none is given; ends after ``timeoutSeconds``.
+        From a ``resourceVersion`` older than the history held: ``410 Expired``."""
         route = self._route(handler.path)
         assert route is not None
         version, _, query = route
         timeout = float(query.get("timeoutSeconds") or 1800)
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = start + timeout
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        # the cacher sends one shortly before the deadline, so the client resumes from it
+        final_bookmark = deadline - min(1.0, timeout / 4)
+        next_bookmark = min(start + self.bookmark_interval, final_bookmark)
+        since = query.get("resourceVersion")
+        with self._cond:
+            expired = since not in (None, "", "0") and int(since) < self._compacted
+            oldest = self._compacted
+        status = 410 if expired and self.expired_as == "status" else 200
+        gone = _status(
+            410, "Expired", f"too old resource version: {since} ({oldest})"
+        )  # the watch cache's wording (watch_cache.go)
+        if status == 410:
+            data = json.dumps(gone).encode()
+            with self._cond:
+                self.requests.append(Request("WATCH", handler.path, 410))
+                self._cond.notify_all()
+            handler.send_response(410)
+            handler.send_header("Content-Type", "application/json")
+            handler.send_header("Content-Length", str(len(data)))
+            handler.end_headers()
+            handler.wfile.write(data)
+            return
         handler.send_response(200)
         handler.send_header("Content-Type", "application/json")
         handler.send_header("Transfer-Encoding", "chunked")
         handler.end_headers()
 
-        def send(kind: str, obj: dict[str, Any]) -> None:
-            data = json.dumps({"type": kind, "object": _from_v1(obj, version)}).encode() + b"\n"
+        def write(event: dict[str, Any]) -> None:
+            data = json.dumps(event).encode() + b"\n"
             handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
             handler.wfile.flush()
+
+        def send(kind: str, obj: dict[str, Any]) -> None:
+            write({"type": kind, "object": _from_v1(obj, version)})
+
+        def bookmark(rv: int) -> None:
+            write(
+                {
+                    "type": "BOOKMARK",
+                    "object": {
+                        "kind": "ResourceSlice",
+                        "apiVersion": f"{GROUP}/{version}",
+                        "metadata": {"resourceVersion": str(rv)},
+                    },
+                }
+            )
 
         with self._cond:
             self.requests.append(Request("WATCH", handler.path, 200))
             self.watches += 1
             self._cond.notify_all()
-            since = query.get("resourceVersion")
             pending: list[tuple[str, dict[str, Any]]] = []
             if since in (None, "", "0"):
                 pending = [("ADDED", o) for o in self.slices.values() if self._selected(o, query)]
@@ -461,18 +619,33 @@ class FakeAPIServer:
             else:
                 last = int(since)
         try:
-            while True:
+            if expired:  # one ERROR event, then the end of the stream
+                write({"type": "ERROR", "object": gone})
+                pending = []
+            while not expired:
                 for kind, obj in pending:
                     send(kind, obj)
+                now = time.monotonic()
+                if bookmarks and now >= next_bookmark:
+                    bookmark(last)
+                    next_bookmark = (
+                        min(now + self.bookmark_interval, final_bookmark)
+                        if now < final_bookmark
+                        else deadline + 1
+                    )
                 if _peer_closed(handler.connection):  # the client went away
                     break
+                wake = deadline if not bookmarks else min(deadline, next_bookmark)
                 with self._cond:
                     self._cond.wait_for(
-                        functools.partial(self._watch_wakes, last, version, deadline),
-                        timeout=min(WATCH_POLL, max(0.0, deadline - time.monotonic())),
+                        functools.partial(self._watch_wakes, last, version, wake),
+                        timeout=min(WATCH_POLL, max(0.0, wake - time.monotonic())),
                     )
                     if self._stopping or version not in self.versions:
                         break
+                    if not self._delivering.is_set():
+                        pending = []
+                        continue
                     fresh = [e for e in self.events if e[0] > last]
                     if fresh:
                         last = fresh[-1][0]
@@ -491,7 +664,7 @@ class FakeAPIServer:
     def _watch_wakes(self, last: int, version: str, deadline: float) -> bool:
         return bool(
             self._stopping
-            or (self.events and self.events[-1][0] > last)
+            or (self.events and self.events[-1][0] > last and self._delivering.is_set())
             or version not in self.versions
             or time.monotonic() >= deadline
         )
@@ -505,6 +678,8 @@ class FakeAPIServer:
             if node is None:
                 return 404, _status(404, "NotFound", f'nodes "{parts[3]}" not found')
             return 200, copy.deepcopy(node)
+        if parts == ["apis", GROUP] and method == "GET":
+            return 200, self._discovery()
         route = self._route(raw_path)
         if route is None:
             return 404, _status(404, "NotFound", "the server could not find the requested resource")
@@ -539,6 +714,21 @@ class FakeAPIServer:
                 return 404, _status(404, "NotFound", f"no handler for {method} {raw_path}")
             finally:
                 self._cond.notify_all()
+
+    def _discovery(self) -> dict[str, Any]:
+        """The group's discovery document (``APIGroup``), as ``GET /apis/<group>``
+        answers it: the served versions, the preferred one first."""
+        with self._cond:
+            versions = [{"groupVersion": f"{GROUP}/{v}", "version": v} for v in self.versions]
+        if not versions:
+            return {"kind": "APIGroup", "apiVersion": "v1", "name": GROUP, "versions": []}
+        return {
+            "kind": "APIGroup",
+            "apiVersion": "v1",
+            "name": GROUP,
+            "versions": versions,
+            "preferredVersion": versions[0],
+        }
 
     def _get_claim(self, version: str, ns: str, name: str) -> tuple[int, dict[str, Any]]:
         claim = self.claims.get((ns, name))
@@ -609,6 +799,21 @@ class FakeAPIServer:
         self.slices[obj_name] = obj
         self._event("MODIFIED" if existing else "ADDED", obj)
         return (200 if name else 201), _from_v1(obj, version)
+
+
+def _verb(r: Request) -> str:
+    url = urlsplit(r.path)
+    parts = [p for p in url.path.split("/") if p]
+    if r.method == "WATCH":
+        return "WATCH"
+    if parts == ["apis", GROUP]:
+        return "DISCOVERY"
+    collection = len(parts) % 2 == 0 if parts[:1] == ["apis"] else len(parts) == 3
+    if r.method == "GET":
+        return "LIST" if collection else "GET"
+    if r.method == "POST":
+        return "DRYRUN" if "dryRun=" in url.query else "CREATE"
+    return {"PUT": "UPDATE", "DELETE": "DELETE"}.get(r.method, r.method)
 
 
 def _peer_closed(sock: Any) -> bool:

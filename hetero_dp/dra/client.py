@@ -1,0 +1,426 @@
+"""A small Kubernetes API client: plain HTTP(S) on the standard library.
+
+DRA mode needs a handful of JSON calls (list, watch, create, replace, delete,
+get) on two resources. The official ``kubernetes`` package costs about 2.4 s of
+import and 24 MiB of memory per process for them (measured, docs/benchmarks.md)
+and stacks urllib3's retries under our own; this module is ``http.client`` and
+``ssl``, with:
+
+- **One connection attempt per call.** A call that cannot connect raises
+  :class:`APIError` (status 0, ``Unreachable``) at once; retrying is the
+  caller's, through the one policy :class:`Backoff`. The only second try is on
+  a *kept-alive* connection the server closed while it sat idle (no answer
+  byte came back): that one is sent again on a fresh connection, which is the
+  call's first connection attempt.
+- **Configuration** as client-go loads it: in a pod the service account
+  (``KUBERNETES_SERVICE_HOST``/``_PORT``, the token and ``ca.crt`` under
+  ``/var/run/secrets/kubernetes.io/serviceaccount``, ``rest.InClusterConfig``),
+  elsewhere a kubeconfig (``$KUBECONFIG`` or ``~/.kube/config``; the current
+  context's cluster ``server``, ``certificate-authority(-data)``,
+  ``insecure-skip-tls-verify`` and user ``token``, ``tokenFile``,
+  ``client-certificate(-data)``/``client-key(-data)``). Exec and auth-provider
+  plugins are refused with a message saying so.
+- **Token rotation.** A projected service-account token is rewritten by the
+  kubelet before it expires ("Service account token volume projection",
+  Kubernetes docs); client-go re-reads the file at most a minute apart
+  (``transport/token_source.go``, ``NewCachedFileTokenSource``), and so does this.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import http.client
+import json
+import os
+import random
+import socket
+import ssl
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit
+
+import yaml
+
+REQUEST_TIMEOUT = 10.0
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+TOKEN_REREAD = 60.0  # seconds, as client-go's cached file token source
+
+
+class APIError(Exception):
+    """An API server answer other than success, with its own reason and message.
+
+    Status 0: no answer at all (``Unreachable``: the connection failed or broke).
+    """
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        self.status = status
+        self.reason = reason
+        self.message = message
+        super().__init__(f"HTTP {status} {reason}: {message}")
+
+    @classmethod
+    def from_status(cls, status: int, body: bytes, default_reason: str = "") -> APIError:
+        """From an error answer whose body is (usually) a ``Status`` object."""
+        reason, message = default_reason, ""
+        try:
+            obj = json.loads(body or b"")
+            reason = str(obj.get("reason") or reason)
+            message = str(obj.get("message") or "")
+        except (ValueError, TypeError, AttributeError):
+            message = body[:500].decode(errors="replace")
+        return cls(status, reason, message)
+
+    @property
+    def expired(self) -> bool:
+        """410 Gone / ``Expired``: a resourceVersion too old to watch or list from."""
+        return self.status == 410 or self.reason in ("Expired", "Gone")
+
+    @property
+    def retriable(self) -> bool:
+        """Worth another try after a back-off: no answer, throttled or a server error."""
+        return self.status == 0 or self.status == 429 or self.status >= 500
+
+
+class Backoff:
+    """The one retry policy of DRA mode: exponential back-off with jitter and a cap.
+
+    Delay ``n`` (from 0) is ``min(cap, base * 2**n)`` scaled by a random factor in
+    ``[1 - jitter, 1]``, so a fleet that lost the server at the same moment does
+    not come back in step. :meth:`reset` after a success.
+    """
+
+    def __init__(
+        self,
+        base: float = 0.5,
+        cap: float = 10.0,
+        jitter: float = 0.5,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.base = base
+        self.cap = cap
+        self.jitter = jitter
+        self.rand = rand
+        self.failures = 0
+
+    def next(self) -> float:
+        delay = min(self.cap, self.base * 2 ** min(self.failures, 30))
+        self.failures += 1
+        return delay * (1.0 - self.jitter * self.rand())
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+@dataclass
+class ClusterConfig:
+    """Where the API server is and how to authenticate to it."""
+
+    server: str
+    token: str = ""
+    token_file: str = ""
+    ca_file: str = ""
+    ca_data: str = ""  # PEM
+    cert_file: str = ""
+    key_file: str = ""
+    cert_data: bytes = b""  # PEM
+    key_data: bytes = b""  # PEM
+    insecure: bool = False
+
+    @classmethod
+    def in_cluster(
+        cls, env: Mapping[str, str] | None = None, account: Path = SERVICE_ACCOUNT
+    ) -> ClusterConfig:
+        """The pod's service account, as client-go's ``rest.InClusterConfig``."""
+        env = os.environ if env is None else env
+        host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
+        if not host or not port:
+            raise ValueError(
+                "not in a cluster: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT must be set"
+            )
+        token_file = account / "token"
+        if not token_file.is_file():
+            raise ValueError(f"no service account token at {token_file}")
+        if ":" in host:  # an IPv6 address
+            host = f"[{host}]"
+        ca = account / "ca.crt"
+        return cls(
+            server=f"https://{host}:{port}",
+            token_file=str(token_file),
+            ca_file=str(ca) if ca.is_file() else "",
+        )
+
+    @classmethod
+    def from_kubeconfig(
+        cls, path: str | None = None, env: Mapping[str, str] | None = None
+    ) -> ClusterConfig:
+        """The current context of a kubeconfig (``path``, else ``$KUBECONFIG``'s first
+        file, else ``~/.kube/config``)."""
+        env = os.environ if env is None else env
+        if not path:
+            listed = [p for p in env.get("KUBECONFIG", "").split(os.pathsep) if p]
+            path = listed[0] if listed else str(Path.home() / ".kube" / "config")
+        where = Path(path)
+        try:
+            doc = yaml.safe_load(where.read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise ValueError(f"cannot read kubeconfig {path}: {e}") from None
+        if not isinstance(doc, dict):
+            raise ValueError(f"kubeconfig {path}: not a mapping")
+
+        def named(kind: str, name: str) -> dict[str, Any]:
+            for item in doc.get(kind) or []:
+                if isinstance(item, dict) and item.get("name") == name:
+                    found = item.get(kind[:-1]) or {}
+                    return found if isinstance(found, dict) else {}
+            raise ValueError(f"kubeconfig {path}: no {kind[:-1]} named {name!r}")
+
+        current = doc.get("current-context")
+        if not current:
+            raise ValueError(f"kubeconfig {path}: no current-context")
+        context = named("contexts", current)
+        cluster = named("clusters", str(context.get("cluster", "")))
+        user = named("users", str(context.get("user", ""))) if context.get("user") else {}
+        if not cluster.get("server"):
+            raise ValueError(f"kubeconfig {path}: cluster of context {current!r} has no server")
+        if "exec" in user or "auth-provider" in user:
+            raise ValueError(
+                f"kubeconfig {path}: user of context {current!r} authenticates through an "
+                "exec or auth-provider plugin, which DRA mode does not run; use a token or a "
+                "client certificate (or run in the cluster)"
+            )
+        base = where.parent
+
+        def file(key: str, source: dict[str, Any]) -> str:
+            value = source.get(key)
+            return str(base / value) if value else ""
+
+        def data(key: str, source: dict[str, Any]) -> bytes:
+            value = source.get(key)
+            return base64.b64decode(value) if value else b""
+
+        return cls(
+            server=str(cluster["server"]).rstrip("/"),
+            token=str(user.get("token") or ""),
+            token_file=file("tokenFile", user),
+            ca_file=file("certificate-authority", cluster),
+            ca_data=data("certificate-authority-data", cluster).decode(),
+            cert_file=file("client-certificate", user),
+            key_file=file("client-key", user),
+            cert_data=data("client-certificate-data", user),
+            key_data=data("client-key-data", user),
+            insecure=bool(cluster.get("insecure-skip-tls-verify")),
+        )
+
+
+def load_config(
+    api_server: str | None = None,
+    kubeconfig: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> ClusterConfig:
+    """``api_server`` (a URL, no authentication) if given, else in-cluster when
+    ``KUBERNETES_SERVICE_HOST`` is set and no kubeconfig is named, else a kubeconfig."""
+    env = os.environ if env is None else env
+    if api_server:
+        return ClusterConfig(server=api_server.rstrip("/"))
+    if not kubeconfig and env.get("KUBERNETES_SERVICE_HOST"):
+        return ClusterConfig.in_cluster(env)
+    return ClusterConfig.from_kubeconfig(kubeconfig, env)
+
+
+def _ssl_context(cfg: ClusterConfig) -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    if cfg.insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    elif cfg.ca_file or cfg.ca_data:
+        ctx = ssl.create_default_context(cafile=cfg.ca_file or None, cadata=cfg.ca_data or None)
+    if cfg.cert_file:
+        ctx.load_cert_chain(cfg.cert_file, cfg.key_file or None)
+    elif cfg.cert_data:
+        # load_cert_chain takes files only: a private file for the moment of loading
+        with tempfile.TemporaryDirectory(prefix="hetero-dp-") as tmp:
+            cert, key = Path(tmp) / "cert.pem", Path(tmp) / "key.pem"
+            cert.write_bytes(cfg.cert_data)
+            key.touch(mode=0o600)
+            key.write_bytes(cfg.key_data)
+            ctx.load_cert_chain(str(cert), str(key) if cfg.key_data else None)
+    return ctx
+
+
+class Stream:
+    """An open streaming answer (a watch): :meth:`lines` yields its JSON lines."""
+
+    def __init__(self, conn: http.client.HTTPConnection, response: http.client.HTTPResponse):
+        self._conn = conn
+        self._response = response
+
+    def lines(self) -> Iterator[bytes]:
+        while True:
+            line = self._response.readline()
+            if not line:
+                return
+            if line.strip():
+                yield line
+
+    def shutdown(self) -> None:
+        """From another thread: cut the connection, so a blocked read returns."""
+        sock = self._conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._conn.close()
+
+
+class KubeClient:
+    """JSON calls to one API server; thread-safe (a small pool of kept-alive connections).
+
+    ``connects`` counts connection attempts and ``calls`` the calls made, for
+    benchmarks and tests.
+    """
+
+    def __init__(self, config: ClusterConfig, timeout: float = REQUEST_TIMEOUT) -> None:
+        self.config = config
+        self.timeout = timeout
+        url = urlsplit(config.server)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"API server URL {config.server!r} must be http(s)://host[:port]")
+        self.scheme = url.scheme
+        self.host = url.hostname
+        self.port = url.port or (443 if url.scheme == "https" else 80)
+        self.prefix = url.path.rstrip("/")
+        self._ssl = _ssl_context(config) if url.scheme == "https" else None
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+        self._token = config.token
+        self._token_read = -TOKEN_REREAD
+        self.connects = 0
+        self.calls = 0
+
+    @property
+    def server(self) -> str:
+        return self.config.server
+
+    # --- plumbing -----------------------------------------------------------
+
+    def _headers(self, body: bool) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": "hetero-dp"}
+        if body:
+            headers["Content-Type"] = "application/json"
+        token = self._current_token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    def _current_token(self) -> str:
+        if not self.config.token_file:
+            return self._token
+        now = time.monotonic()
+        if now - self._token_read >= TOKEN_REREAD:
+            with contextlib.suppress(OSError):
+                self._token = Path(self.config.token_file).read_text().strip()
+                self._token_read = now
+        return self._token
+
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        with self._lock:
+            self.connects += 1
+        if self._ssl is not None:
+            return http.client.HTTPSConnection(
+                self.host, self.port, timeout=timeout, context=self._ssl
+            )
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+
+    def _take(self) -> tuple[http.client.HTTPConnection, bool]:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop(), True
+        return self._connection(self.timeout), False
+
+    def _give_back(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if len(self._idle) < 4:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def url(self, path: str, query: Mapping[str, Any] | None = None) -> str:
+        q = {k: v for k, v in (query or {}).items() if v not in (None, "")}
+        return self.prefix + quote(path) + (f"?{urlencode(q)}" if q else "")
+
+    # --- calls ----------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+    ) -> dict[str, Any]:
+        """One call; the decoded JSON answer, or :class:`APIError`."""
+        data = None if body is None else json.dumps(body).encode()
+        target = self.url(path, query)
+        with self._lock:
+            self.calls += 1
+        conn, reused = self._take()
+        while True:
+            try:
+                conn.request(method, target, body=data, headers=self._headers(data is not None))
+                response = conn.getresponse()
+                payload = response.read()
+                break
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as e:
+                conn.close()
+                if reused:  # the server closed a kept-alive connection: a fresh one
+                    conn, reused = self._connection(self.timeout), False
+                    continue
+                raise APIError(0, "Unreachable", f"cannot reach the API server: {e}") from None
+            except (OSError, http.client.HTTPException) as e:
+                conn.close()
+                raise APIError(0, "Unreachable", f"cannot reach the API server: {e}") from None
+        if response.will_close:
+            conn.close()
+        else:
+            self._give_back(conn)
+        if not 200 <= response.status < 300:
+            raise APIError.from_status(response.status, payload, response.reason)
+        try:
+            answer: dict[str, Any] = json.loads(payload or b"{}")
+        except ValueError as e:
+            raise APIError(response.status, "BadResponse", f"not JSON: {e}") from None
+        return answer
+
+    def stream(
+        self, path: str, *, query: Mapping[str, Any] | None = None, timeout: float
+    ) -> Stream:
+        """A streaming GET (a watch) on a connection of its own; ``timeout``: how
+        long a read may wait for the next line."""
+        with self._lock:
+            self.calls += 1
+        conn = self._connection(timeout)
+        try:
+            conn.request("GET", self.url(path, query), headers=self._headers(False))
+            response = conn.getresponse()
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            raise APIError(0, "Unreachable", f"cannot reach the API server: {e}") from None
+        if response.status != 200:
+            payload = response.read()
+            conn.close()
+            raise APIError.from_status(response.status, payload, response.reason)
+        return Stream(conn, response)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()

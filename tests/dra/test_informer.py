@@ -1,0 +1,120 @@
+"""Reads through the watch (issue 31): the pool is LISTed once and kept by the watch;
+a sync that changes nothing asks nothing; a write relists only on a conflict; an
+expired watch (410) relists at once, so a pool lost in an outage comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from hetero_dp.dra.api import ResourceAPI
+from hetero_dp.dra.watch import SliceCache, SliceWatch
+from hetero_dp.testing.dra import FakeAPIServer
+
+from .backend import DRIVER, RES, Npus
+
+
+def verbs_since(server: FakeAPIServer, mark: int) -> dict[str, int]:
+    return server.verbs(mark)
+
+
+async def test_idle_checks_rediscovery_and_health_polls_send_no_request(dra, api_server):
+    daemon = await dra.start(Npus(3))
+    driver = daemon.front_end.drivers[RES]
+    await api_server.wait_for(lambda: api_server.watches >= 1)
+    mark = len(api_server.requests)
+    for _ in range(5):
+        await driver.resync()
+        await daemon.rediscover()
+        await daemon.poll_health()
+    # before issue 31 every sync LISTed the pool: 5 periodic checks + 5 rediscoveries
+    assert verbs_since(api_server, mark) == {}
+
+
+async def test_a_health_change_is_one_update_and_no_list(dra, api_server):
+    daemon = await dra.start(Npus(2))
+    await api_server.wait_for(lambda: api_server.watches >= 1)
+    mark = len(api_server.requests)
+    daemon.set_health("npus", "NPU-0000", False, "XID 79")
+    await api_server.wait_for(lambda: verbs_since(api_server, mark).get("UPDATE") == 1)
+    daemon.set_health("npus", "NPU-0000", True, "")
+    await api_server.wait_for(lambda: verbs_since(api_server, mark).get("UPDATE") == 2)
+    assert len(api_server.devices_of(DRIVER)) == 2
+    # before: LIST, PUT, LIST per change
+    assert verbs_since(api_server, mark) == {"UPDATE": 2}
+
+
+async def test_a_write_that_meets_a_newer_object_relists_once_and_wins(dra, api_server):
+    daemon = await dra.start(Npus(2))
+    driver = daemon.front_end.drivers[RES]
+    await api_server.wait_for(lambda: api_server.watches >= 1)
+    api_server.hold_watches()  # the driver's watch lags behind ...
+    try:
+        [s] = api_server.slices_of(DRIVER)
+        s["metadata"]["labels"] = {"touched": "by-someone"}  # ... someone else's write
+        ResourceAPI(api_server.client(), "v1").replace_slice(s["metadata"]["name"], s)
+        mark = len(api_server.requests)
+        daemon.set_health("npus", "NPU-0000", False, "XID 79")
+        await api_server.wait_for(lambda: verbs_since(api_server, mark).get("UPDATE") == 2)
+        assert len(api_server.devices_of(DRIVER)) == 1
+        counts = verbs_since(api_server, mark)
+        assert counts == {"UPDATE": 2, "FAILED": 1, "LIST": 1}, counts  # 409, LIST, PUT
+        assert driver.publisher.reconciler.conflicts == 1
+    finally:
+        api_server.hold_watches(False)
+
+
+@pytest.mark.parametrize("expired_as", ["event", "status"])
+async def test_a_pool_lost_in_an_outage_is_back_right_after_the_restart(dra, expired_as):
+    with FakeAPIServer(expired_as=expired_as) as server:
+        dra.api = server
+        daemon = await dra.start(Npus(2), resync_interval=0)  # no periodic check at all
+        driver = daemon.front_end.drivers[RES]
+        await server.wait_for(lambda: server.watches >= 1)
+        server.stop()
+        assert server.lose("node-a")  # an etcd restore: gone, and no event says so
+        server.start()  # same port; the watch history starts over
+        restarted = time.monotonic()
+        await server.wait_for(lambda: len(server.devices_of(DRIVER)) == 2, timeout=15)
+        repaired = time.monotonic() - restarted
+        watch = driver._slice_watch
+        assert watch is not None and watch.relists >= 1
+        # the first retry comes within the back-off cap (5 s) of the outage's start
+        assert repaired < 6.0, repaired
+        await dra.stop_all()
+
+
+async def test_the_watch_resumes_from_bookmarks_without_listing(api_server):
+    api = ResourceAPI(api_server.client(), "v1")
+    api_server.bookmark_interval = 0.2
+    cache = SliceCache()
+    cache.watched = True
+    changes: list[str] = []
+    items, rv = api.list_slices_rv(DRIVER, "node-a")
+    cache.replace(items, rv)
+    watch = SliceWatch(
+        api, DRIVER, "node-a", on_change=changes.append, cache=cache, timeout_seconds=1
+    )
+    watch.start()
+    try:
+        # another node's slices move the resourceVersion; bookmarks carry it to us
+        other = ResourceAPI(api_server.client(), "v1")
+        from hetero_dp.dra.slices import render_slices
+
+        body = render_slices(
+            driver=DRIVER, node="node-b", devices=[{"name": "x"}], generation=1, version="v1"
+        )[0]
+        stored = other.create_slice(body)
+        new_rv = stored["metadata"]["resourceVersion"]
+        assert await asyncio.to_thread(cache.wait_seen, new_rv, 10)
+        await api_server.wait_for(lambda: watch.opened >= 3, timeout=10)
+    finally:
+        watch.stop()
+        assert await asyncio.to_thread(watch.join, 5)
+    counts = api_server.verbs()
+    assert counts.get("LIST") == 1 and counts.get("WATCH", 0) >= 3, counts
+    assert changes == []  # nothing of this node's pool changed
+    resumed = [r.path for r in api_server.requests if r.method == "WATCH"]
+    assert f"resourceVersion={new_rv}" in resumed[-1], resumed  # from the bookmark
