@@ -8,11 +8,16 @@ Each device is delivered as ``/dev/null`` at ``/dev/sim<N>`` in the container
 (so a real container runtime can start it) plus ``SIM_VISIBLE_DEVICES``.
 Tests drive health and the device set with :meth:`SimulatedBackend.set_health`
 and :meth:`SimulatedBackend.set_count`.
+
+Every option takes effect on a config reload: ``count``, ``resource(s)`` and
+``numaNodes`` at the rediscovery the reload runs, ``flipEvery`` at once (the
+flipping restarts with the new period, or stops and leaves the device healthy).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from dataclasses import dataclass
 
@@ -58,6 +63,8 @@ class SimulatedBackend:
         self.numa_nodes = 2
         self.flip_every = 0.0
         self.sinks: list[EventSink] = []
+        # (loop, event) per running watch: set when the options change
+        self._wakeups: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
         self.unhealthy: dict[str, str] = {}
         self._lock = threading.Lock()
 
@@ -67,8 +74,13 @@ class SimulatedBackend:
     def configure(self, options: SimulatedOptions) -> None:
         self.count = options.count
         self.numa_nodes = options.numa_nodes
+        changed = options.flip_every != self.flip_every
         self.flip_every = options.flip_every
         self.resources = list(options.resources) or [options.resource]
+        if changed:  # hooks may run in a worker thread: wake each watch on its loop
+            for loop, wake in list(self._wakeups):
+                with contextlib.suppress(RuntimeError):  # that loop has closed
+                    loop.call_soon_threadsafe(wake.set)
 
     @hookimpl
     def discover(self) -> list[Device]:
@@ -96,17 +108,45 @@ class SimulatedBackend:
 
     @hookimpl
     async def watch(self, events: EventSink) -> None:
+        """Flip the first device's health every ``flip_every`` seconds; a reload that
+        changes the period restarts the flipping with it (0 stops it, healthy)."""
         self.sinks.append(events)
+        wake = asyncio.Event()
+        entry = (asyncio.get_running_loop(), wake)
+        self._wakeups.append(entry)
+        first = "sim0"
+        faulty = False
+        loop = asyncio.get_running_loop()
+        ticked = False
+
+        def tick() -> None:
+            nonlocal ticked
+            ticked = True
+            wake.set()
+
         try:
-            if self.flip_every <= 0:
-                await asyncio.Event().wait()  # nothing to push; cancelled at shutdown
-            first = f"sim{0}"
             while True:
-                await asyncio.sleep(self.flip_every)  # the flip period itself
-                events.set_health(first, False, "simulated fault")
-                await asyncio.sleep(self.flip_every)
-                events.set_health(first, True, "simulated recovery")
+                period = self.flip_every
+                wake.clear()
+                ticked = False
+                # a timer, not wait_for: on 3.10/3.11 wait_for can swallow a cancellation
+                timer = loop.call_later(period, tick) if period > 0 else None
+                try:
+                    await wake.wait()  # the period passed, or the options changed
+                finally:
+                    if timer is not None:
+                        timer.cancel()
+                if ticked and period == self.flip_every:
+                    faulty = not faulty
+                    if faulty:
+                        events.set_health(first, False, "simulated fault")
+                    else:
+                        events.set_health(first, True, "simulated recovery")
+                elif faulty and self.flip_every <= 0:  # flips turned off: leave it healthy
+                    faulty = False
+                    events.set_health(first, True, "flips turned off")
         finally:
+            self._wakeups.remove(entry)
             self.sinks.remove(events)
 
     @hookimpl
