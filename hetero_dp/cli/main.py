@@ -148,7 +148,8 @@ def main() -> None:
     "driver_names",
     multiple=True,
     metavar="[RESOURCE=]NAME",
-    help="DRA: driver name (default: gpu.nvidia.com for nvidia.com/gpu).",
+    help="DRA: driver name (default: from the resource, npu.acme.example.com for "
+    "acme.example.com/npu).",
 )
 @click.option("--dra-plugins-dir", help="DRA: dir of driver sockets [/var/lib/kubelet/plugins].")
 @click.option("--api-server", help="DRA: API server URL (default: in-cluster or kubeconfig).")
@@ -191,7 +192,7 @@ def run(
     """Serve BACKENDS (installed names or .py files) to the kubelet until SIGTERM.
 
     Flags after the backend names that this command does not know go to the
-    backend (NVIDIA: its plugin's own flags, e.g. --mig-strategy mixed).
+    backend (the bundled GPU backend takes its vendor plugin's own flags there).
     With --config, SIGHUP or a change of the file reloads it in place."""
     from hetero_dp.kits.signals import hold_signals
 

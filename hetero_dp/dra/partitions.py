@@ -7,7 +7,7 @@ holding its memory; the parent consumes all of it and each partition its own
 memory. The scheduler then never gives the whole GPU to one claim and one of
 its partitions to another, and never more partitions than the memory holds.
 A backend that knows finer counters says so in the records' ``consumes``
-(the NVIDIA backend: one counter per MIG memory slice, so placements that
+(the bundled GPU backend: one counter per MIG memory slice, so placements that
 overlap conflict): the parent's ``consumes`` is then the counter set, and each
 partition draws its own ``consumes`` from it instead of memory.
 

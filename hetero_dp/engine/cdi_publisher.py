@@ -138,8 +138,9 @@ class CDIWriter:
 
         Two specs of one dir that define the same ``kind=name`` make the CDI cache
         drop that device as conflicting, so every container asking for it fails: the
-        usual case is the spec a replaced plugin left behind (NVIDIA's plugin writes
-        ``k8s.device-plugin.nvidia.com-gpu.json``). Such a file is renamed to
+        usual case is the spec a replaced plugin left behind (a vendor's own plugin
+        writes ``k8s.device-plugin.<vendor domain>-gpu.json``, docs/cdi.md). Such a
+        file is renamed to
         ``<name>.hetero-dp-superseded`` (runtimes load only ``*.json``/``*.yaml``, and
         nothing is lost), with a warning naming it. Returns the new paths.
         """

@@ -108,7 +108,7 @@ class Device:
         ID of the physical device this one is carved from (a MIG slice's GPU);
         health events on the parent reach it, and topology uses the parent.
     index
-        The vendor's index (``nvidia-smi`` index, card number), if any.
+        The vendor's index (as its own tools number the device, a card number), if any.
     attributes
         Facts about the device (product, memory in MiB, PCI address, UUID ...)
         used for labels, DRA attributes and ``hetero-dp list``.
@@ -184,7 +184,7 @@ class Device:
 class Link:
     """How two devices connect, for topology-aware allocation.
 
-    ``score`` is higher-is-better (NVIDIA's weights: 100 per NVLink, 60 same
+    ``score`` is higher-is-better (the bundled GPU backend's: 100 per NVLink, 60 same
     board ... 10 across CPUs); ``kind`` is a short label for ``hetero-dp topo``
     (``NV4``, ``PIX``, ``SYS`` ...).
     """

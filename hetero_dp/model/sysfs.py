@@ -44,7 +44,7 @@ class PciFacts:
     subsystem_device: str | None = None
     pci_class: str | None = None  # "0x030200"
     numa_node: int | None = None  # None for -1 (no NUMA information)
-    driver: str | None = None  # "nvidia", None when no driver is bound
+    driver: str | None = None  # the bound driver's name ("vfio-pci"), None when unbound
     iommu_group: int | None = None
 
     @property

@@ -2,7 +2,7 @@
 
 Every resource gets generic ``<resource>.count`` (physical devices) and
 ``<resource>.product`` labels; a backend's ``labels`` hook adds its own and wins
-on a clash (the NVIDIA backend's GPU feature discovery names, for one). The file
+on a clash (the bundled GPU backend's feature discovery names, for one). The file
 is rewritten atomically, only when its content changes, after every publish of
 the daemon; it is removed when the daemon stops, so a node without a running
 plugin does not advertise devices it no longer serves.
@@ -45,7 +45,7 @@ def label_problem(key: str, value: str) -> str | None:
 
 
 def label_value(text: str) -> str:
-    """Make free text a valid label value: ``NVIDIA A100 (80GB)`` -> ``NVIDIA-A100-80GB``."""
+    """Make free text a valid label value: ``Acme N1 (80GB)`` -> ``Acme-N1-80GB``."""
     value = _VALUE_BAD_CHARS.sub("-", text.strip())[:63]
     return value.strip("-_.")
 
@@ -65,8 +65,8 @@ def generic_labels(resource: str, physical: Iterable[Device]) -> dict[str, str]:
 
 
 def file_name(prefix: str, backends: Iterable[str]) -> str:
-    """``hetero-dp-nvidia``: one file per daemon, so two daemons on a node (say NVIDIA's
-    and a udev one) never overwrite each other's labels."""
+    """``hetero-dp-acme``: one file per daemon, so two daemons on a node (say a GPU
+    one and a udev one) never overwrite each other's labels."""
     parts = [re.sub(r"[^A-Za-z0-9_.-]", "_", b) for b in sorted(backends)]
     return "-".join([prefix, *parts])
 

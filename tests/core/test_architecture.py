@@ -1,10 +1,18 @@
 """The house keeps its shape: imports only go down the layers named in
-pyproject.toml ([tool.hetero_dp.layers]), no module imports another in a circle,
-and no module imports a private name (``_x``) from another module."""
+pyproject.toml ([tool.hetero_dp.layers]); no module imports another in a circle,
+run-time or type-checking imports alike; no module imports a private name (``_x``)
+from another module or reaches into another object's private names (``obj._x``
+where ``obj`` is not ``self`` or ``cls``), the test kit included; no class is over
+300 lines and no hand-written module over 600; and the core (hetero_dp/ outside the
+test kit) names no hardware vendor: what only a vendor knows lives in its backend.
+
+Where files other work is still splitting break a rule, an allow-list below names
+them, with why; it may only shrink (a test fails when an entry is no longer needed)."""
 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -127,19 +135,26 @@ def upward_imports(mods: dict[str, Path], order: list[str]) -> list[str]:
     return problems
 
 
-def circles(mods: dict[str, Path]) -> list[list[str]]:
-    """Cycles among modules through run-time imports (TYPE_CHECKING ones are not)."""
+def circles(
+    mods: dict[str, Path],
+    *,
+    type_checking: bool = False,
+    allowed: frozenset[tuple[str, str]] = frozenset(),
+) -> list[list[str]]:
+    """Cycles among modules through run-time imports (and TYPE_CHECKING ones with
+    ``type_checking``), leaving out the import edges in ``allowed``."""
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for mod, path in mods.items():
         for imp in imports_of(path):
-            if imp.type_only:
+            if imp.type_only and not type_checking:
                 continue
             target = imp.target
             while target and target not in mods:
                 target = target.rpartition(".")[0]
             # importing a package's module runs the package's __init__ first, but a
             # module's own package is not a dependency of it in the sense of a circle
-            if target and target != mod and not mod.startswith(target + "."):
+            own_package = mod.startswith(target + ".")
+            if target and target != mod and not own_package and (mod, target) not in allowed:
                 graph[mod].add(target)
     found: list[list[str]] = []
     state: dict[str, int] = {}
@@ -184,8 +199,135 @@ def test_no_import_circles():
     assert circles(modules()) == []
 
 
+# Import edges that close a circle through TYPE_CHECKING imports, in files another
+# piece of work (#26 point 3, helper "config": one config system, Backend in its
+# three jobs) is reshaping now: config.py looks installed backends up lazily through
+# loading, whose Backend names Config for its types.
+CIRCLE_EDGES_ALLOWED = frozenset({("hetero_dp.engine.config", "hetero_dp.engine.loading")})
+
+
+def test_no_import_circles_counting_type_checking_imports():
+    mods = modules()
+    assert circles(mods, type_checking=True, allowed=CIRCLE_EDGES_ALLOWED) == []
+    for edge in CIRCLE_EDGES_ALLOWED:  # the allow-list only shrinks
+        rest = CIRCLE_EDGES_ALLOWED - {edge}
+        assert circles(mods, type_checking=True, allowed=rest), f"{edge}: no longer needed"
+
+
 def test_no_private_names_imported_across_modules():
     assert private_imports(modules()) == []
+
+
+def _module_names(tree: ast.AST) -> set[str]:
+    """Names bound to an imported module (``import os``, ``import grpc.aio as aio``)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.asname or a.name.split(".")[0] for a in node.names}
+    return out
+
+
+def private_reaches(mods: dict[str, Path]) -> list[str]:
+    """``obj._x`` where ``obj`` is not ``self`` or ``cls`` (or an imported module, whose
+    underscore names such as ``os._exit`` are its documented API)."""
+    problems = []
+    for mod, path in mods.items():
+        tree = ast.parse(path.read_text())
+        modules_here = _module_names(tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute):
+                continue
+            name = node.attr
+            if not name.startswith("_") or (name.startswith("__") and name.endswith("__")):
+                continue
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in {"self", "cls", *modules_here}:
+                continue
+            problems.append(f"{mod}:{node.lineno} reaches into {ast.unparse(node)}")
+    return problems
+
+
+def test_no_reach_into_another_objects_private_names():
+    assert private_reaches(modules()) == []
+
+
+MAX_CLASS_LINES = 300
+MAX_MODULE_LINES = 600
+
+# Over the limits in files that other work of #26 is splitting now, each with why;
+# the numbers may only go down.
+CLASSES_ALLOWED = {
+    # the test kit's fakes (#26 point 5; FakeKubelet belongs to #28's work on it)
+    "hetero_dp.testing.fake_kubelet.FakeKubelet": 486,
+    "hetero_dp.testing.dra.apiserver.FakeAPIServer": 433,
+    # the slice publisher is being split into renderer, reconciler, feature detection
+    "hetero_dp.dra.publisher.SlicePublisher": 357,
+    # registration and restart handling are being reworked by #28 (helper "upgrade")
+    "hetero_dp.deviceplugin.endpoint.PluginEndpoint": 356,
+    # the DRA driver: its registration and resync split with the publisher's
+    "hetero_dp.dra.driver.DRADriver": 323,
+}
+MODULES_ALLOWED = {
+    "hetero_dp.testing.dra.apiserver": 685,  # the fake API server (helper "fleet")
+    "hetero_dp.testing.fake_kubelet": 643,  # the fake kubelet (helper "upgrade", #28)
+    "hetero_dp.engine.config": 624,  # becoming typed option() sections (helper "config")
+}
+
+
+def oversized_code(mods: dict[str, Path]) -> dict[str, int]:
+    """Classes over MAX_CLASS_LINES and modules over MAX_MODULE_LINES -> their lines."""
+    out = {}
+    for mod, path in mods.items():
+        text = path.read_text()
+        lines = len(text.splitlines())
+        if lines > MAX_MODULE_LINES:
+            out[mod] = lines
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef):
+                size = (node.end_lineno or node.lineno) - node.lineno + 1
+                if size > MAX_CLASS_LINES:
+                    out[f"{mod}.{node.name}"] = size
+    return out
+
+
+def test_no_class_over_300_lines_and_no_module_over_600():
+    allowed = {**CLASSES_ALLOWED, **MODULES_ALLOWED}
+    found = oversized_code(modules())
+    assert {k: v for k, v in found.items() if v > allowed.get(k, 0)} == {}
+    assert set(allowed) <= set(found), f"no longer over the limit: {set(allowed) - set(found)}"
+
+
+VENDORS = re.compile(r"\b(nvidia|amd|intel|habana|xilinx|ascend)\b", re.IGNORECASE)
+
+# Vendor names left in core files that other work of #26 owns now (helper "config":
+# the NVIDIA layout and sharing schema move into the nvidia package through hooks;
+# "hostile": the container gate's driver-root example; "fleet": DRA slices;
+# "newcomer": list/topo and the bundled-backend table), with their counts.
+VENDOR_NAMES_ALLOWED = {
+    "hetero_dp.allocation.sharing": 18,  # NVIDIA's time-slicing/MPS schema, documented
+    "hetero_dp.allocation.gate": 4,
+    "hetero_dp.cli.main": 2,  # --config help (shared by list/topo), topo: "nvidia-smi topo"
+    "hetero_dp.cli.topo_report": 1,
+    "hetero_dp.engine.loading": 2,  # bundled backend name -> its package
+}
+
+
+def vendor_names(mods: dict[str, Path]) -> dict[str, int]:
+    out = {}
+    for mod, path in mods.items():
+        if mod.startswith("hetero_dp.testing"):
+            continue  # the test kit's fakes model real devices
+        n = len(VENDORS.findall(path.read_text()))
+        if n:
+            out[mod] = n
+    return out
+
+
+def test_core_code_names_no_vendor():
+    found = vendor_names(modules())
+    too_many = {m: n for m, n in found.items() if n > VENDOR_NAMES_ALLOWED.get(m, 0)}
+    assert too_many == {}, "vendor names in core code (move them into the backend)"
+    assert set(VENDOR_NAMES_ALLOWED) <= set(found), "shrink VENDOR_NAMES_ALLOWED"
 
 
 def test_the_package_root_holds_only_the_face_the_contract_and_layers():
@@ -247,6 +389,63 @@ def test_checker_finds_a_circle_but_not_a_type_checking_one(fake_root):
         },
     )
     assert circles(mods) == [["hetero_dp.engine.a", "hetero_dp.engine.b", "hetero_dp.engine.a"]]
+
+
+def test_checker_finds_a_type_checking_circle(fake_root):
+    mods = _tree(
+        fake_root,
+        {
+            "hetero_dp/__init__.py": "",
+            "hetero_dp/engine/__init__.py": "",
+            "hetero_dp/engine/a.py": "from hetero_dp.engine.b import x\n",
+            "hetero_dp/engine/b.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                "    from hetero_dp.engine.a import y\n"
+            ),
+        },
+    )
+    assert circles(mods) == []
+    cycle = ["hetero_dp.engine.a", "hetero_dp.engine.b", "hetero_dp.engine.a"]
+    assert circles(mods, type_checking=True) == [cycle]
+    allowed = frozenset({("hetero_dp.engine.b", "hetero_dp.engine.a")})
+    assert circles(mods, type_checking=True, allowed=allowed) == []
+
+
+def test_checker_finds_a_private_reach_but_not_self_or_a_module(fake_root):
+    mods = _tree(
+        fake_root,
+        {
+            "hetero_dp/__init__.py": "",
+            "hetero_dp/engine/__init__.py": "",
+            "hetero_dp/engine/a.py": (
+                "import os\n"
+                "class A:\n"
+                "    def f(self, other):\n"
+                "        self._mine = other._theirs\n"
+                "        os._exit(0)\n"
+                "        return other.__class__\n"
+            ),
+        },
+    )
+    assert private_reaches(mods) == ["hetero_dp.engine.a:4 reaches into other._theirs"]
+
+
+def test_checker_counts_class_and_module_lines_and_vendor_names(fake_root):
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_CLASS_LINES))
+    mods = _tree(
+        fake_root,
+        {
+            "hetero_dp/__init__.py": "",
+            "hetero_dp/engine/__init__.py": "",
+            "hetero_dp/engine/big.py": f"class Big:\n{body}\n" + "\n" * MAX_MODULE_LINES,
+            "hetero_dp/engine/gpu.py": "# NVIDIA's layout; intelRdt is a CDI field\n",
+            "hetero_dp/testing/fake.py": "# a fake NVIDIA GPU\n",
+        },
+    )
+    found = oversized_code(mods)
+    assert found["hetero_dp.engine.big.Big"] == MAX_CLASS_LINES + 1
+    assert found["hetero_dp.engine.big"] > MAX_MODULE_LINES
+    assert vendor_names(mods) == {"hetero_dp.engine.gpu": 1}
 
 
 def test_checker_finds_a_private_import(fake_root):

@@ -1,7 +1,7 @@
 """Resource settings follow a reload: a new sharing must fit the devices there are;
-a re-configured backend may give other defaults (NVIDIA: deviceListStrategy ->
-deliver); resources whose settings or sharing changed are served again by the front
-end (:class:`Restarts`), every other stream stays open."""
+a re-configured backend may give other defaults (the bundled GPU backend:
+deviceListStrategy -> deliver); resources whose settings or sharing changed are
+served again by the front end (:class:`Restarts`), every other stream stays open."""
 
 from __future__ import annotations
 
