@@ -36,7 +36,6 @@ import grpc
 from hetero_dp.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from hetero_dp.deviceplugin.contract import ServedResource
 from hetero_dp.deviceplugin.registration import (
-    MAX_BACKOFF,
     WatcherRegistrationServicer,
     register_with_backoff,
 )
@@ -64,9 +63,11 @@ SUPERVISOR_STOP_TIMEOUT = 4.0
 LOST_STREAM_GRACE = 1.0
 # Re-registering after the kubelet ended our stream while it is up: the first time at
 # once (a hand-over between instances); when it happens again within STABLE_STREAM of
-# registering, with a delay doubling from HANDOVER_BACKOFF to MAX_BACKOFF.
+# registering, with a delay doubling from HANDOVER_BACKOFF to HANDOVER_MAX_BACKOFF
+# (a kubelet that keeps dropping us gets at most one Register a second).
 STABLE_STREAM = 10.0
 HANDOVER_BACKOFF = 0.05
+HANDOVER_MAX_BACKOFF = 1.0
 # The mode of every socket we bind, whatever the umask: only the owner (the kubelet
 # runs as root, which needs no permission bit) may connect.
 SOCKET_MODE = 0o600
@@ -490,7 +491,7 @@ class PluginEndpoint:
         self._quick_losses = 1 if lasted >= STABLE_STREAM else self._quick_losses + 1
         delay = 0.0
         if self._quick_losses > 1:
-            delay = min(HANDOVER_BACKOFF * 2 ** (self._quick_losses - 2), MAX_BACKOFF)
+            delay = min(HANDOVER_BACKOFF * 2 ** (self._quick_losses - 2), HANDOVER_MAX_BACKOFF)
         log.info(
             "the kubelet ended our ListAndWatch stream while it is up (another instance "
             "of this resource left, or the kubelet dropped us); registering again%s",
