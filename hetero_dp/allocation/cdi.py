@@ -18,6 +18,7 @@ from typing import Any
 
 from hetero_dp.model.device import Device, DeviceNode, Mount
 from hetero_dp.model.errors import ConfigError
+from hetero_dp.model.names import DNS_LABEL_PATTERN
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,7 @@ FILLER_ENV = "HETERO_DP_CDI_DEVICE"
 # reference parser). Class: the spec's 63-character name segment, starting with a
 # letter (the reference parser). Both at least 2 characters: the Go parser slices
 # name[1:len-1] and fails on 1-character names.
-_DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
-_VENDOR = re.compile(rf"^[a-z](?:[-a-z0-9]*[a-z0-9])?(?:\.{_DNS_LABEL})*$")
+_VENDOR = re.compile(rf"^[a-z](?:[-a-z0-9]*[a-z0-9])?(?:\.{DNS_LABEL_PATTERN})*$")
 _CLASS = re.compile(r"^[A-Za-z][-A-Za-z0-9_.]*[A-Za-z0-9]$")
 _DEVICE_NAME = re.compile(r"^[A-Za-z0-9](?:[-A-Za-z0-9_.:]*[A-Za-z0-9])?$")
 

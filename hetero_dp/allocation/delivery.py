@@ -27,6 +27,7 @@ from hetero_dp.allocation.cdi import (
 )
 from hetero_dp.model.device import Device
 from hetero_dp.model.errors import AllocationError, ConfigError
+from hetero_dp.model.names import is_dns_subdomain
 from hetero_dp.model.response import ContainerResponse
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,6 @@ DEFAULT_ANNOTATION_PREFIX = "cdi.k8s.io/"
 ANNOTATION_NAME_PREFIX = "hetero-dp_"
 _HASH_LEN = 16
 
-_DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
-_DNS_SUBDOMAIN = re.compile(rf"^{_DNS_LABEL}(?:\.{_DNS_LABEL})*$")
 _NAME_START = re.compile(r"^(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?$")
 
 
@@ -91,7 +90,7 @@ def annotation_prefix_problem(prefix: object) -> str | None:
     domain, slash, start = prefix.partition("/")
     if not slash or "/" in start:
         return f"{prefix!r} must be a DNS name followed by one '/', like 'cdi.k8s.io/'"
-    if len(domain) > 253 or not _DNS_SUBDOMAIN.match(domain):
+    if not is_dns_subdomain(domain):
         return f"{domain!r} in {prefix!r} is not a lowercase DNS subdomain"
     room = 63 - len(ANNOTATION_NAME_PREFIX) - _HASH_LEN
     if len(start) > room or not _NAME_START.match(start):

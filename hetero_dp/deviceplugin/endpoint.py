@@ -26,7 +26,6 @@ import contextlib
 import logging
 import os
 import secrets
-import socket
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +41,7 @@ from hetero_dp.deviceplugin.registration import (
 from hetero_dp.deviceplugin.servicer import DevicePluginServicer, add_to_server
 from hetero_dp.kits import observe
 from hetero_dp.kits.aiotools import cancel_and_wait, wait_event
+from hetero_dp.kits.sockets import socket_listens
 from hetero_dp.model.errors import ConfigError
 from hetero_dp.model.names import KUBELET_SOCKET, MAX_UNIX_PATH, socket_name
 
@@ -126,16 +126,9 @@ def remove_socket(path: Path) -> bool:
 
 
 def socket_in_use(path: Path) -> bool:
-    """True if a process accepts connections on the unix socket ``path`` now."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.settimeout(1.0)
-        probe.connect(os.fspath(path))
-    except OSError:  # refused (a stale socket), gone, or not a socket
-        return False
-    finally:
-        probe.close()
-    return True
+    """True if a process holds the unix socket ``path`` now (it accepts connections, or
+    answers anything but a refusal): :func:`hetero_dp.kits.sockets.socket_listens`."""
+    return socket_listens(path, timeout=1.0) is True
 
 
 def claim_socket_path(path: Path, what: str) -> bool:

@@ -23,6 +23,7 @@ from typing import Any
 
 from hetero_dp.allocation.delivery import parse_delivery
 from hetero_dp.allocation.sharing import REPLICA_POLICIES, SharingConfig, parse_sharing
+from hetero_dp.kits.mappings import deep_merge
 from hetero_dp.model.errors import ConfigError
 from hetero_dp.model.names import (
     DEFAULT_DEVICE_PLUGIN_DIR,
@@ -177,7 +178,7 @@ class Config:
         """Backend ``name``'s options: the sections it claims, under ``backends.<name>``
         of the file, under ``-o`` flags."""
         claimed, _written = _claimed(self.raw, self.claims(name), self.source)
-        return _merge(claimed, self.backends.get(name, {}))
+        return deep_merge(claimed, self.backends.get(name, {}))
 
     def options_source(self, name: str) -> str:
         """Where a backend's options were given, for messages about them."""
@@ -487,13 +488,6 @@ def _mapping(value: Any, field: str, source: str) -> dict[str, Any]:
     return value
 
 
-def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in top.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def _dotted(options: Any, prefix: str = "") -> list[str]:
     """The dotted keys of nested options: ``{a: {b: 1}, c: 2}`` -> ``a.b``, ``c``."""
     if not isinstance(options, Mapping):
@@ -567,10 +561,10 @@ def _backends(
     origins: dict[str, str] = {}
     for name, options in _mapping(raw.get("backends"), "backends", source).items():
         opts = _mapping(options, f"backends.{name}", source)
-        backends[name] = _merge(backends.get(name, {}), opts)
+        backends[name] = deep_merge(backends.get(name, {}), opts)
         origins.setdefault(str(name), source)
     for name, options in _mapping(flags.get("backends"), "backends", "flag -o").items():
-        backends[name] = _merge(backends.get(name, {}), options)
+        backends[name] = deep_merge(backends.get(name, {}), options)
         origins[str(name)] = f"flag -o {name}.{next(iter(options), '')}".rstrip(".")
     return backends, origins
 

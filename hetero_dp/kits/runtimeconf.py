@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hetero_dp.kits.mappings import deep_merge
+
 try:
     import tomllib
 except ImportError:  # Python 3.10
@@ -26,15 +28,6 @@ except ImportError:  # Python 3.10
         tomllib = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
-
-
-def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    for k, v in top.items():
-        if isinstance(v, Mapping) and isinstance(base.get(k), dict):
-            _deep_merge(base[k], v)
-        else:
-            base[k] = v
-    return base
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -61,7 +54,7 @@ def containerd_view(path: Path, root: Path = Path("/")) -> RuntimeView:
     doc = _read_toml(path)
     for pattern in doc.get("imports") or []:
         for extra in sorted(glob.glob(str(root / str(pattern).lstrip("/")))):
-            _deep_merge(doc, _read_toml(Path(extra)))
+            doc = deep_merge(doc, _read_toml(Path(extra)))
     version = int(doc.get("version", 1))
     runtimes: dict[str, str] = {}
     default = ""

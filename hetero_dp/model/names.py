@@ -30,9 +30,10 @@ MAX_DNS_LABEL = 63
 MAX_DNS_SUBDOMAIN = 253
 MAX_QUALIFIED_NAME = 63
 
-_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS_LABEL = re.compile(rf"^{_LABEL}$")
-_DNS_SUBDOMAIN = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
+#: One lowercase RFC 1123 label, as a regex fragment (every DNS-name check builds on it).
+DNS_LABEL_PATTERN = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+_DNS_LABEL = re.compile(rf"^{DNS_LABEL_PATTERN}$")
+_DNS_SUBDOMAIN = re.compile(rf"^{DNS_LABEL_PATTERN}(?:\.{DNS_LABEL_PATTERN})*$")
 _QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _BAD_ID_CHAR = re.compile(r"[\x00-\x1f\x7f/]")
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import errno
-import socket
-import stat
 from pathlib import Path
 
 from hetero_dp.engine.config import Config
+from hetero_dp.kits.sockets import socket_listens as listens
 from hetero_dp.model.names import KUBELET_SOCKET
 from hetero_dp.ops.doctor.findings import DoctorSettings, Finding
 
@@ -19,22 +17,8 @@ CONNECT_TIMEOUT = 1.0
 
 def socket_listens(path: Path) -> bool | None:
     """True if something accepts connections on the unix socket, False if it is stale,
-    None if ``path`` is not a socket."""
-    try:
-        if not stat.S_ISSOCK(path.lstat().st_mode):
-            return None
-    except FileNotFoundError:
-        return None
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(CONNECT_TIMEOUT)
-    try:
-        s.connect(str(path))
-        return True
-    except OSError as e:
-        # refused: stale; anything else (a full backlog, a timeout): someone is there
-        return e.errno not in (errno.ECONNREFUSED, errno.ENOENT)
-    finally:
-        s.close()
+    None if ``path`` is not a socket (:func:`hetero_dp.kits.sockets.socket_listens`)."""
+    return listens(path, CONNECT_TIMEOUT)
 
 
 def check_kubelet(config: Config, settings: DoctorSettings) -> list[Finding]:
