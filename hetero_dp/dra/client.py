@@ -45,8 +45,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
-import yaml
-
 REQUEST_TIMEOUT = 10.0
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD = 60.0  # seconds, as client-go's cached file token source
@@ -165,6 +163,8 @@ class ClusterConfig:
         if not path:
             listed = [p for p in env.get("KUBECONFIG", "").split(os.pathsep) if p]
             path = listed[0] if listed else str(Path.home() / ".kube" / "config")
+        import yaml  # only here: in a pod (the usual case) no YAML is read
+
         where = Path(path)
         try:
             doc = yaml.safe_load(where.read_text()) or {}
@@ -304,6 +304,7 @@ class KubeClient:
         self._token_read = -TOKEN_REREAD
         self.connects = 0
         self.calls = 0
+        self.most_connects = 0  # the most connection attempts one call made
 
     @property
     def server(self) -> str:
@@ -372,6 +373,7 @@ class KubeClient:
         with self._lock:
             self.calls += 1
         conn, reused = self._take()
+        made = 0 if reused else 1
         while True:
             try:
                 conn.request(method, target, body=data, headers=self._headers(data is not None))
@@ -382,11 +384,15 @@ class KubeClient:
                 conn.close()
                 if reused:  # the server closed a kept-alive connection: a fresh one
                     conn, reused = self._connection(self.timeout), False
+                    made += 1
                     continue
+                self._note(made)
                 raise APIError(0, "Unreachable", f"cannot reach the API server: {e}") from None
             except (OSError, http.client.HTTPException) as e:
                 conn.close()
+                self._note(made)
                 raise APIError(0, "Unreachable", f"cannot reach the API server: {e}") from None
+        self._note(made)
         if response.will_close:
             conn.close()
         else:
@@ -418,6 +424,10 @@ class KubeClient:
             conn.close()
             raise APIError.from_status(response.status, payload, response.reason)
         return Stream(conn, response)
+
+    def _note(self, made: int) -> None:
+        with self._lock:
+            self.most_connects = max(self.most_connects, made)
 
     def close(self) -> None:
         with self._lock:

@@ -128,10 +128,13 @@ class SlicePublisher:
     async def start(self) -> None:
         """LIST the pool once (the cache the watch continues from) and continue the
         pool generation from slices a previous process left."""
-        current = await asyncio.to_thread(self.reconciler.relist)
+        # three independent reads, side by side (the client is thread-safe)
+        current, _, _ = await asyncio.gather(
+            asyncio.to_thread(self.reconciler.relist),
+            asyncio.to_thread(self.probe_features),
+            asyncio.to_thread(self._find_owner),
+        )
         self.generation = max([self.generation, *(generation_of(s) for s in current.values())])
-        await asyncio.to_thread(self.probe_features)
-        await asyncio.to_thread(self._find_owner)
         self._detected_at = time.monotonic()
 
     def _find_owner(self) -> None:

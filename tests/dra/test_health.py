@@ -83,6 +83,8 @@ async def test_unhealthy_devices_are_tainted_where_the_server_keeps_taints(dra, 
         assert taint["value"] == "XID-79-fallen-off-the-bus"
         assert len(server.devices_of(DRIVER)) == 2  # still listed, not withdrawn
         # the server added timeAdded; a sync that changes nothing still sends nothing
+        # (the PUT is recorded just after the store changed: wait for its record)
+        await server.wait_for(lambda: any(r.method == "PUT" for r in server.writes()))
         before = len(server.writes())
         await daemon.front_end.drivers[RES].resync()
         assert len(server.writes()) == before
