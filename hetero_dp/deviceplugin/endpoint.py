@@ -510,6 +510,11 @@ class PluginEndpoint:
         try:
             res = self.resource
             res.registered = False
+            servicer = self._servicer
+            if servicer is not None and servicer.calls_in_flight:
+                # let the kubelet's calls in flight finish first: once our stream ends,
+                # kubelet 1.32 closes its connection (PluginDisconnected), cancelling them
+                await wait_event(servicer.idle, STOP_GRACE)
             res.state.close()  # ends every ListAndWatch before the server stops
             # A registration that completes while we wait here starts a stream watchdog;
             # loop until no task is left, or stopping waits out that watchdog's timeout.

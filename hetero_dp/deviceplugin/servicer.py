@@ -7,6 +7,7 @@ gRPC status with a message naming the device IDs, never as a traceback.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -103,9 +104,35 @@ def add_to_server(servicer: DevicePluginServicer, server: grpc.aio.Server) -> No
     )
 
 
+_Call = TypeVar("_Call", bound=Callable[..., Awaitable[Any]])
+
+
+def _counted(method: _Call) -> _Call:
+    """Count the kubelet's unary calls in flight, so a stop can let them finish before
+    it ends the streams (kubelet 1.32 closes its connection when a stream ends, which
+    would cancel them)."""
+
+    async def counted(self: DevicePluginServicer, request: Any, context: Any) -> Any:
+        self.calls_in_flight += 1
+        self.idle.clear()
+        try:
+            return await method(self, request, context)
+        finally:
+            self.calls_in_flight -= 1
+            if self.calls_in_flight == 0:
+                self.idle.set()
+
+    counted.__name__ = method.__name__
+    counted.__doc__ = method.__doc__
+    return counted  # type: ignore[return-value]
+
+
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     def __init__(self, resource: ServedResource) -> None:
         self.resource = resource
+        self.calls_in_flight = 0  # Allocate, GetPreferredAllocation, PreStartContainer
+        self.idle = asyncio.Event()
+        self.idle.set()
 
     def options(self) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(
@@ -179,6 +206,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             if event is not None:
                 observe.emit(event, seconds=time.perf_counter() - start, code=code, **fields)
 
+    @_counted
     async def Allocate(
         self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext
     ) -> pb.AllocateResponse:
@@ -200,6 +228,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
 
         return await self._answer("Allocate", context, work, event="allocate", ids=ids)
 
+    @_counted
     async def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext
     ) -> pb.PreferredAllocationResponse:
@@ -221,6 +250,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             "GetPreferredAllocation", context, work, event="preferred_allocation"
         )
 
+    @_counted
     async def PreStartContainer(
         self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext
     ) -> pb.PreStartContainerResponse:

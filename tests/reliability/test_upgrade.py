@@ -7,10 +7,15 @@ stream ends). Timings are in benchmarks/bench_upgrade.py."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
 from hetero_dp_nvidia.backend import NvidiaBackend
 
-from .conftest import SIM, simulated
+from hetero_dp import ContainerResponse, Device, hookimpl
+
+from .conftest import SIM, devices, simulated
 from .upgrade import ORDERS, check, roll
 
 
@@ -86,3 +91,42 @@ async def test_a_socket_file_put_at_our_path_by_someone_else_survives_our_exit(
         assert path.stat().st_ino == ino  # not ours: left alone (gRPC's own unlink too)
     finally:
         other.close()
+
+
+class SlowAllocate:
+    """A backend whose Allocate takes as long as the test says (a slow driver call)."""
+
+    hetero_dp_name = "slowalloc"
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    @hookimpl
+    def discover(self) -> list[Device]:
+        return devices("example.com/slow", 2)
+
+    @hookimpl
+    def allocate(self, devices: list[Device], response: ContainerResponse) -> None:
+        self.entered.set()
+        self.release.wait(10)
+
+
+async def test_a_stop_lets_an_allocate_in_flight_finish_before_ending_the_stream(
+    fake_kubelet, plugin_runner
+):
+    """SIGTERM during an Allocate: the call is answered, then the stream ends (kubelet
+    1.32 closes its connection when the stream ends, which would cancel the call)."""
+    backend = SlowAllocate()
+    daemon = await plugin_runner.start(backend)
+    await fake_kubelet.wait_registered("example.com/slow")
+    call = asyncio.ensure_future(fake_kubelet.allocate("example.com/slow", ["dev0"]))
+    assert await asyncio.to_thread(backend.entered.wait, 10)
+    stopping = asyncio.ensure_future(plugin_runner.stop(daemon))
+    await asyncio.sleep(0.5)  # the modelled driver call goes on for 0.5 s into the stop
+    assert fake_kubelet.resources["example.com/slow"].stream_open  # not ended under it
+    backend.release.set()
+    response = await call  # answered, not cancelled
+    assert response.envs["VISIBLE"] == "0"
+    await asyncio.wait_for(stopping, 10)
+    assert not fake_kubelet.resources["example.com/slow"].stream_open
