@@ -61,9 +61,11 @@ class OptionBinder:
             )
         except ConfigError as e:
             where = cfg.option_field(self.name, e.field or "")
-            if where == e.field:
+            given = e.source == cfg.options_source(self.name)  # not an env var's, say
+            source = source_of(cfg, self.name, where) if given else e.source
+            if (where, source) == (e.field, e.source):
                 raise
-            raise ConfigError(e.reason, field=where, source=e.source) from None
+            raise ConfigError(e.reason, field=where, source=source) from None
 
 
 # What a backend's own check may give as the source of a refusal of its options when it
@@ -87,11 +89,22 @@ def placed(name: str, e: ConfigError, cfg: Config) -> ConfigError:
     prefix = f"backends.{name}"
     if field and not field.startswith(prefix + ".") and field != prefix:
         field = f"{prefix}.{field}"
-    return ConfigError(
-        e.reason,
-        field=cfg.option_field(name, field) if field else "",
-        source=cfg.options_source(name),
-    )
+    field = cfg.option_field(name, field) if field else ""
+    return ConfigError(e.reason, field=field, source=source_of(cfg, name, field))
+
+
+def source_of(cfg: Config, name: str, field: str) -> str:
+    """Where the option at ``field`` (as written) was given: the ``-o`` flag that set
+    it, or else the config (file, inline, defaults)."""
+    prefix = f"backends.{name}."
+    source = cfg.options_source(name)
+    if field.startswith(prefix):
+        key = field[len(prefix) :].split("[", 1)[0]
+        if key in cfg.backend_flagged.get(name, frozenset()):
+            return f"flag -o {name}.{key}"
+        if source.startswith("flag -o "):
+            return cfg.source
+    return source
 
 
 def configure_error(name: str, e: Exception) -> ConfigError:

@@ -228,5 +228,6 @@ async def test_list_and_run_name_a_refused_option_alike(tmp_path, plugin_runner)
         await discover_once(str(plugin), load_config(raw={}, env={}))
     with pytest.raises(ConfigError) as ran:
         await plugin_runner.start(str(plugin))
-    assert (listed.value.source, listed.value.field) == ("backend picky", "count")
+    # named where the user writes it: the config and the field under backends.<name>
+    assert (listed.value.source, listed.value.field) == ("inline config", "backends.picky.count")
     assert str(listed.value) == str(ran.value)

@@ -260,3 +260,23 @@ def test_fuzz_every_refusal_names_the_file_and_a_field_as_written(tmp_path_facto
 
     check()
     backend.close()
+
+
+def test_a_refusal_names_the_flag_or_the_file_that_set_the_option(tmp_path):
+    from hetero_dp.engine.config import load_config, set_option
+    from hetero_dp.engine.loading import load_backends
+
+    path = tmp_path / "config.yaml"
+    path.write_text("backends:\n  nvidia:\n    migStrategy: sometimes\n")
+    [backend] = load_backends(["nvidia"], timeout=5)
+    for assignment, source in (
+        ("nvidia.failOnInitError=false", str(path)),  # -o set another option
+        ("nvidia.migStrategy=never", "flag -o nvidia.migStrategy"),
+    ):
+        overrides: dict = {}
+        set_option(overrides, assignment)
+        cfg = load_config(path, env={}, overrides=overrides)
+        with pytest.raises(ConfigError) as e:
+            backend.read_options_from(cfg)
+        assert (e.value.source, e.value.field) == (source, "backends.nvidia.migStrategy")
+    backend.close()
