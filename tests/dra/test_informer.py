@@ -118,3 +118,18 @@ async def test_the_watch_resumes_from_bookmarks_without_listing(api_server):
     assert changes == []  # nothing of this node's pool changed
     resumed = [r.path for r in api_server.requests if r.method == "WATCH"]
     assert f"resourceVersion={new_rv}" in resumed[-1], resumed  # from the bookmark
+
+
+@pytest.mark.parametrize("status", [429, 503])
+async def test_a_write_the_server_sheds_is_retried_after_the_back_off(dra, api_server, status):
+    daemon = await dra.start(Npus(2), resync_interval=0)  # no periodic check at all
+    await api_server.wait_for(lambda: api_server.watches >= 1)
+    api_server.refuse_slices, api_server.refuse_status = "overloaded", status
+    daemon.set_health("npus", "NPU-0000", False, "XID 79")
+    # refused, then tried again by itself after the back-off (0.25-0.5 s, then 0.5-1 s)
+    await api_server.wait_for(
+        lambda: sum(r.status == status for r in api_server.requests) >= 2, timeout=10
+    )
+    api_server.refuse_slices = None
+    await api_server.wait_for(lambda: len(api_server.devices_of(DRIVER)) == 1, timeout=10)
+    assert api_server.verbs().get("LIST") == 1  # the start's; the retries list nothing

@@ -207,8 +207,9 @@ class FakeAPIServer:
     1.32-1.33 cluster); :meth:`serve` changes them while running (an upgrade).
     ``features``: the enabled feature gates whose fields are kept (others are
     dropped on write, as the real server does). ``refuse_slices``: when set,
-    every slice write is refused with 403 Forbidden and this message (an
-    admission webhook saying no). ``requests`` records every call.
+    every slice write is refused with this message and ``refuse_status``: 403
+    Forbidden (an admission webhook saying no), or 429/503 (a server shedding load).
+    ``requests`` records every call.
     """
 
     def __init__(
@@ -239,6 +240,9 @@ class FakeAPIServer:
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.nodes: dict[str, dict[str, Any]] = {}  # name -> Node (core/v1)
         self.refuse_slices: str | None = None
+        # with refuse_slices: 403 Forbidden (an admission webhook), or e.g. 503 (an API
+        # server shedding load answers 429 or 503, "API Priority and Fairness")
+        self.refuse_status = 403
         self.requests: list[Request] = []
         self.events: list[tuple[int, str, dict[str, Any]]] = []  # (rv, type, v1 object)
         self.watches = 0  # watch streams open now
@@ -756,7 +760,9 @@ class FakeAPIServer:
             return 400, _status(400, "BadRequest", "body must be a JSON object")
         obj_name = str((body.get("metadata") or {}).get("name") or "")
         if self.refuse_slices is not None:
-            return 403, _status(403, "Forbidden", self.refuse_slices)
+            reason = {403: "Forbidden", 429: "TooManyRequests", 503: "ServiceUnavailable"}
+            code = self.refuse_status
+            return code, _status(code, reason.get(code, "InternalError"), self.refuse_slices)
         too_big = _int64_problem(body)
         if too_big:  # the real server's JSON decoder fails before validation: 400, not 422
             return 400, _status(
