@@ -29,6 +29,7 @@ import secrets
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -510,10 +511,20 @@ class PluginEndpoint:
         try:
             res = self.resource
             res.registered = False
+            servers = [s for s in (self._reg_server, self._server) if s is not None]
+            # only sockets this endpoint bound, and only while they are still the files
+            # it bound: one that start-up refused to take over belongs to another
+            # instance, and one bound since at the same path by someone else stays
+            bound = {p for p, srv in self._bound_paths() if srv is not None}
+            stopping: asyncio.Future[Any] | None = None
             servicer = self._servicer
             if servicer is not None and servicer.calls_in_flight:
-                # let the kubelet's calls in flight finish first: once our stream ends,
-                # kubelet 1.32 closes its connection (PluginDisconnected), cancelling them
+                # Let the kubelet's calls in flight finish before our streams end: then
+                # kubelet 1.32 closes its connection (PluginDisconnected), which would
+                # cancel them. The servers stop first, so that no new call starts
+                # meanwhile (gRPC refuses them once a stop began; it waits up to the
+                # grace for the calls it has, streams included, which end below).
+                stopping = asyncio.gather(*(s.stop(STOP_GRACE) for s in servers))
                 await wait_event(servicer.idle, STOP_GRACE)
             res.state.close()  # ends every ListAndWatch before the server stops
             # A registration that completes while we wait here starts a stream watchdog;
@@ -530,13 +541,9 @@ class PluginEndpoint:
                         TASK_STOP_TIMEOUT,
                         extra={"resource": res.name},
                     )
-            # only sockets this endpoint bound, and only while they are still the files
-            # it bound: one that start-up refused to take over belongs to another
-            # instance, and one bound since at the same path by someone else stays
-            bound = {p for p, srv in self._bound_paths() if srv is not None}
-            await asyncio.gather(
-                *(s.stop(STOP_GRACE) for s in (self._reg_server, self._server) if s is not None)
-            )
+            if stopping is None:
+                stopping = asyncio.gather(*(s.stop(STOP_GRACE) for s in servers))
+            await stopping
             self._server = self._reg_server = None
             for path in bound:
                 remove_own_socket(path, self._bound.pop(path, None))
