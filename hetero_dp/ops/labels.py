@@ -95,6 +95,7 @@ class LabelWriter:
         self._backend_labels: dict[str, dict[str, str]] = {}
         self._keys: dict[str, Any] = {}  # backend -> what its labels were computed from
         self._written: str | None = None
+        self._identity: tuple[int, int] | None = None  # of the file last written
 
     def _advertised(self, backend: str) -> list[Device]:
         return [
@@ -162,9 +163,17 @@ class LabelWriter:
             log.error("cannot write the node label file %s: %s", self.path, e.strerror)
             return
         self._written = text
+        with contextlib.suppress(OSError):
+            st = self.path.stat()
+            self._identity = (st.st_dev, st.st_ino)
         log.info("wrote %d node labels to %s", text.count("\n"), self.path)
 
     def remove(self) -> None:
+        """Remove the file, unless another instance wrote it since (a rolling update:
+        the new pod writes the same file before the old one stops)."""
         with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+            st = self.path.stat()
+            if (st.st_dev, st.st_ino) == self._identity:
+                self.path.unlink()
         self._written = None
+        self._identity = None

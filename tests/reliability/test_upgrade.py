@@ -20,12 +20,18 @@ from .upgrade import ORDERS, check, roll
 
 
 @pytest.mark.parametrize("order", ORDERS)
-async def test_upgrade_simulated(fake_kubelet, plugin_runner, order):
+async def test_upgrade_simulated(fake_kubelet, plugin_runner, tmp_path, order):
+    labels = {"enabled": True, "dir": str(tmp_path / "features.d")}
+
     async def start():
-        return await plugin_runner.start(simulated(), options={"simulated": {"count": 3}})
+        return await plugin_runner.start(
+            simulated(), config={"labels": labels}, options={"simulated": {"count": 3}}
+        )
 
     rollout = await roll(fake_kubelet, plugin_runner, start, SIM, 3, order)
     check(rollout, fake_kubelet, SIM, 3)
+    # the node label file the new pod wrote outlives the old pod's exit
+    assert [p.name for p in (tmp_path / "features.d").iterdir()] == ["hetero-dp-simulated"]
 
 
 @pytest.mark.parametrize("order", ORDERS)
