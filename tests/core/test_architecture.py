@@ -281,7 +281,6 @@ CLASSES_ALLOWED = {
 MODULES_ALLOWED = {
     "hetero_dp.testing.dra.apiserver": 890,  # the fake API server (helper "fleet")
     "hetero_dp.testing.fake_kubelet": 643,  # the fake kubelet (helper "upgrade", #28)
-    "hetero_dp.engine.config": 624,  # becoming typed option() sections (helper "config")
 }
 
 
