@@ -16,10 +16,11 @@ import dataclasses
 import math
 import os
 import re
+import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from hetero_dp.allocation.delivery import parse_delivery
 from hetero_dp.allocation.sharing import REPLICA_POLICIES, SharingConfig, parse_sharing
@@ -42,18 +43,50 @@ ENV_PREFIX = "HETERO_DP_"
 # backend name -> {key as written in the file (dotted) -> where in its options ("" = spread)}
 Sections = Mapping[str, Mapping[str, str]]
 
-# key -> (type, default, environment variable)
+
+@dataclass(frozen=True)
+class CoreSettings:
+    """The top-level keys of the config file, declared like a backend's options. Each
+    is also set by ``HETERO_DP_<KEY>`` and a flag of ``hetero-dp run``. Intervals and
+    timeouts are in seconds: the largest values are a day for a loop and an hour for
+    one wait, beyond that a value is a typo (or ``.inf``) rather than a choice."""
+
+    kubelet_dir: str = option(DEFAULT_DEVICE_PLUGIN_DIR, help="the kubelet's device-plugin dir")
+    plugins_registry_dir: str = option(
+        DEFAULT_PLUGINS_REGISTRY_DIR, help="the kubelet's plugin registry (registration: watcher)"
+    )
+    registration: Literal["classic", "watcher"] = option(
+        "classic", help="classic: kubelet.sock; watcher: the plugin registry"
+    )
+    socket_prefix: str = option("hetero-dp", help="the start of every socket file's name")
+    health_interval: float = option(10.0, min=0.01, max=86_400.0, help="health polls (0: off)")
+    rediscover_interval: float = option(
+        60.0, min=0.01, max=86_400.0, help="discovery polls (0: off)"
+    )
+    hook_timeout: float = option(10.0, min=0.01, max=3_600.0, help="a backend hook's limit")
+    stream_timeout: float = option(30.0, min=0.01, max=3_600.0, help="a ListAndWatch send's limit")
+    log_level: Literal["debug", "info", "warning", "error"] = option("info", help="log level")
+    log_format: Literal["text", "json"] = option("text", help="log line format")
+
+
+# Of the intervals, these take 0 for "off".
+ZERO_IS_OFF = frozenset({"healthInterval", "rediscoverInterval"})
+_HINTS = typing.get_type_hints(CoreSettings)
+_FIELDS = {camel(f.name): f for f in dataclasses.fields(CoreSettings)}
+# Derived from CoreSettings: key -> (type, default); key -> (smallest non-zero value,
+# largest value, whether 0 means "off"); key -> the values it takes.
 SCALARS: dict[str, tuple[type, Any]] = {
-    "kubeletDir": (str, DEFAULT_DEVICE_PLUGIN_DIR),
-    "pluginsRegistryDir": (str, DEFAULT_PLUGINS_REGISTRY_DIR),
-    "registration": (str, "classic"),
-    "socketPrefix": (str, "hetero-dp"),
-    "healthInterval": (float, 10.0),
-    "rediscoverInterval": (float, 60.0),
-    "hookTimeout": (float, 10.0),
-    "streamTimeout": (float, 30.0),
-    "logLevel": (str, "info"),
-    "logFormat": (str, "text"),
+    k: (float if _HINTS[f.name] is float else str, f.default) for k, f in _FIELDS.items()
+}
+BOUNDS: dict[str, tuple[float, float, bool]] = {
+    k: (float(info.min), float(info.max), k in ZERO_IS_OFF)
+    for k, f in _FIELDS.items()
+    if (info := f.metadata["hetero_dp"]).min is not None and info.max is not None
+}
+CHOICES: dict[str, tuple[str, ...]] = {
+    k: typing.get_args(_HINTS[f.name])
+    for k, f in _FIELDS.items()
+    if typing.get_origin(_HINTS[f.name]) is Literal
 }
 SECTIONS = ("backends", "sharing", "resources", "cdi", "labels", "metrics")
 RESOURCE_KEYS = {
@@ -63,22 +96,8 @@ RESOURCE_KEYS = {
     "replicaPolicy",
     "preferredAllocation",
 }
-# Intervals and timeouts in seconds. The largest values are a day for a loop and an
-# hour for one wait: beyond that a value is a typo (or ``.inf``) rather than a choice.
-BOUNDS: dict[str, tuple[float, float, bool]] = {
-    # key: (smallest non-zero value, largest value, whether 0 means "off")
-    "healthInterval": (0.01, 86_400.0, True),
-    "rediscoverInterval": (0.01, 86_400.0, True),
-    "hookTimeout": (0.01, 3_600.0, False),
-    "streamTimeout": (0.01, 3_600.0, False),
-}
 # A socket prefix is part of a file name: it must not leave its dir.
 SOCKET_PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-CHOICES = {
-    "registration": ("classic", "watcher"),
-    "logLevel": ("debug", "info", "warning", "error"),
-    "logFormat": ("text", "json"),
-}
 
 
 @dataclass(frozen=True)
