@@ -194,3 +194,33 @@ async def test_gaudi_allocation_carries_what_habanas_plugin_gives(
     testbed.unbind_driver(gaudi_9a)
     devices = await kubelet.wait_devices(gaudi, lambda d: d["0000:9a:00.0"].health == "Unhealthy")
     assert _health(devices) == {"0000:33:00.0": "Healthy", "0000:9a:00.0": "Unhealthy"}
+
+
+HOSTILE_DEVICE = """P: /devices/platform/hostile0
+E: SUBSYSTEM=platform
+E: HOSTILE=aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaac
+"""
+
+
+async def test_a_catastrophic_rule_regex_neither_hangs_discovery_nor_stop(
+    testbed: Testbed, data: Path, kubelet: FakeKubelet, runner: PluginRunner, tmp_path: Path
+) -> None:
+    """Issue #29: ``(a+)+b`` against a 40-character property took Python's re about
+    2**40 steps, holding the interpreter lock: discovery never ended, the daemon never
+    registered and ignored SIGTERM. RE2 matches in linear time: the other rule's
+    devices register and the daemon stops within its bound (the runner fixture)."""
+    testbed.add_file(data / "amd-gpu.umockdev")
+    testbed.add(HOSTILE_DEVICE)
+    rules = tmp_path / "hostile.yaml"
+    rules.write_text(
+        "resources:\n"
+        "  - name: example.com/hostile\n"
+        "    id: sysname\n"
+        "    primaryNode: false\n"
+        "    match:\n"
+        "      subsystem: platform\n"
+        "      properties: {HOSTILE: {regex: '(a+)+b'}}\n"
+    )
+    await runner.start(UdevBackend(), options={"udev": {"rules": ["amd-gpu", str(rules)]}})
+    await kubelet.wait_registered(AMD, timeout=30)
+    await kubelet.wait_devices(AMD, lambda d: len(d) == 2)
