@@ -39,7 +39,7 @@ from hetero_dp.deviceplugin.registration import (
     WatcherRegistrationServicer,
     register_with_backoff,
 )
-from hetero_dp.deviceplugin.servicer import DevicePluginServicer, add_to_server
+from hetero_dp.deviceplugin.servicer import DecodeGuard, DevicePluginServicer, add_to_server
 from hetero_dp.kits import observe
 from hetero_dp.kits.aiotools import cancel_and_wait, wait_event
 from hetero_dp.kits.sockets import socket_listens
@@ -326,7 +326,7 @@ class PluginEndpoint:
         assert self.registry_socket is not None and self.registry_dir is not None
         self.registry_dir.mkdir(parents=True, exist_ok=True)
         claim_socket_path(self.registry_socket, "socketPrefix")
-        reg = grpc.aio.server()
+        reg = grpc.aio.server(interceptors=[DecodeGuard()])  # bad bodies: INVALID_ARGUMENT
         reg_grpc.add_RegistrationServicer_to_server(
             WatcherRegistrationServicer(self.resource.name, str(self.socket_path), self._on_status),
             reg,

@@ -63,11 +63,12 @@ async def refuse_undecodable(
             request.size,
             rpc,
             request.error,
-            extra={"resource": name},
+            extra={"resource": name} if name else None,
         )
+        where = f"{name}: " if name else ""
         await context.abort(
             grpc.StatusCode.INVALID_ARGUMENT,
-            f"{name}: {rpc}: the request is not a valid protobuf message: {request.error}",
+            f"{where}{rpc}: the request is not a valid protobuf message: {request.error}",
         )
 
 
@@ -262,3 +263,53 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             return pb.PreStartContainerResponse()
 
         return await self._answer("PreStartContainer", context, work, ids=ids)
+
+
+class DecodeGuard(grpc.aio.ServerInterceptor):
+    """For the servers whose services come from generated code (DRA, registration):
+    every unary request is decoded leniently, and one that does not decode answers
+    INVALID_ARGUMENT with one log line, as the DevicePlugin service does."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None or handler.request_streaming:
+            return handler
+        rpc = str(handler_call_details.method).rpartition("/")[2]
+        decode = handler.request_deserializer
+
+        def lenient(data: bytes) -> Any:
+            try:
+                return decode(data)
+            except Exception as e:
+                return Undecodable(e, len(data))
+
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                await refuse_undecodable(request, rpc, "", context)
+                return await inner(request, context)
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary,
+                request_deserializer=lenient,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            inner_stream = handler.unary_stream
+
+            async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                await refuse_undecodable(request, rpc, "", context)
+                async for item in inner_stream(request, context):
+                    yield item
+
+            return grpc.unary_stream_rpc_method_handler(
+                stream,
+                request_deserializer=lenient,
+                response_serializer=handler.response_serializer,
+            )
+        return handler

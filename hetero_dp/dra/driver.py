@@ -33,6 +33,7 @@ from hetero_dp.deviceplugin.endpoint import (
     claim_socket_path,
     remove_own_socket,
 )
+from hetero_dp.deviceplugin.servicer import DecodeGuard
 from hetero_dp.dra.api import APIError, ResourceAPI
 from hetero_dp.dra.checkpoint import Checkpoint, CheckpointError
 from hetero_dp.dra.claimspec import claim_kind
@@ -164,7 +165,7 @@ class DRADriver:
         await self._connect_api()
         self._claim(self.socket_path)
         self.health.closed = False
-        server = grpc.aio.server()
+        server = grpc.aio.server(interceptors=[DecodeGuard()])  # bad bodies: INVALID_ARGUMENT
         add_dra_services(server, self.preparer)
         add_health_services(server, self.health)
         self._bound[self.socket_path] = bind_unix(server, self.socket_path)
@@ -223,7 +224,7 @@ class DRADriver:
     async def _start_registration(self) -> None:
         self.registry_socket.parent.mkdir(parents=True, exist_ok=True)
         self._claim(self.registry_socket)
-        reg = grpc.aio.server()
+        reg = grpc.aio.server(interceptors=[DecodeGuard()])  # bad bodies: INVALID_ARGUMENT
         reg_grpc.add_RegistrationServicer_to_server(
             DRARegistrationServicer(self.name, str(self.socket_path), self._on_status), reg
         )

@@ -175,3 +175,27 @@ async def test_readiness_says_what_is_missing(dra, api_server):
         assert not ok and "ResourceSlice refused: HTTP 403 Forbidden: no" in line
     finally:
         await kubelet.stop()
+
+
+@pytest.mark.parametrize(
+    ("socket", "method"),
+    [
+        ("reg", "/pluginregistration.Registration/NotifyRegistrationStatus"),
+        ("dra", "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"),
+        ("dra", "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodeUnprepareResources"),
+    ],
+)
+async def test_undecodable_requests_answer_invalid_argument(dra, caplog, socket, method):
+    """Issue #29: a body protobuf cannot parse answered UNKNOWN after a multi-line
+    traceback; on the DRA and registration sockets too it is INVALID_ARGUMENT now."""
+    await dra.start(Npus(1))
+    path = (
+        dra.registry_dir / f"{DRIVER}-reg.sock"
+        if socket == "reg"
+        else dra.plugins_dir / DRIVER / "dra.sock"
+    )
+    async with grpc.aio.insecure_channel(f"unix://{path}") as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await ch.unary_unary(method)(b"\x0a\xff\xff\xff\xff\x0f", timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value
+    assert not [r for r in caplog.records if r.exc_info]
