@@ -39,8 +39,12 @@ async def serve_and_check(
     cmd: list[str], fake_kubelet: FakeKubelet, devs: Path, env: dict[str, str], cwd: Path
 ):
     """Run ``CMD run acme_npu-ish`` in a child process until it registers and allocates."""
+    # `hetero-dp run` takes only device nodes (the container gate): each fake node is a
+    # link to /dev/null, a character device, in a dev dir as a driver root's are
+    devs = devs / "dev"
+    devs.mkdir()
     for i in range(2):
-        (devs / f"acme{i}").touch()
+        os.symlink("/dev/null", devs / f"acme{i}")
     proc = await asyncio.create_subprocess_exec(
         *cmd,
         "--kubelet-dir",
