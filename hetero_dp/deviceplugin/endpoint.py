@@ -408,17 +408,7 @@ class PluginEndpoint:
 
     async def _wait_streams(self, want_open: bool, timeout: float | None) -> bool:
         res = self.resource
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while (res.open_streams > 0) != want_open:
-            remaining = None if deadline is None else deadline - loop.time()
-            if remaining is not None and remaining <= 0:
-                return False
-            res.streams_changed.clear()  # no await since the check: no change is missed
-            await wait_event(res.streams_changed, remaining)
-            if not self._running or res.state.closed:
-                return False
-        return True
+        return await self._wait_until(lambda: (res.open_streams > 0) == want_open, timeout)
 
     async def _wait_until(self, done: Callable[[], bool], timeout: float | None) -> bool:
         """Wait until ``done()`` holds, re-checked on every stream open and close."""
