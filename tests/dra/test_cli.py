@@ -16,14 +16,18 @@ from .backend import DRIVER
 PLUGIN = Path(__file__).with_name("npu_plugin.py")
 
 
-def spawn(dra, hetero_dp_cmd, cli_env, *extra: str) -> subprocess.Popen[bytes]:
+def spawn(
+    dra, hetero_dp_cmd, cli_env, *extra: str, backend: str = str(PLUGIN), env=None
+) -> subprocess.Popen[bytes]:
+    """``hetero-dp run BACKEND --mode dra`` in ``dra``'s layout against its API server;
+    ``extra`` arguments go after the others, ``env`` adds to the environment."""
     cfg = dra.root / "config.yaml"
     cfg.write_text(f"healthInterval: 0\nrediscoverInterval: 0\ncdi:\n  dir: {dra.cdi_dir}\n")
     return subprocess.Popen(
         [
             *hetero_dp_cmd,
             "run",
-            str(PLUGIN),
+            backend,
             "--mode",
             "dra",
             "-c",
@@ -38,7 +42,7 @@ def spawn(dra, hetero_dp_cmd, cli_env, *extra: str) -> subprocess.Popen[bytes]:
             dra.api.url,
             *extra,
         ],
-        env={**cli_env, "NODE_NAME": "node-a"},
+        env={**cli_env, "NODE_NAME": "node-a", **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
