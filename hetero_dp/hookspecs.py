@@ -249,13 +249,16 @@ def cdi_spec_edits(kind: str, devices: list[Device]) -> Mapping[str, Any] | None
     """Spec-wide CDI ``containerEdits`` to add to the spec of ``kind``.
 
     Called whenever the framework rewrites the spec of a CDI kind that holds
-    devices of this backend (``devices``: those devices). Return a mapping in
+    devices of this backend (``devices``: those devices), and in DRA mode for
+    each claim's spec (``kind``: ``<driver>/claim``; ``devices``: the claim's
+    devices of this backend). Return a mapping in
     the CDI spec's own shape, with any of ``deviceNodes``, ``mounts``, ``env``
     (``NAME=value`` strings) and ``hooks``: what every container of the kind
     needs beyond the device records (driver libraries, utilities, runtime
     hooks). Device nodes and mounts replace the records' shared ones at the
     same container path; env replaces the same variable. Return ``None`` for
-    nothing. A raise keeps the previous spec and is logged.
+    nothing. A raise keeps the previous spec and is logged (in DRA mode it
+    fails that claim's prepare, naming the backend).
     """
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hetero_dp.allocation.cdi import merge_edits
 from hetero_dp.allocation.sharing import advertise
 from hetero_dp.dra.driver import (
     DEFAULT_PLUGINS_DIR,
@@ -25,6 +26,7 @@ from hetero_dp.dra.driver import (
 from hetero_dp.dra.names import driver_name_for, driver_name_problem
 from hetero_dp.dra.prepare import ClaimError, ClaimRef
 from hetero_dp.dra.slices import VERSIONS
+from hetero_dp.engine.cdi_publisher import spec_wide_edits
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.frontend import Engine
 from hetero_dp.engine.resource import Resource
@@ -140,6 +142,7 @@ class DRAFrontEnd:
             driver = DRADriver(settings, self.api_client)
             driver.preparer.on_prepare = self._prepare_hook
             driver.preparer.on_unprepare = self._unprepare_hook
+            driver.preparer.spec_edits = self._spec_edits_hook
             self.drivers[resource] = driver
         return driver
 
@@ -232,6 +235,21 @@ class DRAFrontEnd:
                 raise ClaimError(str(e)) from None
             out.extend(mine if result is None else list(result))
         return out
+
+    async def _spec_edits_hook(self, kind: str, devices: list[Device]) -> dict[str, Any]:
+        """The spec-wide edits (driver files, hooks) for a claim's spec, from each
+        backend that serves some of ``devices`` and implements ``cdi_spec_edits``: the
+        same a device-plugin spec of theirs holds. A failure fails the claim."""
+        extra: dict[str, Any] = {}
+        for rt in self.engine.runtimes.values():
+            mine = [d for d in devices if self._owned(rt, d.id)]
+            if not mine or not rt.backend.implements("cdi_spec_edits"):
+                continue
+            try:
+                extra = merge_edits(extra, await spec_wide_edits(rt.backend, kind, mine))
+            except (BackendError, ConfigError) as e:
+                raise ClaimError(f"backend {rt.backend.name}: CDI spec edits: {e}") from None
+        return extra
 
     async def _unprepare_hook(self, ref: ClaimRef, device_ids: list[str]) -> None:
         """Call the ``unprepare`` hook of each backend that has some of ``device_ids``

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hetero_dp.allocation.cdi import with_edits
 from hetero_dp.dra.api import APIError, ResourceAPI
 from hetero_dp.dra.checkpoint import (
     Checkpoint,
@@ -43,6 +44,8 @@ PrepareHook = Callable[
     ["ClaimRef", dict[str, Device], list[dict[str, Any]]], Awaitable[list[Device]]
 ]
 UnprepareHook = Callable[["ClaimRef", list[str]], Awaitable[None]]
+# (the claim spec's kind, the claim's devices) -> spec-wide CDI edits (driver files, hooks)
+SpecEditsHook = Callable[[str, list[Device]], Awaitable[Mapping[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class ClaimPreparer:
         devices: Callable[[], Mapping[str, Device]],
         on_prepare: PrepareHook | None = None,
         on_unprepare: UnprepareHook | None = None,
+        spec_edits: SpecEditsHook | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -88,6 +92,8 @@ class ClaimPreparer:
         self.on_prepare = on_prepare
         # the backends' unprepare hooks: (claim, device IDs from the checkpoint)
         self.on_unprepare = on_unprepare
+        # the backends' spec-wide edits, as in their device-plugin specs
+        self.spec_edits = spec_edits
         self._lock = asyncio.Lock()
         self._batch = asyncio.Lock()
         self.lock_path = self.checkpoint.path.with_name("serialize.lock")
@@ -180,6 +186,8 @@ class ClaimPreparer:
     ) -> list[PreparedDevice]:
         """Checkpoint the claim and write its CDI spec."""
         spec, cdi_ids = self._spec(ref, chosen, requests)
+        if self.spec_edits is not None:
+            spec = with_edits(spec, await self.spec_edits(spec["kind"], list(chosen.values())))
         prepared = [
             PreparedDevice(
                 request_names=sorted(r for r, names in requests.items() if name in names),

@@ -221,6 +221,21 @@ class _Backend(Protocol):
     async def cdi_spec_edits(self, kind: str, devices: list[Device]) -> dict[str, Any]: ...
 
 
+async def spec_wide_edits(backend: _Backend, kind: str, devices: list[Device]) -> dict[str, Any]:
+    """The spec-wide edits (driver files, hooks) ``backend``'s ``cdi_spec_edits`` adds
+    to the spec of ``kind`` holding ``devices``, checked by the container gate; raises
+    BackendError (the hook failed) or ConfigError (the gate refused what it returned).
+    Used for the device-plugin specs here and for DRA claim specs."""
+    edits = await backend.cdi_spec_edits(kind, devices)
+    problems = edits_problems(edits)
+    if problems:  # the container gate, for what the spec adds to every device
+        raise ConfigError(
+            "its cdi_spec_edits hold what may not go into a container: " + "; ".join(problems[:3]),
+            field="cdi_spec_edits",
+        )
+    return edits
+
+
 class _Runtime(Protocol):
     """What :class:`CDIPublisher` reads of the daemon's per-backend runtime."""
 
@@ -352,15 +367,7 @@ class CDIPublisher:
                 by_backend.setdefault(backend.name, (backend, []))[1].extend(devices)
         for backend, devices in by_backend.values():
             try:
-                edits = await backend.cdi_spec_edits(kind, devices)
-                problems = edits_problems(edits)
-                if problems:  # the container gate, for what the spec adds to every device
-                    raise ConfigError(
-                        "its cdi_spec_edits hold what may not go into a container: "
-                        + "; ".join(problems[:3]),
-                        field="cdi_spec_edits",
-                    )
-                extra = merge_edits(extra, edits)
+                extra = merge_edits(extra, await spec_wide_edits(backend, kind, devices))
             except (BackendError, ConfigError) as e:
                 log.error(
                     "CDI spec of %s not updated (the previous one stays): backend %s: %s",

@@ -316,12 +316,6 @@ def test_the_nvidia_spec_gives_nodes_libraries_env_and_runs_its_hooks(
     sees_the_gpu(runtime_cdi, spec_path, name, "void", calls)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a DRA claim spec holds the device records only: the backend's spec-wide edits "
-    "(cdi_spec_edits: the driver's libraries, hooks, NVIDIA_VISIBLE_DEVICES=void) are not in it, "
-    "so the container gets the GPU's nodes but no libcuda",
-)
 async def test_the_nvidia_dra_claim_spec_gives_nodes_libraries_env_and_runs_its_hooks(
     workdir: Path, fake_lib: Path, hetero_dp_cmd, cli_env, runtime_cdi
 ):

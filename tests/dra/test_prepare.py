@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from hetero_dp import hookimpl
 from hetero_dp.dra import device_name
 from hetero_dp.model.errors import ConfigError
 from hetero_dp.testing.dra import ClaimRef, make_claim
@@ -289,3 +290,48 @@ async def test_a_pod_with_a_failing_claim_holds_none_until_a_retry_works(dra, ku
     # the good claim was not prepared twice
     assert [c[2] for c in kubelet.calls] == [[good.uid, late.uid], [late.uid]]
     assert await kubelet.unprepare_pod("pod") == [good.uid, late.uid]
+
+
+class DriverFiles(Npus):
+    """A backend whose device-plugin specs get spec-wide edits (a driver's library and
+    a hook, as NVIDIA's cdi_spec_edits adds): its claim specs must hold them too, or a
+    container started from a claim has the device's nodes and no driver."""
+
+    def __init__(self, edits: dict, count: int = 2) -> None:
+        super().__init__(count)
+        self.edits = edits
+        self.asked: list[tuple[str, list[str]]] = []
+
+    @hookimpl
+    def cdi_spec_edits(self, kind: str, devices: list) -> dict:
+        self.asked.append((kind, [d.id for d in devices]))
+        return self.edits
+
+
+LIB = {"hostPath": "/opt/acme/lib/libacme.so.1", "containerPath": "/usr/lib/libacme.so.1"}
+HOOK = {"hookName": "createContainer", "path": "/opt/acme/bin/acme-hook", "args": ["acme-hook"]}
+
+
+async def test_a_claims_spec_holds_the_backends_spec_wide_edits(dra, kubelet, api_server):
+    backend = DriverFiles({"mounts": [LIB], "hooks": [HOOK], "env": ["ACME_DRIVER=2.1"]})
+    await dra.start(backend)
+    await kubelet.wait_registered(DRIVER)
+    ref = claim(api_server, "one", [("npu", N1)])
+    entry = (await kubelet.node_prepare(DRIVER, [ref])).claims[ref.uid]
+    assert entry.error == ""
+    spec = cdi_devices(dra)[entry.devices[0].cdi_device_ids[0]]["spec"]
+    common = spec["containerEdits"]
+    assert common["mounts"] == [LIB]
+    assert common["hooks"] == [HOOK]
+    assert common["env"] == ["ACME_DRIVER=2.1"]
+    assert common["deviceNodes"] == [{"path": "/dev/npu_ctl", "permissions": "rw"}]  # kept
+    assert backend.asked == [(f"{DRIVER}/claim", ["NPU-0001"])]  # the claim's devices only
+
+
+async def test_spec_wide_edits_the_gate_refuses_fail_the_claim(dra, kubelet, api_server):
+    await dra.start(DriverFiles({"env": ["LD_PRELOAD=/host/evil.so"]}))
+    await kubelet.wait_registered(DRIVER)
+    ref = claim(api_server, "one", [("npu", N1)])
+    error = (await kubelet.node_prepare(DRIVER, [ref])).claims[ref.uid].error
+    assert "backend npus: CDI spec edits" in error and "LD_PRELOAD" in error
+    assert list(dra.cdi_dir.glob("*.json")) == []
