@@ -74,6 +74,16 @@ def fake_nvml_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     return lib
 
 
+def _forget_entry_point_instance() -> None:
+    """A reset of the fake library is a new node (NVML's init count back to 0). The nvidia
+    entry point names one instance per process, as production loads it; a test that
+    left it initialised against the last node would have it skip ``nvmlInit`` on the
+    new one and meet NVML_ERROR_UNINITIALIZED, so it is shut down first."""
+    from hetero_dp_nvidia.backend import plugin
+
+    plugin.shutdown()
+
+
 @pytest.fixture
 def fake_node(
     fake_nvml_lib: ctypes.CDLL, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -87,11 +97,13 @@ def fake_node(
 
     def make(base: str, *extra: str, **kw: object) -> FakeNode:
         node = make_node(fake_nvml_lib, tmp_path / f"node{next(counter)}", base, extra, **kw)
+        _forget_entry_point_instance()
         fake_nvml_lib.fake_nvml_reset()
         monkeypatch.setenv("FAKE_NVML_SCENARIO", str(node.scenario))
         return node
 
     yield make
+    _forget_entry_point_instance()
     fake_nvml_lib.fake_nvml_reset()
     os.environ.pop("FAKE_NVML_SCENARIO", None)
 
