@@ -28,9 +28,12 @@ Following the server, not a picture of it taken once:
   reconnects (one stream of attempts per node, not two).
 - *API version.* A ``404`` on the slice collection means the server stopped
   serving the version in use (an upgrade from ``v1beta1`` to ``v1``, or a
-  rollback): the version is detected again and the sync repeated. It is also
-  detected again every ``redetect_interval`` seconds (the discovery answer is
-  shared by the drivers of a process).
+  rollback): the version is detected again and the sync repeated. The watch
+  reads discovery whenever a stream ends early or fails (an API server being
+  replaced ends its watches), so a switch is followed within a watch's
+  lifetime even when nothing fails; it is also detected again every
+  ``redetect_interval`` seconds (the discovery answer is shared by the drivers
+  of a process). A new version that serves other optional fields re-renders the pool.
 - *Generation.* It never goes backwards: when the server holds a newer
   generation of the pool (written by another instance of the driver during a
   rolling update), the next write continues above it.
@@ -98,6 +101,7 @@ class SlicePublisher:
         self.reconciler = Reconciler(api, driver, node, self.cache, redetect=self.redetect)
         self.backoff = Backoff()
         self._retry: asyncio.TimerHandle | None = None
+        self._rendered_with: dict[str, bool] = {}  # the features the pool was rendered for
         self._detected_at = time.monotonic()
         self._lock = asyncio.Lock()
 
@@ -121,6 +125,7 @@ class SlicePublisher:
     def watch(self, on_change: Any, **kwargs: Any) -> SliceWatch:
         """The watch that keeps this publisher's cache (not started)."""
         self.cache.watched = True
+        kwargs.setdefault("rediscover", self.rediscover)
         return SliceWatch(
             self.api, self.driver, self.node, on_change=on_change, cache=self.cache, **kwargs
         )
@@ -197,6 +202,7 @@ class SlicePublisher:
     async def publish(self, devices: Iterable[Device]) -> bool:
         """Publish the healthy ``devices``; True when the pool changed (new generation)."""
         self._records = list(devices)
+        self._rendered_with = dict(self.features)
         r = render_pool(
             self._records, driver=self.driver, features=self.features, shares=self.shares
         )
@@ -221,7 +227,6 @@ class SlicePublisher:
         if self.devices is None or not self.active:
             return
         async with self._lock:
-            features = dict(self.features)
             try:
                 refused = await asyncio.to_thread(self._sync_blocking)
             except APIError as e:
@@ -231,7 +236,7 @@ class SlicePublisher:
             finally:
                 self.syncs += 1
             self.backoff.reset()
-        if features != self.features:  # a new API version (re-detected) serves other fields
+        if self._rendered_with != self.features:  # a new version serves other fields
             await self.publish(self._records)
             return
         for name, reason in refused:  # observers run on the loop, not in the worker thread
@@ -260,15 +265,23 @@ class SlicePublisher:
 
     def redetect(self) -> bool:
         """Detect the served version again; True when it changed."""
-        before = self.api.version
         try:
-            self.api.detect(self.versions, max_age=0)
+            return self.rediscover()
         except APIError as e:
-            self.api.version = before
             log.error(
                 "DRA driver %s: cannot detect the resource.k8s.io version: %s", self.driver, e
             )
             return False
+
+    def rediscover(self) -> bool:
+        """Read the discovery document now (the watch does after a stream ended early
+        or failed); True when the version to use changed. Raises :class:`APIError`."""
+        before = self.api.version
+        try:
+            self.api.detect(self.versions, max_age=0)
+        except APIError:
+            self.api.version = before
+            raise
         self._detected_at = time.monotonic()
         if self.api.version != before:
             self.probe_features()

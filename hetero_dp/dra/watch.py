@@ -22,9 +22,19 @@ against the cache without asking the server (Kubernetes docs, "API Concepts",
   resourceVersion that was returned".
 - Any other failure (no server, a broken stream) is retried with the one
   policy, :class:`~hetero_dp.dra.client.Backoff`, one connection attempt per
-  try; the first stream opened after a failure syncs the pool too. A ``404``
-  (the version in use no longer served) marks the cache stale, so the next
-  sync lists, which re-detects the version.
+  try; the first stream opened after a failure syncs the pool too.
+- *Following an API server switch.* A stream lives ``timeout_seconds`` to
+  twice that (30-60 s by default, drawn per stream so a fleet does not reopen
+  in step): a stream held open by a draining server (an upgrade replaces the
+  API server; the old one keeps its watches until it exits, and sends nothing
+  meanwhile) is left within a minute. A stream that ends before its time or
+  breaks, a failure, a ``404`` (the version in use no longer served) and a
+  ``410`` are each followed by one read of the discovery document
+  (``rediscover``) before the next stream: when the served version changed,
+  the pool is listed again under the new one and synced. A ``404`` is retried
+  at once, not after the back-off. A stream that ran its full time asks
+  nothing more than the next stream: an idle node sends one watch request a
+  stream, nothing else.
 """
 
 from __future__ import annotations
@@ -34,7 +44,9 @@ import contextlib
 import copy
 import json
 import logging
+import random
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,7 +55,10 @@ from hetero_dp.dra.client import Backoff, Stream
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT = 300
+# a stream's lifetime is drawn from [DEFAULT_TIMEOUT, 2 * DEFAULT_TIMEOUT) seconds: it
+# bounds how long a draining API server can hold the watch (see the module docstring)
+DEFAULT_TIMEOUT = 30
+EARLY = 0.9  # a stream that ended before this share of its time was ended by the server
 MAX_BACKOFF = 5.0  # the cap also bounds how long after an outage a driver looks again
 
 
@@ -156,6 +171,8 @@ class SliceWatch:
         cache: SliceCache | None = None,
         timeout_seconds: int = DEFAULT_TIMEOUT,
         backoff: Backoff | None = None,
+        rediscover: Callable[[], bool] | None = None,
+        rand: Callable[[], float] = random.random,
     ) -> None:
         self.api = api
         self.driver = driver
@@ -164,6 +181,10 @@ class SliceWatch:
         self.cache = cache if cache is not None else SliceCache()
         self.timeout_seconds = timeout_seconds
         self.backoff = backoff or Backoff(cap=MAX_BACKOFF)
+        # reads discovery; True when the served version changed (raises APIError)
+        self.rediscover = rediscover
+        self.rand = rand
+        self.rediscoveries = 0  # discovery reads after a stream ended early or failed
         self.events = 0  # events received (for tests and metrics)
         self.relists = 0  # LISTs after an expired watch
         self.opened = 0  # watch streams opened
@@ -200,19 +221,33 @@ class SliceWatch:
         # "" or "0" as a watch's start means "any": not a point to continue from
         need_list = self.cache.resource_version in ("", "0")
         failed = need_list
+        ask = False  # read discovery before the next stream (the last one ended early)
+        # discovery was read since the last stream that ended without an error: one read
+        # covers a chain of failures (a cut stream, then 410 from the new server)
+        asked = False
         while not self._stop.is_set():
             try:
+                if ask and not asked and self.rediscover is not None:
+                    self.rediscoveries += 1
+                    if self.rediscover():  # a new version: the pool is read under it
+                        need_list = True
+                    asked = True
+                ask = False
                 if need_list:
                     self._list()
                     need_list = False
                     failed = True  # the cache was replaced: sync against it
-                self._watch_once(failed)
+                full = self._watch_once(failed)
+                ask, asked = not full, False
                 failed = False
                 self.backoff.reset()
             except APIError as e:
                 self.cache.live = False
                 if self._stop.is_set():
                     return
+                ask = True
+                if e.status == 404:  # the version in use is gone: read discovery again
+                    asked = False
                 if e.expired:
                     log.info(
                         "DRA driver %s: the watch on ResourceSlices expired (%s); listing again",
@@ -223,8 +258,12 @@ class SliceWatch:
                     need_list = True
                     continue
                 failed = True
-                if e.status == 404:  # the version in use is gone: the sync re-detects
+                if e.status == 404:  # the version in use is gone: discovery at once
                     self.on_change(f"watch failed: {e}")
+                    need_list = True
+                    if self.backoff.failures == 0:
+                        self.backoff.failures = 1
+                        continue
                 delay = self.backoff.next()
                 log.warning(
                     "DRA driver %s: watching ResourceSlices failed (%s); retrying in %.1fs",
@@ -238,18 +277,21 @@ class SliceWatch:
                 if self._stop.is_set():
                     return
                 failed = True
+                ask = True
                 log.debug("DRA driver %s: watch stream ended: %r", self.driver, e)
                 self._stop.wait(self.backoff.next())
 
-    def _watch_once(self, resync: bool) -> None:
-        stream = self.api.watch_slices(
-            self.driver, self.node, self.cache.resource_version, self.timeout_seconds
-        )
+    def _watch_once(self, resync: bool) -> bool:
+        """One stream, read to its end; True when it ran its full time (the server
+        ended it at ``timeoutSeconds``), False when it ended early."""
+        timeout = int(self.timeout_seconds * (1.0 + self.rand()))
+        started = time.monotonic()
+        stream = self.api.watch_slices(self.driver, self.node, self.cache.resource_version, timeout)
         self._stream = stream
         self.opened += 1
         try:
             if self._stop.is_set():
-                return
+                return True
             self.cache.live = True
             if resync:  # first stream after a list or a failure: compare once
                 self.on_change("watch (re)opened")
@@ -261,6 +303,7 @@ class SliceWatch:
             self._stream = None
             with contextlib.suppress(Exception):
                 stream.close()
+        return time.monotonic() - started >= EARLY * timeout
 
     def _handle(self, event: dict[str, Any]) -> None:
         kind = event.get("type", "")

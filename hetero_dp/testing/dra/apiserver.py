@@ -248,6 +248,8 @@ class FakeAPIServer:
         self.watches = 0  # watch streams open now
         # a real server never answers resourceVersion "0" (that means "any" in a request)
         self._rv = 1
+        self._epoch = 0  # the API server process serving now (serve(..., drain=...))
+        self._cut_at = 0.0  # when the draining process cuts its watches
         self._stopping = False
         self._cond = threading.Condition()
         self._httpd: ThreadingHTTPServer | None = None
@@ -370,13 +372,43 @@ class FakeAPIServer:
 
     # test-side state
 
-    def serve(self, versions: Sequence[str]) -> None:
+    def serve(self, versions: Sequence[str], *, drain: float | None = None) -> None:
         """Serve other versions from now on (a control-plane upgrade or rollback).
 
-        Stored objects stay and are converted, as on a real server.
+        Stored objects stay and are converted, as on a real server. Without
+        ``drain`` a watch of a version no longer served ends at once. With
+        ``drain`` (seconds) the switch is a new API server process taking over,
+        as a real upgrade presents it: every request from now on reaches the new
+        one, whose discovery document (``GET /apis/resource.k8s.io``, an
+        ``APIGroup`` listing the served ``versions`` and the ``preferredVersion``:
+        Kubernetes docs, "Discovering the Kubernetes API") lists the new
+        versions, and whose watch cache starts at the current revision (a watch
+        resumed from before the switch gets ``410``, as after :meth:`stop` and
+        :meth:`start`). The old process drains: a graceful shutdown waits for the
+        requests in flight, watches included, up to a deadline (``http.Server.Shutdown``
+        with the apiserver's shutdown timeout; kube-apiserver flags
+        ``--shutdown-delay-duration``, ``--shutdown-watch-termination-grace-period``),
+        then exits and cuts them. Measured against kube-apiserver 1.36 (issue #28
+        point 5): a watch stayed open on the draining server about 65 s, and a
+        wipe made meanwhile did not come through it; so here the watches opened
+        before the switch deliver nothing more (no events, no bookmarks), still
+        end at their own ``timeoutSeconds``, and are cut ``drain`` seconds after
+        the switch, without the stream's last chunk, as a process exiting leaves them.
         """
         with self._cond:
             self.versions = tuple(versions)
+            if drain is not None:
+                self._epoch += 1
+                self._cut_at = time.monotonic() + drain
+                self.events.clear()
+                self._rv += 1
+                self._compacted = self._rv
+            self._cond.notify_all()
+
+    def end_drain(self) -> None:
+        """The draining process exits now: its watches are cut."""
+        with self._cond:
+            self._cut_at = time.monotonic()
             self._cond.notify_all()
 
     def add_node(self, name: str) -> dict[str, Any]:
@@ -613,6 +645,7 @@ class FakeAPIServer:
             )
 
         with self._cond:
+            epoch = self._epoch
             self.requests.append(Request("WATCH", handler.path, 200))
             self.watches += 1
             self._cond.notify_all()
@@ -627,6 +660,11 @@ class FakeAPIServer:
                 write({"type": "ERROR", "object": gone})
                 pending = []
             while not expired:
+                if self._epoch != epoch:  # on a draining process: silent, then cut
+                    if _peer_closed(handler.connection) or self._drained(handler, deadline):
+                        handler.close_connection = True
+                        return
+                    continue
                 for kind, obj in pending:
                     send(kind, obj)
                 now = time.monotonic()
@@ -645,6 +683,8 @@ class FakeAPIServer:
                         functools.partial(self._watch_wakes, last, version, wake),
                         timeout=min(WATCH_POLL, max(0.0, wake - time.monotonic())),
                     )
+                    if self._epoch != epoch:
+                        continue
                     if self._stopping or version not in self.versions:
                         break
                     if not self._delivering.is_set():
@@ -664,6 +704,27 @@ class FakeAPIServer:
                 self.watches -= 1
                 self._cond.notify_all()
         handler.close_connection = True
+
+    def _drained(self, handler: BaseHTTPRequestHandler, deadline: float) -> bool:
+        """One wait of a watch on a draining process; True when it was cut (no last
+        chunk). At its own deadline it ends as usual (False, and the caller's next
+        check ends it)."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: self._stopping or time.monotonic() >= min(self._cut_at, deadline),
+                timeout=WATCH_POLL,
+            )
+            cut = self._stopping or time.monotonic() >= self._cut_at
+        if cut:
+            with contextlib.suppress(OSError):
+                handler.connection.shutdown(socket.SHUT_RDWR)
+            handler.close_connection = True
+            return True
+        if time.monotonic() >= deadline:
+            handler.wfile.write(b"0\r\n\r\n")
+            handler.close_connection = True
+            return True
+        return False
 
     def _watch_wakes(self, last: int, version: str, deadline: float) -> bool:
         return bool(
