@@ -48,6 +48,8 @@ async def test_a_wipe_while_the_old_server_drains_is_repaired_on_the_new_version
         repaired = time.monotonic() - started
         # before: with v1beta1 still served the driver stayed on it until the periodic check
         assert driver.publisher.version == "v1"
+        # a write is recorded just after it is stored: wait for the record too
+        await server.wait_for(lambda: len(server.writes()) > before)
         rewritten = [r.path for r in server.writes()[before:]]
         assert rewritten and all("resource.k8s.io/v1/" in p for p in rewritten), rewritten
         assert repaired < 2.0, repaired
