@@ -9,8 +9,8 @@ other devices serve. ``docs/hooks.md`` ("What a backend may put into a
 container") gives the rules and their public sources:
 
 - device nodes (``DeviceSpec.host_path``): absolute and normalised, under ``/dev``
-  (of the host, or of a driver root mounted at ``<root>/dev``, NVIDIA's
-  ``/run/nvidia/driver/dev``); where the plugin sees the path, symlinks are
+  (of the host, or of a driver root mounted at ``<root>/dev``, such as a
+  driver container's ``/run/<vendor>/driver/dev``); where the plugin sees the path, symlinks are
   resolved and the target must still be under such a ``dev`` directory and be a
   character or block device. The kubelet passes ``host_path`` to the runtime as
   it is (device-plugin API ``DeviceSpec``), and runc bind-mounts or mknods what
@@ -94,7 +94,7 @@ def node_problem(node: DeviceNode, roots: Sequence[str] = ()) -> str | None:
     ``roots``: directories where a test's fake device nodes live (the testing
     harness passes the temp dir): a path under one is allowed by name, and a plain
     file there stands for a node. ``/dev`` and any ``<root>/dev`` are allowed by name
-    anyway (a driver root: NVIDIA's ``/run/nvidia/driver/dev``).
+    anyway (a driver root: a driver container's ``/run/<vendor>/driver/dev``).
     """
     host = node.host_path
     problem = _path_problem(host)

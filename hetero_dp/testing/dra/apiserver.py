@@ -258,6 +258,16 @@ class FakeAPIServer:
 
     # lifecycle
 
+    def connection_opened(self, connection: Any) -> None:
+        """A client connected (kept until :meth:`stop` cuts it, as a server's exit does)."""
+        with self._cond:
+            self.connections += 1
+            self._open.add(connection)
+
+    def connection_closed(self, connection: Any) -> None:
+        with self._cond:
+            self._open.discard(connection)
+
     def start(self) -> FakeAPIServer:
         """Serve (again, after :meth:`stop`: on the same port, with the same objects and
         the watch history dropped, as a restarted API server)."""
@@ -281,13 +291,10 @@ class FakeAPIServer:
 
             def setup(self) -> None:
                 super().setup()
-                with server._cond:
-                    server.connections += 1
-                    server._open.add(self.connection)
+                server.connection_opened(self.connection)
 
             def finish(self) -> None:
-                with server._cond:
-                    server._open.discard(self.connection)
+                server.connection_closed(self.connection)
                 with contextlib.suppress(OSError):
                     super().finish()
 
