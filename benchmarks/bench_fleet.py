@@ -9,8 +9,8 @@ version, feature probe) are dropped, so each node counts as its own process.
 - **start**: requests per node from start to the pool on the server.
 - **idle**: periodic checks every second (30 s in production) and a rediscovery
   per node every second (60 s in production): LISTs and writes per node. Goal:
-  0 LISTs (the watch keeps the cache; its re-opens every 300 s are not in the
-  window).
+  0 LISTs (the watch keeps the cache; its re-opens every 30-60 s, one WATCH
+  each, are not in the window).
 - **churn**: health changes on every node, each one write: LISTs per write.
   Goal: at most 0.25.
 - **restart**: the server stops, the nodes' pools are lost (an etcd restore,
