@@ -135,4 +135,6 @@ async def test_a_stop_lets_an_allocate_in_flight_finish_before_ending_the_stream
     response = await call  # answered, not cancelled
     assert response.envs["VISIBLE"] == "0"
     await asyncio.wait_for(stopping, 10)
-    assert not fake_kubelet.resources["example.com/slow"].stream_open
+    # the kubelet's side reads the stream's end after the plugin's stop returns
+    res = fake_kubelet.resources["example.com/slow"]
+    await fake_kubelet.wait_for(lambda: not res.stream_open, 10)
