@@ -63,11 +63,16 @@ class Reconciler:
 
     def relist(self) -> dict[str, dict[str, Any]]:
         """LIST the pool into the cache; a 404 (version no longer served) re-detects
-        the version and lists once more."""
+        the version and lists once more. The watch thread may have re-detected it
+        while this LIST was in flight: then the version differs from the one asked
+        with, and discovery (which shows no change any more) is not needed."""
+        asked_with = self.api.version
         try:
             items, rv = self.api.list_slices_rv(self.driver, self.node)
         except APIError as e:
-            if e.status != 404 or not self.redetect():
+            if e.status != 404:
+                raise
+            if self.api.version == asked_with and not self.redetect():
                 raise
             items, rv = self.api.list_slices_rv(self.driver, self.node)
         finally:

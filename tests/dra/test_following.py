@@ -199,3 +199,48 @@ async def test_without_the_node_slices_are_published_without_owner_and_the_log_s
     assert daemon.front_end.drivers[RES].publisher.owner is None
     [s] = api_server.slices_of(DRIVER)
     assert "ownerReferences" not in s["metadata"] and len(s["spec"]["devices"]) == 1
+
+
+class _Racing(FakeAPIServer):
+    """The watch thread re-detects the version while the publisher's LIST under the
+    old one is in flight (seen in CI: the LIST got 404, and discovery, read after the
+    watch thread had switched, showed no change). ``record`` runs before the answer
+    leaves, so the switch lands between the request and its 404."""
+
+    def __init__(self, api: list[ResourceAPI], **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.api = api
+
+    def record(self, request):  # type: ignore[no-untyped-def]
+        if request.status == 404 and "/v1beta1/" in request.path and self.api:
+            self.api[0].version = "v1"  # what the watch thread's rediscover does
+        super().record(request)
+
+
+def test_a_list_racing_the_watch_threads_redetection_is_repeated_under_the_new_version():
+    from hetero_dp.dra.reconciler import Reconciler
+    from hetero_dp.dra.watch import SliceCache
+
+    holder: list[ResourceAPI] = []
+    with _Racing(holder, versions=("v1",)) as server:
+        ResourceAPI(server.client(), "v1").create_slice(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": "s-0"},
+                "spec": {
+                    "driver": DRIVER,
+                    "nodeName": "node-a",
+                    "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
+                    "devices": [],
+                },
+            }
+        )
+        api = ResourceAPI(server.client(), "v1beta1")  # detected before the upgrade
+        holder.append(api)
+        asked: list[bool] = []
+        reconciler = Reconciler(
+            api, DRIVER, "node-a", SliceCache(), redetect=lambda: asked.append(True) or False
+        )
+        assert list(reconciler.relist()) == ["s-0"]
+        assert api.version == "v1" and asked == []  # no second discovery read
