@@ -12,6 +12,10 @@ is not selected does not) or else the newest ``$PYENV_ROOT/versions/3.X.*/bin/py
 we looked; under ``CI=true`` (or ``--require-all``) a missing version fails the run, and
 a run that found no interpreter at all fails everywhere.
 
+``--covered-by PYTHON`` names an interpreter whose run already took the whole suite
+(``make test``'s venv, in CI): its ``X.Y`` is reported as covered and not run a second
+time, which keeps CI within its time.
+
 Standard library only: it runs on whatever ``python3`` starts it (3.10 or newer).
 """
 
@@ -38,7 +42,7 @@ PREFIX = "test-matrix:"
 @dataclass
 class Outcome:
     version: str
-    status: str  # "passed", "failed", "skipped", "install failed"
+    status: str  # "passed", "failed", "skipped", "install failed", "covered"
     detail: str
     seconds: float = 0.0
 
@@ -157,14 +161,30 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("CI", "").lower() in ("1", "true", "yes"),
         help="a missing interpreter fails the run (the default under CI=true)",
     )
+    parser.add_argument(
+        "--covered-by",
+        metavar="PYTHON",
+        default="",
+        help="an interpreter whose run already took the whole suite (make test's venv): "
+        "its X.Y is reported as covered and not run again",
+    )
     parser.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments")
     args = parser.parse_args(argv)
     versions = args.pythons.split()
     if not versions:
         parser.error("--pythons names no version")
+    covered = version_of(args.covered_by) if args.covered_by else None
+    if args.covered_by and covered is None:
+        say(f"--covered-by {args.covered_by} does not run; every version is tested here")
 
     outcomes: list[Outcome] = []
     for version in versions:
+        if covered and covered.split("+")[0].rsplit(".", 1)[0] == version:
+            say(f"{version}: covered: the whole suite ran on Python {covered.split('+')[0]}")
+            outcomes.append(
+                Outcome(version, "covered", f"whole suite on {args.covered_by}, Python {covered}")
+            )
+            continue
         python, full, looked = find_python(version)
         if python is None:
             where = "; ".join(looked)

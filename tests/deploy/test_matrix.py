@@ -93,3 +93,18 @@ def test_an_interpreter_of_another_version_is_not_taken(tmp_path: Path):
     assert "3.99: SKIPPED" in done.stdout
     assert ".venv-3.99" not in done.stdout
     assert not (ROOT / ".venv-3.99").exists()
+
+
+def test_a_version_the_whole_suite_ran_on_is_reported_covered_not_run_again(tmp_path: Path):
+    """CI passes make test's venv: its X.Y is not tested a second time, and says so."""
+    here = "%d.%d" % sys.version_info[:2]
+    done = matrix(tmp_path, "--pythons", here, "--covered-by", sys.executable, CI="true")
+    assert f"{here}: covered: the whole suite ran on Python {here}." in done.stdout
+    assert re.search(rf"{re.escape(here)}\s+COVERED", done.stdout), done.stdout
+    assert "pytest" not in done.stdout  # nothing was started for it
+    assert not (ROOT / f".venv-{here}").exists() or f".venv-{here}" not in done.stdout
+    assert done.returncode == 0, done.stdout
+    # an interpreter that does not run covers nothing: the version is looked for as usual
+    done = matrix(tmp_path, "--pythons", "3.99", "--covered-by", "/nonexistent/python")
+    assert "does not run; every version is tested here" in done.stdout
+    assert "3.99: SKIPPED" in done.stdout
