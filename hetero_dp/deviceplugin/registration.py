@@ -17,8 +17,7 @@ import grpc
 
 from hetero_dp.api import deviceplugin_v1beta1_pb2 as pb
 from hetero_dp.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from hetero_dp.api import pluginregistration_v1_pb2 as reg_pb
-from hetero_dp.api import pluginregistration_v1_pb2_grpc as reg_grpc
+from hetero_dp.engine.pluginwatcher import PluginWatcherServicer
 from hetero_dp.kits.aiotools import wait_event
 from hetero_dp.model.names import API_VERSION
 
@@ -85,28 +84,10 @@ async def register_with_backoff(
     return None
 
 
-class WatcherRegistrationServicer(reg_grpc.RegistrationServicer):
+class WatcherRegistrationServicer(PluginWatcherServicer):
     """``pluginregistration.Registration`` for one device-plugin resource."""
 
     def __init__(
         self, resource: str, endpoint: str, on_status: Callable[[bool, str], None]
     ) -> None:
-        self.resource = resource
-        self.endpoint = endpoint
-        self.on_status = on_status
-
-    async def GetInfo(
-        self, request: reg_pb.InfoRequest, context: grpc.aio.ServicerContext
-    ) -> reg_pb.PluginInfo:
-        return reg_pb.PluginInfo(
-            type="DevicePlugin",
-            name=self.resource,
-            endpoint=self.endpoint,
-            supported_versions=[API_VERSION],
-        )
-
-    async def NotifyRegistrationStatus(
-        self, request: reg_pb.RegistrationStatus, context: grpc.aio.ServicerContext
-    ) -> reg_pb.RegistrationStatusResponse:
-        self.on_status(request.plugin_registered, request.error)
-        return reg_pb.RegistrationStatusResponse()
+        super().__init__("DevicePlugin", [API_VERSION], resource, endpoint, on_status)

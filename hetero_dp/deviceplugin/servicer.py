@@ -20,6 +20,7 @@ from hetero_dp.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from hetero_dp.deviceplugin.contract import ServedResource
 from hetero_dp.deviceplugin.convert import container_response_to_pb, list_and_watch_response
 from hetero_dp.kits import observe
+from hetero_dp.kits.decoding import lenient, refuse_undecodable
 from hetero_dp.model.errors import AllocationError
 
 log = logging.getLogger(__name__)
@@ -29,47 +30,6 @@ T = TypeVar("T")
 
 def _status(code: str) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, code, grpc.StatusCode.INTERNAL)
-
-
-class Undecodable:
-    """What a request that protobuf cannot decode arrives as (instead of grpc's
-    traceback and UNKNOWN): the method answers INVALID_ARGUMENT and logs one line."""
-
-    __slots__ = ("error", "size")
-
-    def __init__(self, error: Exception, size: int) -> None:
-        self.error = error
-        self.size = size
-
-
-def _lenient(message: type[Any]) -> Callable[[bytes], Any]:
-    def decode(data: bytes) -> Any:
-        try:
-            return message.FromString(data)
-        except Exception as e:
-            return Undecodable(e, len(data))
-
-    return decode
-
-
-async def refuse_undecodable(
-    request: object, rpc: str, name: str, context: grpc.aio.ServicerContext
-) -> None:
-    """Abort with INVALID_ARGUMENT (and one log line) if ``request`` did not decode."""
-    if isinstance(request, Undecodable):
-        log.warning(
-            "%s refused: a request of %d bytes that is no valid %s message: %s",
-            rpc,
-            request.size,
-            rpc,
-            request.error,
-            extra={"resource": name} if name else None,
-        )
-        where = f"{name}: " if name else ""
-        await context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"{where}{rpc}: the request is not a valid protobuf message: {request.error}",
-        )
 
 
 _RPCS = {
@@ -90,12 +50,13 @@ _RESPONSES: dict[str, Any] = {
 
 def add_to_server(servicer: DevicePluginServicer, server: grpc.aio.Server) -> None:
     """``pb_grpc.add_DevicePluginServicer_to_server``, with request decoders that hand
-    an undecodable request to the method as :class:`Undecodable` (grpc would log a
+    an undecodable request to the method as
+    :class:`hetero_dp.kits.decoding.Undecodable` (grpc would log a
     multi-line traceback and answer UNKNOWN)."""
     handlers = {
         rpc: kind(
             getattr(servicer, rpc),
-            request_deserializer=_lenient(request),
+            request_deserializer=lenient(request),
             response_serializer=_RESPONSES[rpc].SerializeToString,
         )
         for rpc, (kind, request) in _RPCS.items()
@@ -263,53 +224,3 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             return pb.PreStartContainerResponse()
 
         return await self._answer("PreStartContainer", context, work, ids=ids)
-
-
-class DecodeGuard(grpc.aio.ServerInterceptor):
-    """For the servers whose services come from generated code (DRA, registration):
-    every unary request is decoded leniently, and one that does not decode answers
-    INVALID_ARGUMENT with one log line, as the DevicePlugin service does."""
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None or handler.request_deserializer is None or handler.request_streaming:
-            return handler
-        rpc = str(handler_call_details.method).rpartition("/")[2]
-        decode = handler.request_deserializer
-
-        def lenient(data: bytes) -> Any:
-            try:
-                return decode(data)
-            except Exception as e:
-                return Undecodable(e, len(data))
-
-        if handler.unary_unary is not None:
-            inner = handler.unary_unary
-
-            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                await refuse_undecodable(request, rpc, "", context)
-                return await inner(request, context)
-
-            return grpc.unary_unary_rpc_method_handler(
-                unary,
-                request_deserializer=lenient,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            inner_stream = handler.unary_stream
-
-            async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                await refuse_undecodable(request, rpc, "", context)
-                async for item in inner_stream(request, context):
-                    yield item
-
-            return grpc.unary_stream_rpc_method_handler(
-                stream,
-                request_deserializer=lenient,
-                response_serializer=handler.response_serializer,
-            )
-        return handler

@@ -27,13 +27,6 @@ import grpc
 
 from hetero_dp.api import pluginregistration_v1_pb2 as reg_pb
 from hetero_dp.api import pluginregistration_v1_pb2_grpc as reg_grpc
-from hetero_dp.deviceplugin.endpoint import (
-    bind_unix,
-    check_socket_path,
-    claim_socket_path,
-    remove_own_socket,
-)
-from hetero_dp.deviceplugin.servicer import DecodeGuard
 from hetero_dp.dra.api import APIError, ResourceAPI
 from hetero_dp.dra.checkpoint import Checkpoint, CheckpointError
 from hetero_dp.dra.claimspec import claim_kind
@@ -47,7 +40,14 @@ from hetero_dp.dra.watch import SliceWatch
 from hetero_dp.engine.cdi_publisher import CDIWriter
 from hetero_dp.kits import observe
 from hetero_dp.kits.aiotools import wait_event
+from hetero_dp.kits.decoding import DecodeGuard
 from hetero_dp.kits.inotify import DirectoryWatcher
+from hetero_dp.kits.sockets import (
+    bind_unix,
+    check_socket_path,
+    claim_socket_path,
+    remove_own_socket,
+)
 from hetero_dp.model.device import Device
 from hetero_dp.model.errors import ConfigError
 

@@ -8,15 +8,15 @@ service the kubelet's plugin watcher finds in ``plugins_registry``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import grpc
 
 from hetero_dp.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
-from hetero_dp.api import pluginregistration_v1_pb2 as reg_pb
-from hetero_dp.deviceplugin.registration import WatcherRegistrationServicer
 from hetero_dp.dra.prepare import ClaimPreparer, ClaimRef
+from hetero_dp.engine.pluginwatcher import PluginWatcherServicer
 
 log = logging.getLogger(__name__)
 
@@ -73,19 +73,9 @@ def add_dra_services(server: grpc.aio.Server, preparer: ClaimPreparer) -> None:
         pb_grpc.add_DRAPluginServicer_to_server(make_servicer(pb, pb_grpc, preparer), server)
 
 
-class DRARegistrationServicer(WatcherRegistrationServicer):
-    """What the kubelet's plugin watcher asks a socket in ``plugins_registry``.
+class DRARegistrationServicer(PluginWatcherServicer):
+    """What the kubelet's plugin watcher asks a socket in ``plugins_registry`` of a DRA
+    driver; its ``resource`` is the driver name."""
 
-    The device-plugin watcher servicer with a DRA answer to ``GetInfo``; its
-    ``resource`` is the driver name.
-    """
-
-    async def GetInfo(
-        self, request: reg_pb.InfoRequest, context: grpc.aio.ServicerContext
-    ) -> reg_pb.PluginInfo:
-        return reg_pb.PluginInfo(
-            type=PLUGIN_TYPE,
-            name=self.resource,
-            endpoint=self.endpoint,
-            supported_versions=SUPPORTED_VERSIONS,
-        )
+    def __init__(self, driver: str, endpoint: str, on_status: Callable[[bool, str], None]) -> None:
+        super().__init__(PLUGIN_TYPE, SUPPORTED_VERSIONS, driver, endpoint, on_status)
