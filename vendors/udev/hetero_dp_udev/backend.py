@@ -33,7 +33,7 @@ from .discovery import (
     to_device,
 )
 from .doctor import unmatched_accelerators
-from .health import problems
+from .health import node_missing, problems
 from .rules import Companion, Rule, load_rules, shipped_rule_sets
 
 log = logging.getLogger("hetero_dp_udev")
@@ -51,6 +51,13 @@ class UdevOptions:
         "vendor",
         help="vendor: the resource names and IDs each vendor's own plugin advertises; "
         "generic: hetero-dp's generic names",
+    )
+    host_root: str = option(
+        "/",
+        help="where the host's / is seen by the plugin: a node libudev names /dev/X is "
+        "looked for at <hostRoot>/dev/X, while Allocate and CDI specs name /dev/X, the "
+        "path the container runtime opens on the host (/host when the pod mounts the "
+        "host's /dev at /host/dev)",
     )
 
 
@@ -74,6 +81,7 @@ class UdevBackend:
 
     def __init__(self) -> None:
         self.rules: list[Rule] = []
+        self.host_root = "/"  # where the host's / is seen (UdevOptions.host_root)
         self._local = threading.local()  # libudev contexts are not thread-safe: one per thread
         self._lock = threading.Lock()
         self._found: dict[Key, Found] = {}
@@ -100,9 +108,11 @@ class UdevBackend:
 
     @hookimpl
     def configure(self, options: UdevOptions) -> None:
+        host_root = checked_host_root(options.host_root)
         rules = load_rules(options.rules, names=options.names)
         with self._lock:
             self.rules = rules
+            self.host_root = host_root
             self._found.clear()
             self._never_ours.clear()
             self._stale.clear()
@@ -284,7 +294,7 @@ class UdevBackend:
         for rule in self.rules:
             mine = renumber([item for item in found.values() if item.rule is rule])
             for item in mine:
-                reasons = problems(context, item)
+                reasons = problems(context, item, host_root=self.host_root)
                 if item.key in stale and not reasons:
                     reasons = [f"{item.syspath} no longer matches {item.rule.where}"]
                 if item.rule.wants_nodes and not item.nodes:
@@ -297,7 +307,7 @@ class UdevBackend:
         item = self._found.get((device.resource, device.id))
         if item is None:
             return True  # not ours, or gone: the next discovery settles it
-        reasons = problems(self._context(), item)
+        reasons = problems(self._context(), item, host_root=self.host_root)
         return "; ".join(reasons) if reasons else True
 
     @hookimpl
@@ -449,7 +459,7 @@ class UdevBackend:
 
     def _report(self, key: Key, item: Found, events: EventSink, always: bool) -> bool:
         """Send the device's health if it changed (or ``always``); True if it changed."""
-        reasons = problems(self._context(), item)
+        reasons = problems(self._context(), item, host_root=self.host_root)
         reason = "; ".join(reasons)
         with self._lock:
             before = self._last.get(key, "")
@@ -482,6 +492,11 @@ class UdevBackend:
     # ------------------------------------------------------------------ doctor
 
     def _doctor(self, options: UdevOptions) -> Iterable[Check]:
+        try:
+            host_root = checked_host_root(options.host_root)
+        except ConfigError as exc:
+            yield Check("udev hostRoot", "fail", str(exc), fix="set hostRoot to an absolute path")
+            return
         try:
             rules = load_rules(options.rules, names=options.names)
         except ConfigError as exc:
@@ -518,8 +533,8 @@ class UdevBackend:
                 continue
             ids = ", ".join(f.id for f in hits)
             yield Check(f"{rule.label} devices", "pass", f"{len(hits)} device(s): {ids}")
-            missing = [n for f in hits for n in f.nodes if not os.path.exists(n)]
-            missing += [n for n in rule.shared_nodes if not os.path.exists(n)]
+            missing = [n for f in hits for n in f.nodes if node_missing(host_root, n)]
+            missing += [n for n in rule.shared_nodes if node_missing(host_root, n)]
             empty = [f.id for f in hits if rule.wants_nodes and not f.nodes]
             if missing or empty:
                 text = "; ".join(
@@ -530,7 +545,8 @@ class UdevBackend:
                     f"{rule.label} nodes",
                     "fail",
                     text,
-                    fix="load the driver, or mount the host's /dev into the plugin's container",
+                    fix="load the driver, or mount the host's /dev into the plugin's container"
+                    + (f" at {host_root}/dev (hostRoot)" if host_root != "/" else ""),
                 )
             else:
                 yield Check(f"{rule.label} nodes", "pass", "every device node exists")
@@ -553,6 +569,18 @@ class UdevBackend:
                 fix="add the rule set named for each, or a rule of your own; a device "
                 "without a driver needs its driver loaded first",
             )
+
+
+def checked_host_root(value: str) -> str:
+    """``hostRoot`` normalised ("" means "/"), or a ConfigError: it must be absolute."""
+    if value in ("", "/"):
+        return "/"
+    if not value.startswith("/"):
+        raise ConfigError(
+            f"must be an absolute path (where the host's / is mounted), got {value!r}",
+            field="backends.udev.hostRoot",
+        )
+    return os.path.normpath(value)
 
 
 def monitor_subsystems(

@@ -39,11 +39,35 @@ def driver_problems(context: pyudev.Context, found: Found) -> list[str]:
     return []
 
 
-def problems(context: pyudev.Context, found: Found, nodes: list[str] | None = None) -> list[str]:
+def seen_at(host_root: str, node: str) -> str:
+    """Where this process finds the host's device node ``node`` (``/dev/...``, as
+    libudev names it): under ``host_root``, the directory the host's ``/`` is mounted
+    at (``/host`` when the pod mounts the host's /dev at /host/dev)."""
+    if host_root in ("", "/"):
+        return node
+    return os.path.join(host_root, node.lstrip("/"))
+
+
+def node_missing(host_root: str, node: str) -> bool:
+    return not os.path.exists(seen_at(host_root, node))
+
+
+def _where(host_root: str, node: str) -> str:
+    seen = seen_at(host_root, node)
+    return node if seen == node else f"{node} (looked for at {seen})"
+
+
+def problems(
+    context: pyudev.Context,
+    found: Found,
+    nodes: list[str] | None = None,
+    host_root: str = "/",
+) -> list[str]:
     """Why the device is unhealthy; an empty list means healthy.
 
     ``nodes`` are the per-device nodes to expect (defaults to those found at
     discovery; the backend adds nodes it saw earlier and that have since gone).
+    Nodes are host paths, looked for under ``host_root`` (see :func:`seen_at`).
     """
     out: list[str] = []
     dev = _device(context, found.syspath)
@@ -51,11 +75,11 @@ def problems(context: pyudev.Context, found: Found, nodes: list[str] | None = No
         return [f"device {found.syspath} is gone"]
     out += driver_problems(context, found)
     for node in nodes if nodes is not None else found.nodes:
-        if not os.path.exists(node):
-            out.append(f"device node {node} is gone")
+        if node_missing(host_root, node):
+            out.append(f"device node {_where(host_root, node)} is gone")
     for node in found.rule.shared_nodes:
-        if not os.path.exists(node):
-            out.append(f"shared node {node} is missing")
+        if node_missing(host_root, node):
+            out.append(f"shared node {_where(host_root, node)} is missing")
     rule = found.rule.health
     if rule is not None:
         target: pyudev.Device | None = dev
