@@ -1,14 +1,14 @@
 """Replicas and renaming (time-slicing or MPS), for every backend.
 
-The configuration is NVIDIA's ``sharing.timeSlicing`` block, unchanged (its
-``sharing.mps`` block has the same shape)::
+The ``sharing`` block (where its schema comes from: docs/sharing.md); its
+``sharing.timeSlicing`` and ``sharing.mps`` blocks have the same shape::
 
     sharing:
       timeSlicing:
         renameByDefault: false          # shared devices advertise as <name>.shared
         failRequestsGreaterThanOne: false
         resources:
-        - name: nvidia.com/gpu          # or a bare name part: gpu
+        - name: example.com/gpu         # or a bare name part: gpu
           replicas: 4                   # 2 .. MAX_REPLICAS
           rename: gpu.shared            # optional; bare names keep the prefix
           devices: all                  # all | <count> | [IDs or indices]
@@ -24,10 +24,10 @@ its memory, and a fault in one workload can take down the others.
 
 ``sharing.mps`` advertises replicas exactly as time-slicing does; what makes it
 MPS (the control daemon, its limits, the pipe directory a container mounts)
-belongs to the backend that runs it (the NVIDIA backend). The core only records
-the strategy, refuses devices carved from another (MIG slices) as NVIDIA's plugin
-does, and refuses requests for more than one replica unless the block sets
-``failRequestsGreaterThanOne: false`` (NVIDIA's default for MPS).
+belongs to the backend that runs it. The core only records the strategy, refuses
+to share a device carved from another (a record with a ``parent``) under MPS, and
+refuses requests for more than one replica unless the block sets
+``failRequestsGreaterThanOne: false`` (the default under MPS).
 """
 
 from __future__ import annotations
@@ -53,11 +53,11 @@ DEFAULT_REPLICA_POLICY = "distributed"
 
 TIME_SLICING = "time-slicing"
 MPS = "mps"
-#: Strategy -> the config block that holds it (NVIDIA's key names).
+#: Strategy -> the config block that holds it.
 STRATEGY_BLOCKS = {TIME_SLICING: "sharing.timeSlicing", MPS: "sharing.mps"}
-#: The most replicas of one device: far more than time-slicing is good for (NVIDIA's
-#: examples use 2 to 10), and small enough that a typo (``replicas: 100000000``) is
-#: refused before anything is built from it.
+#: The most replicas of one device: far more than time-slicing is good for (the
+#: schema's published examples use 2 to 10), and small enough that a typo
+#: (``replicas: 100000000``) is refused before anything is built from it.
 MAX_REPLICAS = 1024
 
 
@@ -135,7 +135,7 @@ def _matches_ref(device: Device, ref: str) -> bool:
 class ReplicatedResource:
     """One entry of ``sharing.timeSlicing.resources``.
 
-    ``name`` and ``rename`` may be bare name parts (NVIDIA style ``gpu``):
+    ``name`` and ``rename`` may be bare name parts (``gpu``):
     a bare name matches any resource with that name part, and a bare rename
     keeps the prefix of the resource it renames. ``field`` is the entry's path
     in the config, for error messages.
@@ -155,10 +155,10 @@ class ReplicatedResource:
 
 @dataclass(frozen=True)
 class SharingConfig:
-    """Parsed ``sharing`` block (NVIDIA's schema). The default shares nothing.
+    """Parsed ``sharing`` block. The default shares nothing.
 
     ``strategy`` says which block the entries came from: ``time-slicing`` or
-    ``mps`` (NVIDIA's ``nvidia.com/gpu.sharing-strategy`` label values).
+    ``mps`` (a backend may publish it, e.g. in a node label).
     """
 
     resources: tuple[ReplicatedResource, ...] = ()
@@ -227,7 +227,7 @@ def parse_sharing(raw: Mapping[str, Any] | None, source: str = "") -> SharingCon
 
     ``raw`` is the value of the config's ``sharing`` key (``None`` shares
     nothing). ``timeSlicing`` and ``mps`` have the same schema; only one of them
-    may hold resources (NVIDIA's plugin silently lets MPS win; we refuse the mix).
+    may hold resources (the mix is refused rather than one block silently winning).
     """
     if raw is None:
         return SharingConfig(source=source)
@@ -247,8 +247,8 @@ def parse_sharing(raw: Mapping[str, Any] | None, source: str = "") -> SharingCon
     used = [p for p in parsed if p.enabled]
     if len(used) > 1:
         raise fail(
-            "both timeSlicing and mps share resources; a node uses one sharing strategy "
-            "(NVIDIA's plugin would silently ignore timeSlicing): keep one block",
+            "both timeSlicing and mps share resources; a node uses one sharing strategy: "
+            "keep one block",
             "sharing.mps",
         )
     return used[0] if used else SharingConfig(source=source)
@@ -265,10 +265,11 @@ def _parse_block(block: Any, strategy: str, source: str, fail: Any) -> SharingCo
         if key not in allowed:
             raise fail(f"unknown key; expected one of {', '.join(allowed)}", f"{where}.{key}")
     if block.get("strategy") not in (None, ""):
-        # NVIDIA's old schema reserved this key and accepted only the empty value.
+        # The schema's first version reserved this key and accepted only the empty
+        # value (docs/sharing.md).
         raise fail("unknown sharing strategy; leave it out", f"{where}.strategy")
-    # MPS refuses requests for several replicas unless told otherwise (NVIDIA's
-    # api/config/v1/config.go keeps "the historical MPS behavior").
+    # MPS refuses requests for several replicas unless told otherwise (the schema's
+    # "historical MPS behavior": docs/sharing.md).
     defaults = {"renameByDefault": False, "failRequestsGreaterThanOne": strategy == MPS}
     flags = {}
     for key, default in defaults.items():
@@ -303,7 +304,7 @@ def _check_name(value: Any, where: str, fail: Any) -> str:
     if "/" in value:
         problem = resource_name_problem(value)
     else:
-        # A bare name part (NVIDIA style): check it under a stand-in prefix, then
+        # A bare name part: check it under a stand-in prefix, then
         # leave the stand-in out of the message.
         stand_in = f"example.com/{value}"
         problem = (resource_name_problem(stand_in) or "").replace(f" of {stand_in!r}", "")
@@ -364,7 +365,7 @@ def _parse_devices(value: Any, where: str, fail: Any) -> DeviceSelection:
 
 
 def parse_replica_policy(value: Any, field: str = "replicaPolicy", source: str = "") -> str:
-    """Validate a replica policy (NVIDIA's ``sharedDevicesAllocationPolicy``)."""
+    """Validate a replica policy (how replicas are picked: docs/sharing.md)."""
     if value in (None, ""):
         return DEFAULT_REPLICA_POLICY
     if value not in REPLICA_POLICIES:
@@ -383,8 +384,8 @@ def validate_sharing(config: SharingConfig, physical: Sequence[Device]) -> None:
     count larger than the resource's devices, a shared device whose ID already
     contains ``::``, a rename that makes an invalid resource name, replicas that
     would make a ListAndWatch message larger than the kubelet receives, and under
-    MPS a device carved from another (a MIG slice: NVIDIA's plugin refuses them too,
-    "sharing using MPS is not supported for MIG devices").
+    MPS a device carved from another (a record with a ``parent``, such as a MIG
+    slice; docs/sharing.md says whose rule this is).
     """
 
     def fail(reason: str, where: str) -> ConfigError:
@@ -420,9 +421,9 @@ def validate_sharing(config: SharingConfig, physical: Sequence[Device]) -> None:
             for d in sel.select(group):
                 if config.strategy == MPS and d.parent is not None:
                     raise fail(
-                        f"MPS sharing is not supported for MIG devices: {d.id} of {resource} "
-                        f"is a slice of {d.parent}; share MIG devices with timeSlicing, or "
-                        "list only whole GPUs in devices",
+                        "MPS sharing is not supported for MIG devices (devices carved from "
+                        f"another): {d.id} of {resource} is a slice of {d.parent}; share them "
+                        "with timeSlicing, or list only whole devices in devices",
                         f"{entry.field}.devices" if not sel.all else f"{entry.field}.name",
                     )
                 if REPLICA_SEPARATOR in d.id:

@@ -86,7 +86,7 @@ config_option = click.option(
     "--config-file",
     type=click.Path(dir_okay=False),
     envvar=["HETERO_DP_CONFIG", "CONFIG_FILE"],
-    help="YAML config file (env HETERO_DP_CONFIG, or NVIDIA's --config-file / CONFIG_FILE).",
+    help="YAML config file (env HETERO_DP_CONFIG; also --config-file / CONFIG_FILE).",
 )
 set_option_flag = click.option(
     "--option",
@@ -499,7 +499,7 @@ def topo(
     must: tuple[str, ...],
     resource: str | None,
 ) -> None:
-    """Print the topology the allocation engine sees, like `nvidia-smi topo -m`.
+    """Print the topology the allocation engine sees: devices, link matrix, NUMA.
 
     BACKEND_OR_FILE is a backend or a topology file (.yaml, .yml, .json).
     """

@@ -1,4 +1,5 @@
-"""Text for ``hetero-dp topo``: what the allocation engine sees, like ``nvidia-smi topo -m``.
+"""Text for ``hetero-dp topo``: what the allocation engine sees (the layout follows a
+vendor's topology matrix tool: docs/topology.md).
 
 The report has three parts: a legend of devices (short label, ID, NUMA node,
 health with an unhealthy one's reason), the device-by-device matrix whose cells

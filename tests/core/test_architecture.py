@@ -306,14 +306,9 @@ def test_no_class_over_300_lines_and_no_module_over_600():
 
 VENDORS = re.compile(r"\b(nvidia|amd|intel|habana|xilinx|ascend)\b", re.IGNORECASE)
 
-# Vendor names left in core files, with their counts: the sharing schema still
-# follows NVIDIA's time-slicing/MPS config (to move into the nvidia package through
-# the config_sections hook), NVIDIA's --config-file alias and `nvidia-smi topo` as the
-# reference for topo's output, and the bundled-backend table (name -> package).
+# Vendor names left in core files, with their counts: the bundled-backend table
+# (name -> package) that says what to install.
 VENDOR_NAMES_ALLOWED = {
-    "hetero_dp.allocation.sharing": 18,  # NVIDIA's time-slicing/MPS schema, documented
-    "hetero_dp.cli.main": 2,  # --config help (shared by list/topo), topo: "nvidia-smi topo"
-    "hetero_dp.cli.topo_report": 1,
     "hetero_dp.engine.loading": 2,  # bundled backend name -> its package
 }
 
