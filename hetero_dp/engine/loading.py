@@ -149,26 +149,34 @@ def resolve(spec: str | ModuleType | object) -> tuple[str, object]:
             except Exception as e:
                 raise ConfigError(f"loading backend {spec!r} failed: {e!r}", field="backend") from e
     known = ", ".join(sorted(available_backends())) or "none installed"
-    bundled = BUNDLED_BACKENDS.get(spec)
-    hint = (
-        f"; it is the package {bundled}: pip install {bundled}, or from a source checkout "
-        f"pip install -e vendors/{spec} (make demo installs it)"
-        if bundled
-        else ""
-    )
+    hint = install_hint(spec)
     raise ConfigError(
         f"unknown backend {spec!r} (installed: {known}; or give a path to a .py file){hint}",
         field="backend",
     )
 
 
-#: The backends built from this repository's vendors/, by name -> their distribution,
-#: so that naming one that is not installed says what to install.
-BUNDLED_BACKENDS = {
-    "simulated": "hetero-dp-simulated",
-    "udev": "hetero-dp-udev",
-    "nvidia": "hetero-dp-nvidia",
-}
+#: The bundled backends (this repository's vendors/<name>/) are the distributions
+#: ``hetero-dp-<name>`` whose ``hetero_dp`` entry point is ``<name>``
+#: (tests/core/test_config.py checks that every one keeps to it).
+BUNDLED_PREFIX = "hetero-dp-"
+#: A source checkout's bundled backends, one directory each (not there in a wheel install).
+VENDORS_DIR = Path(__file__).resolve().parents[2] / "vendors"
+
+
+def install_hint(name: str) -> str:
+    """What to install for the backend ``name`` that is not installed: definite when this
+    is a source checkout that has it in vendors/, the naming convention otherwise."""
+    package = f"{BUNDLED_PREFIX}{name}"
+    if (VENDORS_DIR / name / "pyproject.toml").is_file():
+        return (
+            f"; it is the package {package}: pip install {package}, or from this source "
+            f"checkout pip install -e vendors/{name} (make demo installs it)"
+        )
+    return (
+        f"; a bundled backend is the package {BUNDLED_PREFIX}<name>: pip install {package} "
+        f"if it is one, or from a source checkout pip install -e vendors/{name}"
+    )
 
 
 def _where(function: Any) -> str:

@@ -306,11 +306,9 @@ def test_no_class_over_300_lines_and_no_module_over_600():
 
 VENDORS = re.compile(r"\b(nvidia|amd|intel|habana|xilinx|ascend)\b", re.IGNORECASE)
 
-# Vendor names left in core files, with their counts: the bundled-backend table
-# (name -> package) that says what to install.
-VENDOR_NAMES_ALLOWED = {
-    "hetero_dp.engine.loading": 2,  # bundled backend name -> its package
-}
+# Vendor names left in core files, with their counts (none now: keep it so; an entry
+# would need a reason, and the test fails when one is no longer needed).
+VENDOR_NAMES_ALLOWED: dict[str, int] = {}
 
 
 def vendor_names(mods: dict[str, Path]) -> dict[str, int]:

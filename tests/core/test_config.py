@@ -194,35 +194,47 @@ def test_cli_unknown_backend_exits_2(cli_env, hetero_dp_cmd):
     assert proc.returncode == 2 and "unknown backend 'no-such-backend'" in proc.stderr
 
 
-def test_a_bundled_backend_that_is_not_installed_says_what_to_install(monkeypatch):
+def test_a_bundled_backend_that_is_not_installed_says_what_to_install(tmp_path, monkeypatch):
     """After `make demo` or a wheel install without a vendor package, naming its backend
-    says which package holds it (the table is checked against vendors/ below)."""
+    says which package holds it: from the naming convention (checked against vendors/
+    below), and definitely where a source checkout has it in vendors/."""
     from hetero_dp.engine import loading
 
-    monkeypatch.setitem(loading.BUNDLED_BACKENDS, "tenstorrent", "hetero-dp-tenstorrent")
     with pytest.raises(ConfigError) as e:
         loading.resolve("tenstorrent")
     assert "unknown backend 'tenstorrent'" in str(e.value)
-    assert "pip install hetero-dp-tenstorrent" in str(e.value)
+    assert "pip install hetero-dp-tenstorrent if it is one" in str(e.value)
     assert "pip install -e vendors/tenstorrent" in str(e.value)
 
+    (tmp_path / "tenstorrent").mkdir()
+    (tmp_path / "tenstorrent" / "pyproject.toml").write_text("[project]\n")
+    monkeypatch.setattr(loading, "VENDORS_DIR", tmp_path)
+    with pytest.raises(ConfigError) as e:
+        loading.resolve("tenstorrent")
+    assert "it is the package hetero-dp-tenstorrent: pip install hetero-dp-tenstorrent" in str(
+        e.value
+    )
+    assert "from this source checkout pip install -e vendors/tenstorrent" in str(e.value)
 
-def test_the_bundled_backends_table_is_vendors():
+
+def test_the_bundled_backends_keep_to_the_naming_convention():
     try:
         import tomllib
     except ImportError:  # Python 3.10: the dependency hetero-dp declares there
         import tomli as tomllib  # type: ignore[no-redef]
 
-    from hetero_dp.engine.loading import BUNDLED_BACKENDS
+    from hetero_dp.engine.loading import BUNDLED_PREFIX, VENDORS_DIR
 
     root = Path(__file__).resolve().parents[2]
+    assert root / "vendors" == VENDORS_DIR
     found = {}
     for pyproject in sorted(root.glob("vendors/*/pyproject.toml")):
         project = tomllib.loads(pyproject.read_text())["project"]
         for name in project["entry-points"]["hetero_dp"]:
             found[name] = project["name"]
             assert pyproject.parent.name == name
-    assert found == BUNDLED_BACKENDS
+    assert len(found) >= 3 and "simulated" in found
+    assert found == {name: f"{BUNDLED_PREFIX}{name}" for name in found}
 
 
 # -o values: the common plain ones are read without importing PyYAML, exactly as
