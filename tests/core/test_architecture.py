@@ -274,8 +274,6 @@ OVERSIZED_ALLOWED = {
     "hetero_dp.testing.fake_kubelet.FakeKubelet",
     "hetero_dp.testing.dra.apiserver",
     "hetero_dp.testing.dra.apiserver.FakeAPIServer",
-    # registration, hand-over and restart handling (#28): to split next
-    "hetero_dp.deviceplugin.endpoint.PluginEndpoint",
     # the DRA driver: registration, resync and slices (#31): to split next
     "hetero_dp.dra.driver.DRADriver",
 }

@@ -141,7 +141,7 @@ async def test_stop_during_a_restart_leaves_no_server_behind(fake_kubelet, plugi
     assert _listening(ep.socket_path)
     ep.request_restart("test")
     for _ in range(10_000):  # step the loop until the new server is starting
-        if ep.restarts and ep.changing and ep._server is None:
+        if ep.restarts and ep.changing and not ep.server.serving:
             break
         await asyncio.sleep(0)
     else:
