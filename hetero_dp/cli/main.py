@@ -21,8 +21,7 @@ EXIT_CONFIG = 2
 
 
 def _fail_config(e: ConfigError) -> None:
-    # A backend that failed to start (its configure hook raised) stops start-up too,
-    # but the configuration is not what to fix: its message says what is.
+    # A backend that failed to start stops start-up too; its message says what to fix.
     what = "cannot start" if isinstance(e, StartError) else "configuration error"
     click.echo(f"hetero-dp: {what}: {e}", err=True)
     sys.exit(EXIT_CONFIG)
@@ -31,6 +30,7 @@ def _fail_config(e: ConfigError) -> None:
 def _config(
     config: str | None,
     options: Sequence[str],
+    loaded: Sequence[Any],  # the Backends loaded: the config sections they claim are read
     backend_options: dict[str, dict[str, Any]] | None = None,
     **flags: Any,
 ) -> Config:
@@ -39,21 +39,21 @@ def _config(
         set_option(overrides, assignment)
     for name, opts in (backend_options or {}).items():
         overrides.setdefault("backends", {}).setdefault(name, {}).update(opts)
-    return load_config(config, overrides=overrides)
+    claims = {b.name: b.config_sections() for b in loaded}
+    return load_config(config, overrides=overrides, sections=claims)
 
 
 def _checked_config(
     config: str | None,
     options: Sequence[str],
-    loaded: Sequence[str],
+    loaded: Sequence[Any],
     backend_options: dict[str, dict[str, Any]] | None = None,
     **flags: Any,
 ) -> Config:
-    """The config with every check ``run`` makes before it starts, for ``run``, ``list``
-    and ``topo`` alike: the file, flags and environment (:func:`_config`), and no
-    options for a backend that is not among ``loaded`` (a misspelled name)."""
-    cfg = _config(config, options, backend_options, **flags)
-    check_backend_names(cfg, loaded)
+    """The config with every check ``run`` makes, for ``run``, ``list`` and ``topo`` alike
+    (:func:`_config`), and no options for a backend not among ``loaded`` (a typo)."""
+    cfg = _config(config, options, loaded, backend_options, **flags)
+    check_backend_names(cfg, [b.name for b in loaded])
     return cfg
 
 
@@ -240,7 +240,7 @@ def run(
         from_flags = backend_flag_options(loaded, backend_args)
 
         def read_config() -> Config:  # at start-up, and again for each reload
-            return _checked_config(config, options, [b.name for b in loaded], from_flags, **flags)
+            return _checked_config(config, options, loaded, from_flags, **flags)
 
         cfg = read_config()
         setup_logging(cfg.log_level, cfg.log_format)
@@ -384,7 +384,7 @@ def list_devices(
             return
         loaded = load_one(backend)
         try:
-            cfg = _checked_config(config, options, [loaded.name])
+            cfg = _checked_config(config, options, [loaded])
         except ConfigError:
             loaded.close()
             raise
@@ -513,7 +513,7 @@ def topo(
         if Path(source).suffix not in TOPOLOGY_FILE_SUFFIXES:
             what = load_one(source)
         try:
-            cfg = _checked_config(config, options, [what.name] if isinstance(what, Backend) else [])
+            cfg = _checked_config(config, options, [what] if isinstance(what, Backend) else [])
         except ConfigError:
             if isinstance(what, Backend):
                 what.close()
@@ -573,8 +573,10 @@ def doctor(
         flags: dict[str, Any] = {"kubeletDir": kubelet_dir}
         if labels_dir:
             flags["labels"] = {"enabled": True, "dir": labels_dir}
-        cfg = _config(config, options, **flags)
-        loaded = load_backends(backends, timeout=cfg.hook_timeout)
+        loaded = load_backends(backends)  # first: the config sections they claim are read
+        cfg = _config(config, options, loaded, **flags)
+        for b in loaded:
+            b.timeout = cfg.hook_timeout
     except ConfigError as e:
         _fail_config(e)
         return

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from hetero_dp.allocation.delivery import parse_delivery
 from hetero_dp.allocation.sharing import REPLICA_POLICIES, SharingConfig, parse_sharing
+from hetero_dp.engine.claims import Sections, installed_claims, installed_sections
 from hetero_dp.engine.configfile import NOT_PLAIN, plain_scalar, read_file, set_option
 from hetero_dp.kits.mappings import deep_merge
 from hetero_dp.model.errors import ConfigError
@@ -40,8 +41,6 @@ from hetero_dp.model.options import camel, option, parse_options
 __all__ = ["NOT_PLAIN", "Config", "load_config", "plain_scalar", "read_file", "set_option"]
 
 ENV_PREFIX = "HETERO_DP_"
-# backend name -> {key as written in the file (dotted) -> where in its options ("" = spread)}
-Sections = Mapping[str, Mapping[str, str]]
 
 
 @dataclass(frozen=True)
@@ -184,16 +183,15 @@ class Config:
     # environment variable an option declares)
     backend_flagged: dict[str, frozenset[str]] = field(default_factory=dict)
 
-    # the sections each backend claims, when the caller named them (load_config's
-    # ``sections``); otherwise an installed backend's own, looked up when asked
-    sections: dict[str, dict[str, str]] | None = None
+    # the sections each backend claims: those of the backends the caller loads
+    # (load_config's ``sections``), and the installed backends' where the file needed
+    # them; a backend not among them: its installed entry point's own, looked up when asked
+    sections: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def claims(self, name: str) -> dict[str, str]:
         """The config sections backend ``name`` claims (its ``config_sections`` hook)."""
-        if self.sections is not None:
-            return dict(self.sections.get(name, {}))
-        from hetero_dp.engine.loading import installed_claims
-
+        if name in self.sections:
+            return dict(self.sections[name])
         return installed_claims(name)
 
     def backend_options(self, name: str) -> dict[str, Any]:
@@ -330,10 +328,12 @@ def load_config(
 ) -> Config:
     """Build a Config from a file, the environment and flag overrides (camelCase keys).
 
-    ``sections``: the config sections each backend claims (its ``config_sections``
-    hook; :func:`hetero_dp.engine.loading.sections_of`). Left out, the file's keys
-    the core does not know are looked up among the installed backends' sections
-    (a file without such keys imports nothing for it).
+    ``sections``: the config sections each backend the caller runs claims (its
+    ``config_sections`` hook; :func:`hetero_dp.engine.loading.sections_of`), so that
+    a backend loaded from a file has its sections read too. A key neither the core nor
+    those explain is looked up among the installed backends' sections (a section an
+    installed backend claims is no typo even when that backend is not run; a file
+    without such keys imports nothing for it).
     """
     env = os.environ if env is None else env
     source = str(path) if path else ("inline config" if raw is not None else "defaults")
@@ -341,11 +341,9 @@ def load_config(
     cfg = Config(source=source, raw=dict(raw))
 
     core = {*SCALARS, *SECTIONS, "version"}
-    if sections is None and _needs_backend_sections(raw, core):
-        from hetero_dp.engine.loading import installed_sections
-
-        sections = installed_sections()
     claims = {str(n): dict(c) for n, c in (sections or {}).items()}
+    if _needs_backend_sections(raw, core, claims):
+        claims = {**installed_sections(), **claims}
     claimed = {k.split(".", 1)[0] for c in claims.values() for k in c}
     unknown = sorted(set(raw) - core - claimed, key=str)
     if unknown:
@@ -383,7 +381,7 @@ def load_config(
 
     _check_paths(cfg, sources)
     cfg.sharing = parse_sharing(raw.get("sharing"), source)
-    cfg.sections = None if sections is None else claims
+    cfg.sections = claims
     cfg.backends, cfg.backend_origins = _backends(raw, flags, source)
     cfg.backend_flagged = {
         str(name): frozenset(_dotted(options))
@@ -423,12 +421,19 @@ def _dotted(options: Any, prefix: str = "") -> list[str]:
     return keys
 
 
-def _needs_backend_sections(raw: Mapping[str, Any], core: set[str]) -> bool:
-    """Whether the file has keys only a backend's sections can explain: a top-level key
-    the core does not know, or a key of ``resources`` that is no resource name."""
+def _needs_backend_sections(
+    raw: Mapping[str, Any], core: set[str], claims: Mapping[str, Mapping[str, str]]
+) -> bool:
+    """Whether the file has keys only an installed backend's sections can explain: a
+    top-level key neither the core nor ``claims`` know, or a key of ``resources`` that
+    is no resource name (and no key ``claims`` holds)."""
+    claimed = {k for c in claims.values() for k in c}
+    heads = {k.split(".", 1)[0] for k in claimed}
     resources = raw.get("resources")
-    odd = isinstance(resources, Mapping) and any("/" not in str(k) for k in resources)
-    return odd or any(k not in core for k in raw)
+    odd = isinstance(resources, Mapping) and any(
+        "/" not in str(k) and f"resources.{k}" not in claimed for k in resources
+    )
+    return odd or any(k not in core and k not in heads for k in raw)
 
 
 def _did_you_mean(key: str, known: Iterable[str]) -> str:

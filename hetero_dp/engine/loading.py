@@ -11,7 +11,6 @@ its hook does not have) and wrapped in a :class:`~hetero_dp.engine.backend.Backe
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import inspect
 import logging
@@ -25,14 +24,13 @@ import pluggy
 
 from hetero_dp import hookspecs
 from hetero_dp.engine.backend import Backend
+from hetero_dp.engine.claims import ENTRY_POINT_GROUP, instance_in
 from hetero_dp.kits.entrypoints import entry_points
 from hetero_dp.model.errors import ConfigError
 from hetero_dp.model.names import closest
 from hetero_dp.model.options import default_problems
 
 log = logging.getLogger(__name__)
-
-ENTRY_POINT_GROUP = "hetero_dp"
 
 
 def available_backends() -> dict[str, str]:
@@ -111,21 +109,6 @@ def _load_file(path: Path) -> ModuleType:
     return module
 
 
-INSTANCE = "plugin"  # the name a backend module gives its instance (its entry point's target)
-
-
-def _instance_in(module: ModuleType) -> object:
-    """The backend a plugin file holds: the instance it names ``plugin`` (what an entry
-    point ``name = "module:plugin"`` would load), or else the module itself, whose
-    module-level functions are the hooks (a single-file plugin)."""
-    instance = getattr(module, INSTANCE, None)
-    if instance is None or inspect.ismodule(instance) or inspect.isclass(instance):
-        return module
-    if inspect.isroutine(instance):
-        return module
-    return instance
-
-
 def resolve(spec: str | ModuleType | object) -> tuple[str, object]:
     """A backend given by entry-point name, ``.py`` path or object -> (name, plugin)."""
     if not isinstance(spec, str):
@@ -138,14 +121,14 @@ def resolve(spec: str | ModuleType | object) -> tuple[str, object]:
         path = Path(spec)
         if not path.is_file():
             raise ConfigError(f"no such plugin file: {spec}", field="backend")
-        return path.stem, _instance_in(_load_file(path.resolve()))
+        return path.stem, instance_in(_load_file(path.resolve()))
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == spec:
             try:
                 loaded = ep.load()
                 # an entry point naming a module (installed before the bundled backends
                 # named their instances) gets the module's ``plugin`` instance
-                return spec, _instance_in(loaded) if inspect.ismodule(loaded) else loaded
+                return spec, instance_in(loaded) if inspect.ismodule(loaded) else loaded
             except Exception as e:
                 raise ConfigError(f"loading backend {spec!r} failed: {e!r}", field="backend") from e
     known = ", ".join(sorted(available_backends())) or "none installed"
@@ -316,40 +299,3 @@ def load_backends(
 def sections_of(backends: Iterable[Backend]) -> dict[str, dict[str, str]]:
     """The config sections each backend claims (``load_config(sections=...)``)."""
     return {b.name: claims for b in backends if (claims := b.config_sections())}
-
-
-@functools.cache
-def _installed_claims(name: str) -> tuple[tuple[str, str], ...]:
-    try:
-        name, plugin = resolve(name)
-        pm = new_manager()
-        check_plugin(name, plugin, pm)
-        pm.register(plugin, name=name)
-        backend = Backend(name, plugin, pm)
-    except (ConfigError, ValueError, pluggy.PluginValidationError):
-        return ()
-    try:
-        return tuple(backend.config_sections().items())
-    except ConfigError:
-        return ()
-    finally:
-        backend.close()
-
-
-def installed_claims(name: str) -> dict[str, str]:
-    """The config sections the installed backend ``name`` claims ({} when none is
-    installed under that name, or it does not load: running it names its error).
-    Looked up once per process (the module is imported once anyway)."""
-    return dict(_installed_claims(name)) if name in available_backends() else {}
-
-
-def installed_sections() -> dict[str, dict[str, str]]:
-    """The config sections every installed backend claims, for reading a file before
-    the backends that will run are known (``hetero-dp list``, a test runner). A backend
-    that fails to load claims nothing here; running it names its error."""
-    out: dict[str, dict[str, str]] = {}
-    for name in sorted(available_backends()):
-        claims = installed_claims(name)
-        if claims:
-            out[name] = claims
-    return out

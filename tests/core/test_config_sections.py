@@ -1,0 +1,98 @@
+"""A config section a backend contributes (its ``config_sections`` hook) is read and
+checked the same way by every command, for a backend loaded from a file too: the CLI
+passes the loaded backends' sections to the config reader."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hetero_dp.engine.config import load_config
+from hetero_dp.model.errors import ConfigError
+
+ACME = """
+from dataclasses import dataclass
+
+from hetero_dp import Device, hookimpl, option
+
+
+@dataclass(frozen=True)
+class AcmeOptions:
+    boards: int = option(1, help="boards to advertise", min=1, max=8)
+
+
+OPTIONS = AcmeOptions()
+
+
+@hookimpl
+def config_sections():
+    return {"acme": ""}  # the keys of a top-level ``acme`` section are its options
+
+
+@hookimpl
+def configure(options: AcmeOptions) -> None:
+    global OPTIONS
+    OPTIONS = options
+
+
+@hookimpl
+def discover():
+    return [Device(f"a{i}", "acme.example.com/npu") for i in range(OPTIONS.boards)]
+"""
+
+
+def hetero_dp(cmd, env, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*cmd, *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def acme(tmp_path: Path) -> Path:
+    path = tmp_path / "acme_sections.py"
+    path.write_text(ACME)
+    return path
+
+
+def test_list_reads_the_section_of_a_backend_loaded_from_a_file(
+    tmp_path: Path, acme: Path, cli_env, hetero_dp_cmd
+):
+    config = tmp_path / "config.yaml"
+    config.write_text("acme:\n  boards: 3\n")
+    listed = hetero_dp(hetero_dp_cmd, cli_env, "list", str(acme), "--config", str(config))
+    assert listed.returncode == 0, listed.stderr
+    assert all(f"a{i}" in listed.stdout for i in range(3)) and "a3" not in listed.stdout
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("acme:\n  bords: 3\n", "field 'acme.bords': unknown option; did you mean 'boards'?"),
+        ("acme:\n  boards: 99\n", "field 'acme.boards': must be at most 8, got 99"),
+    ],
+)
+def test_run_and_list_refuse_a_bad_section_value_alike(
+    tmp_path: Path, acme: Path, cli_env, hetero_dp_cmd, text: str, expected: str
+):
+    config = tmp_path / "config.yaml"
+    config.write_text(text)
+    kdir = tmp_path / "kubelet"
+    kdir.mkdir()
+    common = [str(acme), "--config", str(config)]
+    listed = hetero_dp(hetero_dp_cmd, cli_env, "list", *common)
+    ran = hetero_dp(hetero_dp_cmd, cli_env, "run", *common, "--kubelet-dir", str(kdir))
+    for proc in (listed, ran):
+        assert proc.returncode == 2, proc.stderr
+        assert f"configuration error: {config}, {expected}" in proc.stderr
+    assert list(kdir.iterdir()) == []
+
+
+def test_a_section_no_backend_claims_is_an_unknown_key(tmp_path: Path):
+    with pytest.raises(ConfigError) as e:
+        load_config(raw={"acme": {"boards": 3}}, env={})
+    assert e.value.field == "acme" and "unknown key" in e.value.reason
+
+
+def test_a_section_the_caller_names_is_read_without_looking_up_installed_backends():
+    cfg = load_config(raw={"acme": {"boards": 3}}, env={}, sections={"acme": {"acme": ""}})
+    assert cfg.backend_options("acme") == {"boards": 3}
