@@ -33,6 +33,12 @@ class ServedResource(Protocol):
         """The response for one container; AllocationError to refuse."""
         ...
 
+    def answer_stamp(self) -> object | None:
+        """Equal from one call to the next for as long as :meth:`allocate` answers the
+        same IDs with the same response, so the kubelet side may answer a repeated
+        request from what it sent before; None when every call must be asked."""
+        ...
+
     async def preferred(
         self, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]: ...

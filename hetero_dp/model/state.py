@@ -25,6 +25,9 @@ class ResourceState:
     def __init__(self, name: str) -> None:
         self.name = name
         self.version = 0
+        # Bumped by every update, even one the kubelet would not see (a physical record
+        # behind unchanged replicas): answers built from the records hold while it holds.
+        self.generation = 0
         self._devices: dict[str, Device] = {}
         self._physical: dict[str, Device] = {}
         self._cond = asyncio.Condition()
@@ -57,6 +60,7 @@ class ResourceState:
             _wire_view(d) for d in self._devices.values()
         ]
         self._physical = dict(physical)
+        self.generation += 1
         records_changed = new != self._devices
         self._devices = new
         if changed or records_changed:

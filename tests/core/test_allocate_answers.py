@@ -1,0 +1,109 @@
+"""Allocate answers that are reused (issue 26, the hot path): a repeated request is
+answered from what was built for it before only while the device records hold; an
+``allocate`` hook sees a fresh response on every call."""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+import pytest
+
+from hetero_dp import ContainerResponse, Device, DeviceNode, EventSink, hookimpl
+
+from .scripted import make_devices
+
+RES = "example.com/accel"
+
+
+class NoAllocateHook:
+    """Devices and events only: Allocate is answered from the records alone."""
+
+    hetero_dp_name = "plain"
+
+    def __init__(self, devices: list[Device]) -> None:
+        self.devices = devices
+        self.sinks: list[EventSink] = []
+        self.watch_started = threading.Event()
+
+    @hookimpl
+    def discover(self) -> list[Device]:
+        return list(self.devices)
+
+    @hookimpl
+    def watch(self, events: EventSink) -> None:
+        self.sinks.append(events)
+        self.watch_started.set()
+        events.wait()
+
+
+class CountingHook(NoAllocateHook):
+    """An allocate hook that adds to the response on every call."""
+
+    def __init__(self, devices: list[Device]) -> None:
+        super().__init__(devices)
+        self.calls = 0
+
+    @hookimpl
+    async def allocate(self, devices: list[Device], response: ContainerResponse) -> None:
+        self.calls += 1
+        response.envs["CALL"] = str(self.calls)
+        response.envs["VISIBLE"] += ",hooked"
+        response.devices.append(DeviceNode(f"/dev/extra{self.calls}"))
+
+
+async def test_a_repeated_request_follows_health_and_rediscovery(fake_kubelet, plugin_runner):
+    backend = NoAllocateHook(make_devices(RES, 2))
+    daemon = await plugin_runner.start(backend)
+    await fake_kubelet.wait_registered(RES)
+    first = await fake_kubelet.allocate(RES, ["dev1", "dev0"])
+    assert dict(first.envs) == {"VISIBLE": "1,0", "DRIVER": "v1"}
+    again = await fake_kubelet.allocate(RES, ["dev1", "dev0"])
+    assert again.SerializeToString() == first.SerializeToString()
+
+    # the device turns unhealthy: the same request is refused, naming it
+    assert backend.watch_started.wait(5)
+    backend.sinks[0].set_health("dev1", False, "XID 79")
+    await fake_kubelet.wait_devices(RES, lambda d: not d["dev1"].healthy)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await fake_kubelet.allocate(RES, ["dev1", "dev0"])
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "'dev1': XID 79" in err.value.details()
+
+    backend.sinks[0].set_health("dev1", True, "recovered")
+    await fake_kubelet.wait_devices(RES, lambda d: d["dev1"].healthy)
+    assert (await fake_kubelet.allocate(RES, ["dev1", "dev0"])) == first
+
+    # a record that changes (same IDs, same health) changes the answer
+    backend.devices = [
+        d
+        if d.id != "dev0"
+        else Device(id="dev0", resource=RES, nodes=(DeviceNode("/dev/dev0"),), env={"VISIBLE": "x"})
+        for d in backend.devices
+    ]
+    await daemon.rediscover()
+    changed = await fake_kubelet.allocate(RES, ["dev1", "dev0"])
+    assert dict(changed.envs) == {"VISIBLE": "1,x", "DRIVER": "v1"}
+
+    # a device that is gone is unknown
+    backend.devices = backend.devices[:1]
+    await daemon.rediscover()
+    await fake_kubelet.wait_devices(RES, lambda d: len(d) == 1)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await fake_kubelet.allocate(RES, ["dev1", "dev0"])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "unknown devices: 'dev1'" in err.value.details()
+
+
+async def test_an_allocate_hook_gets_a_fresh_response_every_call(fake_kubelet, plugin_runner):
+    backend = CountingHook(make_devices(RES, 2))
+    await plugin_runner.start(backend)
+    await fake_kubelet.wait_registered(RES)
+    for call in (1, 2, 3):
+        resp = await fake_kubelet.allocate(RES, ["dev0"])
+        assert dict(resp.envs) == {"VISIBLE": "0,hooked", "DRIVER": "v1", "CALL": str(call)}
+        assert [d.host_path for d in resp.devices] == [
+            "/dev/dev0",
+            "/dev/ctl",
+            f"/dev/extra{call}",
+        ]
