@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from hetero_dp.deviceplugin.dirwatch import KubeletDirWatch
 from hetero_dp.deviceplugin.endpoint import PluginEndpoint
 from hetero_dp.engine.config import Config
-from hetero_dp.engine.frontend import Engine
+from hetero_dp.engine.frontend import Attached
 from hetero_dp.engine.resource import Resource
 from hetero_dp.model.names import instance_tag
 
 
-class DevicePluginFrontEnd:
+class DevicePluginFrontEnd(Attached):
     name = "device-plugin"
 
     def __init__(self) -> None:
@@ -29,16 +29,7 @@ class DevicePluginFrontEnd:
         self.instance = instance_tag(os.environ)
         self.endpoints: dict[str, PluginEndpoint] = {}
         self.dir_watch: KubeletDirWatch | None = None
-        self._engine: Engine | None = None
         self._serving = False
-
-    @property
-    def engine(self) -> Engine:
-        assert self._engine is not None, "attach() the front end to an engine first"
-        return self._engine
-
-    def attach(self, engine: Engine) -> None:
-        self._engine = engine
 
     async def open(self) -> None:
         """Nothing to bind before discovery: endpoints come with their resources."""

@@ -28,7 +28,7 @@ from hetero_dp.dra.prepare import ClaimError, ClaimRef
 from hetero_dp.dra.slices import VERSIONS
 from hetero_dp.engine.cdi_publisher import spec_wide_edits
 from hetero_dp.engine.config import Config
-from hetero_dp.engine.frontend import Engine
+from hetero_dp.engine.frontend import Attached, Engine
 from hetero_dp.engine.resource import Resource
 from hetero_dp.engine.runtime import BackendRuntime
 from hetero_dp.model.device import Device, is_replica, replica_base
@@ -79,7 +79,7 @@ class DRAOptions:
         return opts
 
 
-class DRAFrontEnd:
+class DRAFrontEnd(Attached):
     name = "dra"
 
     def __init__(self, options: DRAOptions, api_client: Any) -> None:
@@ -91,15 +91,9 @@ class DRAFrontEnd:
         self._partitions: dict[str, tuple[frozenset[str], dict[str, Device]]] = {}
         self._dra_started = False
         self._errors: list[ConfigError] = []
-        self._engine: Engine | None = None
-
-    @property
-    def engine(self) -> Engine:
-        assert self._engine is not None, "attach() the front end to an engine first"
-        return self._engine
 
     def attach(self, engine: Engine) -> None:
-        self._engine = engine
+        super().attach(engine)
         engine.add_publisher(self._publish_dra)
 
     def driver_name(self, resource: str) -> str:

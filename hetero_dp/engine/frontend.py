@@ -81,3 +81,19 @@ class FrontEnd(Reloadable, Protocol):
     def readiness(self) -> tuple[bool, list[str]]:
         """(ready, one line per resource or driver), once the engine has started."""
         ...
+
+
+class Attached:
+    """What every front end does with its engine: ``attach`` keeps it, ``engine`` gives
+    it back (an AssertionError before ``attach``, a programming error). A front end
+    that needs more at attach time extends ``attach`` and calls this one first."""
+
+    _engine: Engine | None = None
+
+    @property
+    def engine(self) -> Engine:
+        assert self._engine is not None, "attach() the front end to an engine first"
+        return self._engine
+
+    def attach(self, engine: Engine) -> None:
+        self._engine = engine

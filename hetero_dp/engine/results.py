@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from hetero_dp.model.device import Check, Device, Link, Sample
 from hetero_dp.model.errors import BackendError, ConfigError
+
+T = TypeVar("T")
 
 
 def _what(result: Any) -> str:
@@ -63,15 +65,21 @@ def health_verdict(name: str, result: Any) -> tuple[bool, str]:
     )
 
 
-def links(name: str, result: Any) -> list[Link]:
+def _all_of(kind: type[T], name: str, hook: str, result: Any) -> list[T]:
+    """An iterable of ``kind`` instances (None: none), as a list."""
     if result is not None and not isinstance(result, Iterable):
         raise BackendError(
-            f"backend {name!r} links returned {_what(result)}; expected an iterable of Link"
+            f"backend {name!r} {hook} returned {_what(result)}; "
+            f"expected an iterable of {kind.__name__}"
         )
     found = list(result or [])
-    if any(not isinstance(x, Link) for x in found):
-        raise BackendError(f"backend {name!r} links returned items that are not Link")
+    if any(not isinstance(x, kind) for x in found):
+        raise BackendError(f"backend {name!r} {hook} returned items that are not {kind.__name__}")
     return found
+
+
+def links(name: str, result: Any) -> list[Link]:
+    return _all_of(Link, name, "links", result)
 
 
 def labels(name: str, result: Any) -> dict[str, str]:
@@ -86,14 +94,7 @@ def labels(name: str, result: Any) -> dict[str, str]:
 
 
 def samples(name: str, result: Any) -> list[Sample]:
-    if result is not None and not isinstance(result, Iterable):
-        raise BackendError(
-            f"backend {name!r} metrics returned {_what(result)}; expected an iterable of Sample"
-        )
-    found = list(result or [])
-    if any(not isinstance(x, Sample) for x in found):
-        raise BackendError(f"backend {name!r} metrics returned non-Sample items")
-    return found
+    return _all_of(Sample, name, "metrics", result)
 
 
 def checks(result: Any) -> list[Check]:
