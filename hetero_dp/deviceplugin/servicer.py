@@ -20,7 +20,7 @@ from hetero_dp.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from hetero_dp.deviceplugin.contract import ServedResource
 from hetero_dp.deviceplugin.convert import allocate_response, list_and_watch_response
 from hetero_dp.kits import observe
-from hetero_dp.kits.decoding import lenient, refuse_undecodable
+from hetero_dp.kits.decoding import Undecodable, lenient, refuse_undecodable
 from hetero_dp.model.errors import AllocationError
 
 log = logging.getLogger(__name__)
