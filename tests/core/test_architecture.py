@@ -195,6 +195,35 @@ def test_imports_only_go_down_the_layers():
     assert upward_imports(modules(), layer_order()) == []
 
 
+FRONT_ENDS = ("hetero_dp.deviceplugin", "hetero_dp.dra")
+
+
+def cross_front_end_imports(mods: dict[str, Path]) -> list[str]:
+    """Imports from one front end's package into the other's, type-checking ones too:
+    what both use lives below them (kits/sockets, kits/decoding, engine/pluginwatcher)."""
+    problems = []
+    for mod, path in mods.items():
+        own = next((f for f in FRONT_ENDS if mod == f or mod.startswith(f + ".")), None)
+        if own is None:
+            continue
+        for imp in imports_of(path):
+            other = next(
+                (
+                    f
+                    for f in FRONT_ENDS
+                    if f != own and (imp.target == f or imp.target.startswith(f + "."))
+                ),
+                None,
+            )
+            if other is not None:
+                problems.append(f"{mod}:{imp.line} imports {imp.target}")
+    return problems
+
+
+def test_the_front_ends_import_nothing_of_each_other():
+    assert cross_front_end_imports(modules()) == []
+
+
 def test_no_import_circles():
     assert circles(modules()) == []
 
@@ -442,6 +471,22 @@ def test_checker_counts_class_and_module_lines_and_vendor_names(fake_root):
     assert found["hetero_dp.engine.big.Big"] == MAX_CLASS_LINES + 1
     assert found["hetero_dp.engine.big"] > MAX_MODULE_LINES
     assert vendor_names(mods) == {"hetero_dp.engine.gpu": 1}
+
+
+def test_checker_finds_one_front_end_importing_the_other(fake_root):
+    mods = _tree(
+        fake_root,
+        {
+            "hetero_dp/__init__.py": "",
+            "hetero_dp/deviceplugin/__init__.py": "",
+            "hetero_dp/deviceplugin/endpoint.py": "from hetero_dp.kits.sockets import x\n",
+            "hetero_dp/dra/__init__.py": "",
+            "hetero_dp/dra/driver.py": "from hetero_dp.deviceplugin.endpoint import x\n",
+        },
+    )
+    assert cross_front_end_imports(mods) == [
+        "hetero_dp.dra.driver:1 imports hetero_dp.deviceplugin.endpoint"
+    ]
 
 
 def test_checker_finds_a_private_import(fake_root):
