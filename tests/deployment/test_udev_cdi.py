@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from . import test_cdi_runtime
-from .test_cdi_runtime import allocated_spec, mknod, sees
+from .test_cdi_runtime import allocated_spec, claim_spec, dra_node, mknod, sees
 
 runtime_cdi = test_cdi_runtime.runtime_cdi  # the fixture: the spec copied into /var/run/cdi
 
@@ -68,6 +68,23 @@ def host_fuse() -> None:
         pytest.skip("this host has no FUSE misc device (/sys/devices/virtual/misc/fuse, /dev/fuse)")
 
 
+def fuse_node(tmp: Path) -> dict[str, dict[str, str]]:
+    """The plugin's side of the node: the stand-in for the host's /dev (hostRoot), the
+    mount's host dir and the rules file: the udev backend's options."""
+    host_fuse()
+    seen = tmp / "host"  # the host's / as the plugin sees it (hostRoot)
+    mknod(seen / "dev/fuse", 1, 3)
+    tools = tmp / "fuse-tools"
+    tools.mkdir()
+    (tools / "README").write_text("fuse tools 1.0\n")
+    rules = tmp / "rules.yaml"
+    rules.write_text(RULES.format(tools=tools))
+    return {"udev": {"rules": str(rules), "hostRoot": str(seen)}}
+
+
+FUSE_SEES = ["character special file a:e5", "opened", "device=fuse kind=misc", "fuse tools 1.0"]
+
+
 def baseline(engine) -> subprocess.CompletedProcess[str]:
     """A container started without the CDI device: podman gives no /dev/fuse by default,
     so the node seen below comes from the spec."""
@@ -85,17 +102,9 @@ async def test_the_udev_backends_spec_gives_the_container_the_hosts_node_env_and
 ):
     from hetero_dp_udev import UdevBackend
 
-    host_fuse()
-    seen = tmp_path / "host"  # the host's / as the plugin sees it (hostRoot)
-    mknod(seen / "dev/fuse", 1, 3)
-    tools = tmp_path / "fuse-tools"
-    tools.mkdir()
-    (tools / "README").write_text("fuse tools 1.0\n")
-    rules = tmp_path / "rules.yaml"
-    rules.write_text(RULES.format(tools=tools))
     spec, name = await allocated_spec(
         fake_kubelet, plugin_runner, UdevBackend(), RESOURCE, "fuse", 1,
-        options={"udev": {"rules": str(rules), "hostRoot": str(seen)}},
+        options=fuse_node(tmp_path),
     )  # fmt: skip
     devices = await fake_kubelet.wait_devices(RESOURCE, lambda d: len(d) == 1)
     assert devices["fuse"].health == "Healthy"
@@ -104,7 +113,19 @@ async def test_the_udev_backends_spec_gives_the_container_the_hosts_node_env_and
         (n["path"], n.get("hostPath", n["path"])) for n in device["containerEdits"]["deviceNodes"]
     ] == [("/dev/fuse", "/dev/fuse")]
     assert baseline(engine).returncode == 1
-    sees(
-        runtime_cdi(spec, name, SCRIPT),
-        ["character special file a:e5", "opened", "device=fuse kind=misc", "fuse tools 1.0"],
-    )
+    sees(runtime_cdi(spec, name, SCRIPT), FUSE_SEES)
+
+
+async def test_the_udev_backends_dra_claim_spec_gives_the_container_the_hosts_node_env_and_mount(
+    tmp_path: Path, runtime_cdi
+):
+    """DRA mode: the claim's spec NodePrepareResources writes for the FUSE device."""
+    from hetero_dp_udev import UdevBackend
+
+    options = fuse_node(tmp_path)
+    async with dra_node() as (runner, kubelet):
+        await runner.start(UdevBackend(), options=options)
+        spec, name = await claim_spec(
+            runner, kubelet, "fuse.example.com", "fuse", tmp_path / "spec"
+        )
+    sees(runtime_cdi(spec, name, SCRIPT), FUSE_SEES)
