@@ -4,7 +4,7 @@ backend, in both orders (issue 28).
 Each instance runs as ``python -m hetero_dp run BACKEND`` in its own process with
 its own ``POD_UID``, against the FakeKubelet, which behaves as the kubelet 1.32
 device manager does for a second registration of a resource and for the end of an
-old stream (hetero_dp/testing/fake_kubelet.py). The node set-up (fake NVML for
+old stream (hetero_dp/testing/fake_kubelet/clients.py). The node set-up (fake NVML for
 nvidia, the umockdev testbed for udev) is bench_backends'.
 
 - ``default`` order: SIGTERM to the old instance; once it has exited, the new one

@@ -10,7 +10,7 @@ Two orders, as a DaemonSet's rolling update does them:
 
 Each instance is a real daemon serving over real unix sockets to the FakeKubelet,
 which behaves as the kubelet 1.32 device manager does for a second registration and
-for the end of an old stream (see hetero_dp/testing/fake_kubelet.py). What is
+for the end of an old stream (see hetero_dp/testing/fake_kubelet/clients.py). What is
 checked is what the kubelet saw, as events: which healthy counts it went through,
 which Registers it got, which pods it admitted. How long a dip lasts is measured in
 benchmarks/bench_upgrade.py, not here.
