@@ -97,7 +97,7 @@ def test_an_interpreter_of_another_version_is_not_taken(tmp_path: Path):
 
 def test_a_version_the_whole_suite_ran_on_is_reported_covered_not_run_again(tmp_path: Path):
     """CI passes make test's venv: its X.Y is not tested a second time, and says so."""
-    here = "%d.%d" % sys.version_info[:2]
+    here = "{}.{}".format(*sys.version_info[:2])
     done = matrix(tmp_path, "--pythons", here, "--covered-by", sys.executable, CI="true")
     assert f"{here}: covered: the whole suite ran on Python {here}." in done.stdout
     assert re.search(rf"{re.escape(here)}\s+COVERED", done.stdout), done.stdout
