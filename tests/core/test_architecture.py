@@ -299,8 +299,6 @@ OVERSIZED_ALLOWED = {
     # the test kit's fake API server (watch cache, 410s, bookmarks, #31): one peer's model
     "hetero_dp.testing.dra.apiserver",
     "hetero_dp.testing.dra.apiserver.FakeAPIServer",
-    # the DRA driver: registration, resync and slices (#31): to split next
-    "hetero_dp.dra.driver.DRADriver",
 }
 
 

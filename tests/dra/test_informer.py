@@ -79,7 +79,7 @@ async def test_a_pool_lost_in_an_outage_is_back_right_after_the_restart(dra, exp
         restarted = time.monotonic()
         await server.wait_for(lambda: len(server.devices_of(DRIVER)) == 2, timeout=15)
         repaired = time.monotonic() - restarted
-        watch = driver._slice_watch
+        watch = driver.slice_watch
         assert watch is not None and watch.relists >= 1
         # the first retry comes within the back-off cap (5 s) of the outage's start
         assert repaired < 6.0, repaired

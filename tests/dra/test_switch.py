@@ -64,7 +64,7 @@ async def test_a_watch_never_stays_longer_than_a_minute_and_streams_are_drawn_ap
     (first,) = watch_timeouts(api_server)
     # before: 300 s, so a draining server could hold the watch five minutes
     assert DEFAULT_TIMEOUT <= first < 2 * DEFAULT_TIMEOUT <= 60
-    watch = daemon.front_end.drivers[RES]._slice_watch
+    watch = daemon.front_end.drivers[RES].slice_watch
     assert watch is not None
     draws = {int(DEFAULT_TIMEOUT * (1 + watch.rand())) for _ in range(50)}
     assert len(draws) > 5  # jittered: a fleet does not reopen in step
@@ -73,7 +73,7 @@ async def test_a_watch_never_stays_longer_than_a_minute_and_streams_are_drawn_ap
 
 async def test_an_idle_node_sends_nothing_but_the_next_stream(dra, api_server):
     daemon = await dra.start(Npus(2))
-    watch = daemon.front_end.drivers[RES]._slice_watch
+    watch = daemon.front_end.drivers[RES].slice_watch
     assert watch is not None
     await api_server.wait_for(lambda: api_server.watches >= 1)
     watch.timeout_seconds = 1  # short streams from the next one on, so several end here
@@ -92,7 +92,7 @@ async def test_an_idle_node_sends_nothing_but_the_next_stream(dra, api_server):
 
 async def test_a_stream_the_server_cuts_early_reads_discovery_once(dra, api_server):
     daemon = await dra.start(Npus(1))
-    watch = daemon.front_end.drivers[RES]._slice_watch
+    watch = daemon.front_end.drivers[RES].slice_watch
     assert watch is not None
     await api_server.wait_for(lambda: api_server.watches >= 1)
     mark = len(api_server.requests)
