@@ -55,6 +55,7 @@ _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _PREFIX = re.compile(rf"{_LABEL}(\.{_LABEL})*\Z")
 _NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_NONE = object()  # no value (a hook may set None)
 #: Variables the dynamic loader and glibc read to pick the code a program runs.
 DENIED_ENV_PREFIXES = ("LD_",)
 DENIED_ENV = frozenset({"GCONV_PATH", "HOSTALIASES", "LOCPATH", "NLSPATH", "RESOLV_HOST_CONF"})
@@ -191,18 +192,19 @@ def _size(device: Device) -> int:
 
 
 def _items(
-    nodes: Iterable[DeviceNode],
-    mounts: Iterable[Mount],
+    nodes: Iterable[tuple[int, DeviceNode]],
+    mounts: Iterable[tuple[int, Mount]],
     env: Iterable[tuple[str, str]],
     annotations: Iterable[tuple[str, str]],
     roots: Sequence[str],
 ) -> list[str]:
+    """The problems of the items, nodes and mounts given with their index."""
     out = []
-    for i, node in enumerate(nodes):
+    for i, node in nodes:
         problem = node_problem(node, roots)
         if problem:
             out.append(f"nodes[{i}]: {problem}")
-    for i, mount in enumerate(mounts):
+    for i, mount in mounts:
         problem = mount_problem(mount)
         if problem:
             out.append(f"mounts[{i}]: {problem}")
@@ -226,7 +228,11 @@ def device_problems(device: Device, roots: Sequence[str] = ()) -> list[str]:
             f"{MAX_DEVICE_BYTES} per device (an Allocate response must stay under 4 MiB)"
         ]
     return _items(
-        device.nodes, device.mounts, device.env.items(), device.annotations.items(), roots
+        enumerate(device.nodes),
+        enumerate(device.mounts),
+        device.env.items(),
+        device.annotations.items(),
+        roots,
     )
 
 
@@ -267,26 +273,56 @@ def gate_device(device: Device, roots: Sequence[str] = ()) -> Device:
 
 
 def response_problems(
-    response: ContainerResponse, roots: Sequence[str] = (), known_cdi: Iterable[str] | None = None
+    response: ContainerResponse,
+    roots: Sequence[str] = (),
+    known_cdi: Iterable[str] | None = None,
+    *,
+    passed: ContainerResponse | None = None,
 ) -> list[str]:
     """What in an Allocate response (after the backend's ``allocate`` hook) may not
-    go into a container. ``known_cdi``: the CDI names a spec defines, when known."""
-    out = _items(
-        response.devices,
-        response.mounts,
-        response.envs.items(),
-        response.annotations.items(),
-        roots,
-    )
+    go into a container. ``known_cdi``: the CDI names a spec defines, when known.
+
+    ``passed``: the response the hook started from, when it passed this check itself
+    (the Allocate hot path): items of ``response`` still as they were there (the same
+    node and mount objects, the same env and annotation values) are not judged again,
+    and the size only when the hook added something. Same problems, same messages."""
+    if passed is None:
+        out = _items(
+            enumerate(response.devices),
+            enumerate(response.mounts),
+            response.envs.items(),
+            response.annotations.items(),
+            roots,
+        )
+        added = True
+    else:
+        old_nodes = {id(n) for n in passed.devices}
+        old_mounts = {id(m) for m in passed.mounts}
+        nodes = [(i, n) for i, n in enumerate(response.devices) if id(n) not in old_nodes]
+        mounts = [(i, m) for i, m in enumerate(response.mounts) if id(m) not in old_mounts]
+        env = [(k, v) for k, v in response.envs.items() if passed.envs.get(k, _NONE) != v]
+        notes = [
+            (k, v) for k, v in response.annotations.items() if passed.annotations.get(k, _NONE) != v
+        ]
+        out = _items(nodes, mounts, env, notes, roots)
+        added = bool(
+            nodes
+            or mounts
+            or env
+            or notes
+            or len(response.devices) > len(passed.devices)  # one added twice
+            or len(response.mounts) > len(passed.mounts)
+        )
     known = set(known_cdi) if known_cdi is not None else None
     for name in response.cdi_devices:
         if not isinstance(name, str) or _CONTROL.search(name) or "=" not in name:
             out.append(f"cdiDevices: {name!r} is not a CDI device name (vendor.com/class=name)")
         elif known is not None and name not in known:
             out.append(f"cdiDevices: {name!r} is defined by no CDI spec written")
-    size = sum(len(str(s).encode(errors="replace")) + 8 for s in _strings(response))
-    if size > MAX_RESPONSE_BYTES:
-        out.append(f"the response holds {size} bytes, more than {MAX_RESPONSE_BYTES}")
+    if added:  # else it holds no more than what passed
+        size = sum(len(str(s).encode(errors="replace")) + 8 for s in _strings(response))
+        if size > MAX_RESPONSE_BYTES:
+            out.append(f"the response holds {size} bytes, more than {MAX_RESPONSE_BYTES}")
     return out
 
 

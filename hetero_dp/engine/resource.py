@@ -59,9 +59,10 @@ class Resource:
         self.open_streams = 0
         self.streams_opened = 0
         self.streams_changed = asyncio.Event()  # set on every stream open and close
-        # request IDs -> (physical devices, response before the allocate hook), for the
-        # stamp below: what Allocate derives from the records, done once per request
-        self._prepared: dict[tuple[str, ...], tuple[list[Device], ContainerResponse]] = {}
+        # request IDs -> (physical devices, response before the allocate hook, whether
+        # that passes the container gate), for the stamp below: what Allocate derives
+        # from the records, done once per request
+        self._prepared: dict[tuple[str, ...], tuple[list[Device], ContainerResponse, bool]] = {}
         self._prepared_stamp: object = None
 
     @property
@@ -125,10 +126,12 @@ class Resource:
             return None
         return self._stamp()
 
-    def _prepare(self, ids: Sequence[str]) -> tuple[list[Device], ContainerResponse]:
+    def _prepare(self, ids: Sequence[str]) -> tuple[list[Device], ContainerResponse, bool]:
         """The physical devices and the default response (delivery applied) for
-        ``ids``, or AllocationError: checked and built once per request of IDs while
-        the stamp holds (only successes are kept, so a refusal is judged afresh)."""
+        ``ids`` and, with an allocate hook, whether that response passes the container
+        gate (then only what the hook changes is judged on each call), or
+        AllocationError: checked and built once per request of IDs while the stamp
+        holds (only successes are kept, so a refusal is judged afresh)."""
         stamp = self._stamp()
         if stamp != self._prepared_stamp:
             self._prepared = {}
@@ -143,13 +146,15 @@ class Resource:
         response = apply_delivery(
             build_response(physical), physical, self._delivery or self.settings
         )
+        # the records passed the gate at discovery; the joined env values may not
+        clean = not self.backend.implements("allocate") or not response_problems(response)
         if len(self._prepared) >= MAX_PREPARED:
             self._prepared = {}
-        entry = self._prepared[key] = (physical, response)
+        entry = self._prepared[key] = (physical, response, clean)
         return entry
 
     async def allocate(self, ids: Sequence[str]) -> ContainerResponse:
-        physical, default = self._prepare(ids)
+        physical, default, clean = self._prepare(ids)
         response = _copy(default)  # the hook, or the caller, may change it
         if not self.backend.implements("allocate"):
             return response
@@ -162,8 +167,11 @@ class Resource:
                 f"{show_ids(ids)}: {e}",
                 code="INTERNAL",
             ) from e
-        # Built from records the gate passed at discovery; an allocate hook may add more.
-        problems = response_problems(response)
+        # Built from records the gate passed at discovery; an allocate hook may add more:
+        # what it added or changed is judged (everything, if the default did not pass).
+        # Nodes the default holds were judged (lstat/realpath) when it was built, once
+        # per state generation, not on every call.
+        problems = response_problems(response, passed=default if clean else None)
         if problems:
             log.error(
                 "Allocate of %s refused by the container gate: %s",

@@ -122,6 +122,56 @@ def test_response_with_unknown_cdi_name_is_refused():
     assert len(problems) == 1 and "ghost" in problems[0]
 
 
+def _hook_edits():
+    """What allocate hooks do to the default response, good and bad."""
+    bad_node, big = DeviceNode("/etc/shadow", "/dev/x"), "x" * (16 * 1024 + 1)
+
+    def edits(r: ContainerResponse) -> None:
+        r.devices = []
+
+    yield "drop the nodes", edits, 0
+    yield "nothing", lambda r: None, 0
+    yield "add a bad node", lambda r: r.devices.append(bad_node), 1
+    yield "add a good node", lambda r: r.devices.append(DeviceNode("/dev/null", "/dev/y")), 0
+    yield "add LD_PRELOAD", lambda r: r.envs.update(LD_PRELOAD="/evil.so"), 1
+    yield "change a value to hold a newline", lambda r: r.envs.update(VISIBLE="0\n1"), 1
+    yield "a new key set to None", lambda r: r.envs.update(NEW=None), 1
+    yield "a bad annotation", lambda r: r.annotations.update({"bad key!": "v"}), 1
+    yield "a mount of /proc", lambda r: r.mounts.append(Mount("/proc", "/host-proc")), 1
+    yield "an oversized value", lambda r: r.annotations.update({"a.io/big": big}), 1
+    yield "a node again and again, past the size", lambda r: r.devices.extend(r.devices * 2500), 1
+
+
+@pytest.mark.parametrize(("what", "edit", "count"), list(_hook_edits()), ids=lambda v: v)
+def test_judging_only_what_a_hook_changed_finds_what_judging_all_finds(what, edit, count):
+    """The Allocate hot path judges only what the hook changed in a default response
+    that passed: the problems (and messages) must be those of judging everything."""
+    from hetero_dp.allocation.allocate import build_response
+
+    devices = [
+        Device(
+            id=f"d{i}",
+            resource="acme.com/x",
+            nodes=(DeviceNode("/dev/null", f"/dev/x{i}" + "x" * 2000),),
+            env={"VISIBLE": str(i), "DRIVER": "v1"},
+            annotations={f"acme.com/d{i}": "yes"},
+        )
+        for i in range(2)
+    ]
+    default = build_response(devices)
+    assert response_problems(default) == []
+    edited = ContainerResponse(
+        envs=dict(default.envs),
+        mounts=list(default.mounts),
+        devices=list(default.devices),
+        annotations=dict(default.annotations),
+    )
+    edit(edited)
+    problems = response_problems(edited, passed=default)
+    assert problems == response_problems(edited)
+    assert len(problems) == count, problems
+
+
 def test_replica_separator_in_a_device_id_is_refused():
     assert "'::'" in (device_id_problem("gpu::1") or "")
     assert device_id_problem("gpu:1") is None
