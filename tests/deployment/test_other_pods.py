@@ -4,7 +4,8 @@ rendered under a real container runtime, with their own images.
 The scaffold's plugin finds ``/dev/acme*`` under the host's /dev (mounted read-only at
 /host/dev): a temp dir with two such files stands in for it. The udev backend reads the
 host's sysfs and udev database through libudev: it gets this machine's own /sys and
-/dev (read-only, as the DaemonSet mounts them) and a ConfigMap as shipped, so it
+/dev (read-only, as the DaemonSet mounts them: /dev at /host/dev, judged there through
+``hostRoot: /host``) and a ConfigMap as shipped, so it
 serves whatever accelerators the rules find here (usually none): the test checks it
 starts under its securityContext, answers its probes and stops cleanly.
 """
