@@ -42,8 +42,7 @@ class OptionBinder:
             )
         if options and not self.takes_options:
             raise ConfigError(
-                f"unknown option: backend {self.name!r} takes no options (it has no "
-                "configure hook)",
+                f"unknown key: backend {self.name!r} takes no options (it has no configure hook)",
                 field=f"{field}.{next(iter(options))}",
                 source=source or "config",
             )

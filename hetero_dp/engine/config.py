@@ -13,7 +13,6 @@ each backend names.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
 import typing
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hetero_dp.allocation.delivery import parse_delivery
-from hetero_dp.allocation.sharing import REPLICA_POLICIES, SharingConfig, parse_sharing
+from hetero_dp.allocation.sharing import SharingConfig, parse_sharing
 from hetero_dp.engine.claims import Sections, installed_claims, installed_sections
 from hetero_dp.engine.configfile import NOT_PLAIN, plain_scalar, read_file, set_option
 from hetero_dp.kits.mappings import deep_merge
@@ -33,10 +32,9 @@ from hetero_dp.model.names import (
     DEFAULT_PLUGINS_REGISTRY_DIR,
     KUBELET_SOCKET,
     MAX_UNIX_PATH,
-    closest,
     validate_resource_name,
 )
-from hetero_dp.model.options import camel, option, parse_options
+from hetero_dp.model.options import camel, option, parse_options, unknown_key
 
 __all__ = ["NOT_PLAIN", "Config", "load_config", "plain_scalar", "read_file", "set_option"]
 
@@ -50,51 +48,36 @@ class CoreSettings:
     timeouts are in seconds: the largest values are a day for a loop and an hour for
     one wait, beyond that a value is a typo (or ``.inf``) rather than a choice."""
 
-    kubelet_dir: str = option(DEFAULT_DEVICE_PLUGIN_DIR, help="the kubelet's device-plugin dir")
+    kubelet_dir: str = option(
+        DEFAULT_DEVICE_PLUGIN_DIR, help="the kubelet's device-plugin dir", min=1, strict=True
+    )
     plugins_registry_dir: str = option(
-        DEFAULT_PLUGINS_REGISTRY_DIR, help="the kubelet's plugin registry (registration: watcher)"
+        DEFAULT_PLUGINS_REGISTRY_DIR,
+        help="the kubelet's plugin registry (registration: watcher)",
+        min=1,
+        strict=True,
     )
     registration: Literal["classic", "watcher"] = option(
         "classic", help="classic: kubelet.sock; watcher: the plugin registry"
     )
-    socket_prefix: str = option("hetero-dp", help="the start of every socket file's name")
-    health_interval: float = option(10.0, min=0.01, max=86_400.0, help="health polls (0: off)")
-    rediscover_interval: float = option(
-        60.0, min=0.01, max=86_400.0, help="discovery polls (0: off)"
+    socket_prefix: str = option(
+        "hetero-dp", help="the start of every socket file's name", min=1, strict=True
     )
+    health_interval: float = option(10.0, min=0.01, max=86_400.0, off=0, help="health polls")
+    rediscover_interval: float = option(60.0, min=0.01, max=86_400.0, off=0, help="discovery polls")
     hook_timeout: float = option(10.0, min=0.01, max=3_600.0, help="a backend hook's limit")
     stream_timeout: float = option(30.0, min=0.01, max=3_600.0, help="a ListAndWatch send's limit")
     log_level: Literal["debug", "info", "warning", "error"] = option("info", help="log level")
     log_format: Literal["text", "json"] = option("text", help="log line format")
 
 
-# Of the intervals, these take 0 for "off".
-ZERO_IS_OFF = frozenset({"healthInterval", "rediscoverInterval"})
 _HINTS = typing.get_type_hints(CoreSettings)
-_FIELDS = {camel(f.name): f for f in dataclasses.fields(CoreSettings)}
-# Derived from CoreSettings: key -> (type, default); key -> (smallest non-zero value,
-# largest value, whether 0 means "off"); key -> the values it takes.
+# key -> (type, default), derived from CoreSettings (for docs and tests)
 SCALARS: dict[str, tuple[type, Any]] = {
-    k: (float if _HINTS[f.name] is float else str, f.default) for k, f in _FIELDS.items()
-}
-BOUNDS: dict[str, tuple[float, float, bool]] = {
-    k: (float(info.min), float(info.max), k in ZERO_IS_OFF)
-    for k, f in _FIELDS.items()
-    if (info := f.metadata["hetero_dp"]).min is not None and info.max is not None
-}
-CHOICES: dict[str, tuple[str, ...]] = {
-    k: typing.get_args(_HINTS[f.name])
-    for k, f in _FIELDS.items()
-    if typing.get_origin(_HINTS[f.name]) is Literal
+    camel(f.name): (float if _HINTS[f.name] is float else str, f.default)
+    for f in dataclasses.fields(CoreSettings)
 }
 SECTIONS = ("backends", "sharing", "resources", "cdi", "labels", "metrics")
-RESOURCE_KEYS = {
-    "deliver",
-    "cdiKind",
-    "cdiAnnotationPrefix",
-    "replicaPolicy",
-    "preferredAllocation",
-}
 # A socket prefix is part of a file name: it must not leave its dir.
 SOCKET_PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
@@ -108,9 +91,10 @@ class CdiSection:
         help="unset: specs for the resources that deliver through CDI, the dir checked when "
         "the first one is needed; false: never; true: the dir is checked at start-up",
     )
-    dir: str = option("/var/run/cdi", help="where the specs are written", min=1)
+    dir: str = option("/var/run/cdi", help="where the specs are written", min=1, strict=True)
     runtime_config: str = option(
         "",
+        strict=True,
         help="the node's container runtime config (containerd's config.toml or dockerd's "
         "daemon.json, mounted read-only); where it says CDI is off, a CDI delivery falls "
         "back to device specs with a warning",
@@ -126,6 +110,7 @@ class LabelsSection:
         "/etc/kubernetes/node-feature-discovery/features.d",
         help="Node Feature Discovery's features.d",
         min=1,
+        strict=True,
     )
 
 
@@ -133,7 +118,43 @@ class LabelsSection:
 class MetricsSection:
     """``metrics``: the Prometheus endpoint, /healthz and /readyz."""
 
-    address: str = option("", help="host:port to serve on ('' = off)")
+    address: str = option("", help="host:port to serve on ('' = off)", strict=True)
+
+
+@dataclass(frozen=True)
+class ResourceSettings:
+    """``resources.<name>``: one resource's settings (docs/configuration.md); a key left
+    out keeps the backend's default. ``deliver``, ``cdiKind`` and ``cdiAnnotationPrefix``
+    are checked together (allocation/delivery.py) once read here."""
+
+    deliver: Any = option(None, help="delivery strategies, a list (docs/cdi.md)")
+    cdi_kind: str | None = option(None, help="the CDI kind (vendor.com/class)", strict=True)
+    cdi_annotation_prefix: str | None = option(
+        None, help="the prefix of CDI annotation keys", strict=True
+    )
+    replica_policy: Literal["distributed", "packed", "spread"] | None = option(
+        None, help="which replicas a shared device's pick takes (docs/sharing.md)"
+    )
+    preferred_allocation: bool | None = option(None, help="answer GetPreferredAllocation")
+
+
+RESOURCE_KEYS = {camel(f.name) for f in dataclasses.fields(ResourceSettings)}
+
+
+@dataclass(frozen=True)
+class ConfigFile(CoreSettings):
+    """The whole file as the core reads it: the top-level settings, the core's own
+    sections, and the sections read by other parts (``backends`` by each backend's
+    options, ``sharing`` by allocation/sharing.py, ``resources`` entry by entry as
+    :class:`ResourceSettings`, keyed by resource name)."""
+
+    version: Literal["v1"] = option("v1", help="the schema version (optional; only v1)")
+    backends: Any = option(None, help="each backend's options, under its name")
+    sharing: Any = option(None, help="time-slicing and MPS (docs/sharing.md)")
+    resources: Any = option(None, help="settings per resource name")
+    cdi: CdiSection = option(CdiSection())
+    labels: LabelsSection = option(LabelsSection())
+    metrics: MetricsSection = option(MetricsSection())
 
 
 # The core's own sections, declared like a backend's options (model/options.py): one
@@ -154,6 +175,11 @@ def env_name(key: str) -> str:
     """``kubeletDir`` -> ``HETERO_DP_KUBELET_DIR``."""
     snake = "".join("_" + c if c.isupper() else c for c in key).upper()
     return ENV_PREFIX + snake
+
+
+def flag_name(key: str) -> str:
+    """``kubeletDir`` -> ``--kubelet-dir``; ``metrics.address`` -> ``--metrics-address``."""
+    return "--" + "".join("-" + c.lower() if c.isupper() else c for c in key).replace(".", "-")
 
 
 @dataclass
@@ -227,53 +253,12 @@ class Config:
 
 
 def _section_defaults(section: str) -> dict[str, Any]:
-    return {k: default for k, (_t, default) in SECTION_KEYS[section].items()}
+    return _as_dict(SECTION_SCHEMAS[section]())
 
 
 def _as_dict(value: Any) -> dict[str, Any]:
     """A section's dataclass as the mapping the daemon reads (config keys)."""
     return {camel(f.name): getattr(value, f.name) for f in dataclasses.fields(value)}
-
-
-def _coerce(value: Any, typ: type, *, field: str, source: str) -> Any:
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise ConfigError(f"expected true or false, got {value!r}", field=field, source=source)
-    if typ is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"expected a number, got {value!r}", field=field, source=source)
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(
-                f"expected a number of seconds, got {value!r}", field=field, source=source
-            ) from None
-        if number < 0 or number != number:
-            raise ConfigError(f"must be >= 0, got {value!r}", field=field, source=source)
-        return number
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"expected a non-empty string, got {value!r}", field=field, source=source)
-    return value
-
-
-def _check_bounds(value: float, key: str, source: str) -> None:
-    low, high, zero_is_off = BOUNDS[key]
-    if not math.isfinite(value):
-        raise ConfigError(
-            f"must be a finite number of seconds, got {value!r}", field=key, source=source
-        )
-    if value == 0 and zero_is_off:
-        return
-    if not low <= value <= high:
-        off = " (or 0: off)" if zero_is_off else ""
-        raise ConfigError(
-            f"must be from {low:g} to {high:g} seconds{off}, got {value:g}",
-            field=key,
-            source=source,
-        )
 
 
 def _check_paths(cfg: Config, sources: Mapping[str, str]) -> None:
@@ -347,38 +332,18 @@ def load_config(
     claimed = {k.split(".", 1)[0] for c in claims.values() for k in c}
     unknown = sorted(set(raw) - core - claimed, key=str)
     if unknown:
-        known = ", ".join(sorted(core | claimed))
-        raise ConfigError(
-            f"unknown key{_did_you_mean(str(unknown[0]), core | claimed)} (known: {known})",
-            field=str(unknown[0]),
-            source=source,
-        )
-    if "version" in raw and raw["version"] != "v1":
-        raise ConfigError(
-            f"unsupported version {raw['version']!r}; only 'v1'", field="version", source=source
-        )
+        reason = unknown_key(str(unknown[0]), sorted(core | claimed))
+        raise ConfigError(reason, field=str(unknown[0]), source=source)
 
     flags = dict(overrides or {})
-    sources: dict[str, str] = {}
-    for key, (typ, default) in SCALARS.items():
-        value, where = default, "defaults"
-        if key in raw:
-            value, where = raw[key], source
-        if env_name(key) in env:
-            value, where = env[env_name(key)], f"env {env_name(key)}"
-        if flags.get(key) is not None:
-            value, where = flags[key], f"flag --{key}"
-        value = _coerce(value, typ, field=key, source=where)
-        sources[key] = where
-        if key in BOUNDS:
-            _check_bounds(value, key, where)
-        if key in CHOICES and value not in CHOICES[key]:
-            raise ConfigError(
-                f"must be one of {', '.join(CHOICES[key])}, got {value!r}", field=key, source=where
-            )
-        attr = "".join("_" + c.lower() if c.isupper() else c for c in key)
-        setattr(cfg, attr, Path(value) if key.endswith("Dir") else value)
-
+    settings, origins = _layered(raw, env, flags)
+    # one reader for every key the core reads itself (model/options.py): a refusal names
+    # where the value came from (origins: env var or flag; the file otherwise)
+    read = parse_options(ConfigFile, settings, field="", source=source, environ={}, flagged=origins)
+    sources = {k: origins.get(k) or (source if k in raw else "defaults") for k in SCALARS}
+    for f in dataclasses.fields(CoreSettings):
+        value = getattr(read, f.name)
+        setattr(cfg, f.name, Path(value) if f.name.endswith("_dir") else value)
     _check_paths(cfg, sources)
     cfg.sharing = parse_sharing(raw.get("sharing"), source)
     cfg.sections = claims
@@ -389,15 +354,35 @@ def load_config(
     }
     taken = {k.split(".", 1)[1] for c in claims.values() for k in c if k.startswith("resources.")}
     cfg.resources = _resources(raw.get("resources"), source, taken)
-    for section in SECTION_KEYS:
-        value = _section(section, raw.get(section), source)
+    for section in SECTION_SCHEMAS:
+        setattr(cfg, section, _as_dict(getattr(read, section)))
+    return cfg
+
+
+def _layered(
+    raw: Mapping[str, Any], env: Mapping[str, str], flags: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The core's keys with flags > env > file (the file's sections as written, a flag's
+    keys over them), and where each value not from the file came from (dotted key ->
+    ``env HETERO_DP_X`` or ``flag --x``)."""
+    settings: dict[str, Any] = {k: v for k, v in raw.items() if k in _FILE_KEYS}
+    origins: dict[str, str] = {}
+    for key in SCALARS:
+        if env_name(key) in env:
+            settings[key], origins[key] = env[env_name(key)], f"env {env_name(key)}"
+        if flags.get(key) is not None:
+            settings[key], origins[key] = flags[key], f"flag {flag_name(key)}"
+    for section in SECTION_SCHEMAS:
         # flags such as --metrics-address override single keys of a section
         given = {k: v for k, v in _mapping(flags.get(section), section, "flags").items() if v}
         if given:
-            parsed = _section(section, given, f"flag --{section}")
-            value.update({k: parsed[k] for k in given})
-        setattr(cfg, section, value)
-    return cfg
+            inner = settings.get(section)
+            settings[section] = {**(inner if isinstance(inner, Mapping) else {}), **given}
+            origins.update({f"{section}.{k}": f"flag {flag_name(f'{section}.{k}')}" for k in given})
+    return settings, origins
+
+
+_FILE_KEYS = {camel(f.name) for f in dataclasses.fields(ConfigFile)}
 
 
 def _mapping(value: Any, field: str, source: str) -> dict[str, Any]:
@@ -434,11 +419,6 @@ def _needs_backend_sections(
         "/" not in str(k) and f"resources.{k}" not in claimed for k in resources
     )
     return odd or any(k not in core and k not in heads for k in raw)
-
-
-def _did_you_mean(key: str, known: Iterable[str]) -> str:
-    close = closest(key, list(known))
-    return f"; did you mean {close!r}?" if close else ""
 
 
 def _lookup(raw: Mapping[str, Any], dotted: str) -> Any:
@@ -499,49 +479,20 @@ def _backends(
 
 
 def _resources(value: Any, source: str, taken: set[str]) -> dict[str, dict[str, Any]]:
+    """``resources``: each entry read as :class:`ResourceSettings` (the keys given,
+    typed), its delivery checked (allocation/delivery.py)."""
     out: dict[str, dict[str, Any]] = {}
     for name, settings in _mapping(value, "resources", source).items():
         if name in taken:
             continue  # a key a backend claims (no '/': no resource name)
-        validate_resource_name(name, field=f"resources.{name}", source=source)
-        s = _mapping(settings, f"resources.{name}", source)
-        unknown = sorted(set(s) - RESOURCE_KEYS)
-        if unknown:
-            raise ConfigError(
-                f"unknown key (known: {', '.join(sorted(RESOURCE_KEYS))})",
-                field=f"resources.{name}.{unknown[0]}",
-                source=source,
-            )
-        if "replicaPolicy" in s and s["replicaPolicy"] not in REPLICA_POLICIES:
-            raise ConfigError(
-                f"must be one of {', '.join(REPLICA_POLICIES)}, got {s['replicaPolicy']!r}",
-                field=f"resources.{name}.replicaPolicy",
-                source=source,
-            )
-        if "preferredAllocation" in s:
-            s["preferredAllocation"] = _coerce(
-                s["preferredAllocation"],
-                bool,
-                field=f"resources.{name}.preferredAllocation",
-                source=source,
-            )
+        field = f"resources.{name}"
+        validate_resource_name(name, field=field, source=source)
+        read = parse_options(ResourceSettings, settings, field=field, source=source, environ={})
+        given = {camel(f.name): getattr(read, f.name) for f in dataclasses.fields(read)}
+        s = {k: v for k, v in given.items() if k in settings}
         try:
-            parse_delivery(s, f"resources.{name}", resource=name)
-        except ConfigError as e:
+            parse_delivery(s, field, resource=name)
+        except ConfigError as e:  # it names the field, not where the file is
             raise ConfigError(e.reason, field=e.field, source=source) from None
-        out[name] = dict(s)
+        out[name] = s
     return out
-
-
-def _section(section: str, value: Any, source: str) -> dict[str, Any]:
-    given = _mapping(value, section, source)
-    for key, (hint, _default) in SECTION_KEYS[section].items():
-        # a path or an address written as a number (address: 9435) is a mistake here
-        if hint == "str" and key in given and not isinstance(given[key], str):
-            raise ConfigError(
-                f"expected a string, got {given[key]!r}", field=f"{section}.{key}", source=source
-            )
-    parsed = parse_options(
-        SECTION_SCHEMAS[section], given, field=section, source=source, environ={}
-    )
-    return _as_dict(parsed)

@@ -15,8 +15,12 @@ The config key of ``device_glob`` is ``deviceGlob`` (camelCase, as every other k
 of the config file), so the file says ``backends.acme.deviceGlob`` and the flag is
 ``-o acme.deviceGlob=/dev/x*``. An unknown key is refused with the closest known
 one ("did you mean"), a value of the wrong type or out of range names the option and
-what it expected. ``hetero-dp list --options acme`` prints the table this module
-builds from the same declaration.
+what it expected. The core's own settings (the top-level keys of the config file, its
+``cdi``/``labels``/``metrics`` sections and each ``resources`` entry) are declared and
+read the same way, so every refusal has one style: where the value came from (the file,
+``env VAR``, ``flag --x``), the field as written (dotted), the reason, did-you-mean.
+``hetero-dp list --options acme`` prints the table this module builds from the same
+declaration.
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ class OptionInfo:
     min: float | None = None
     max: float | None = None
     internal: bool = False  # set by the framework or a command, not listed for users
+    off: float | None = None  # a number outside min..max that turns the thing off (0)
+    strict: bool = False  # a str option that takes text only (no number or bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +89,8 @@ def option(
     min: float | None = None,
     max: float | None = None,
     internal: bool = False,
+    off: float | None = None,
+    strict: bool = False,
 ) -> Any:
     """A field of a backend's options dataclass, with its help text and limits.
 
@@ -91,9 +99,14 @@ def option(
     name by default), ``env`` names an environment variable that sets the option
     (the config file < the environment < ``-o`` flags), ``min`` and ``max`` bound a
     number (or the length of a list). ``internal`` leaves the option out of
-    ``hetero-dp list --options`` (one a command sets, not the user).
+    ``hetero-dp list --options`` (one a command sets, not the user). ``off`` is a
+    number outside ``min``..``max`` that is taken too, meaning "off" (``0`` for an
+    interval). ``strict`` makes a ``str`` option refuse a number (a port written where
+    a path or an address goes is a mistake, not a name).
     """
-    info = OptionInfo(help=help, key=key, env=env, min=min, max=max, internal=internal)
+    info = OptionInfo(
+        help=help, key=key, env=env, min=min, max=max, internal=internal, off=off, strict=strict
+    )
     meta = {_META: info}
     if default is REQUIRED:
         return dataclasses.field(metadata=meta)
@@ -159,16 +172,22 @@ def parse_options(
     field: str,
     source: str = "",
     environ: Mapping[str, str] | None = None,
-    flagged: frozenset[str] = frozenset(),
+    flagged: frozenset[str] | Mapping[str, str] = frozenset(),
 ) -> Any:
     """An instance of ``schema`` from ``raw`` (the merged file and flag options).
 
-    ``field`` is where the options sit (``backends.acme``), for messages. An option
-    with ``env`` set is read from ``environ`` unless a flag set it (``flagged``
-    holds the dotted keys the command line gave). ConfigError names the option.
+    ``field`` is where the options sit (``backends.acme``), for messages; ``source``
+    where ``raw`` came from (the file). An option with ``env`` set is read from
+    ``environ`` unless a flag set it: ``flagged`` holds the dotted keys (relative to
+    ``field``) the command line gave, or maps each to where its value came from
+    (``flag --kubelet-dir``, ``env HETERO_DP_KUBELET_DIR``), which a refusal of it
+    names instead of ``source``. A ConfigError the schema's ``__post_init__`` raises (a
+    check across options) names its field relative to the options, as here.
+    ConfigError names the option: source, the field as written, reason, did-you-mean.
     """
     env = os.environ if environ is None else environ
-    return _parse(schema, raw or {}, field, source, env, flagged, "")
+    origins = flagged if isinstance(flagged, Mapping) else dict.fromkeys(flagged, "")
+    return _parse(schema, raw or {}, field, source, env, origins, "")
 
 
 def _parse(
@@ -177,7 +196,7 @@ def _parse(
     field: str,
     source: str,
     env: Mapping[str, str],
-    flagged: frozenset[str],
+    flagged: Mapping[str, str],
     path: str,
 ) -> Any:
     if not isinstance(raw, Mapping):
@@ -188,14 +207,15 @@ def _parse(
     for k in raw:
         if str(k) not in keys:
             listed = [key for key, (f, _hint) in keys.items() if not _info(f).internal]
-            raise ConfigError(_unknown(str(k), listed), field=_at(field, k), source=source)
+            here = flagged.get(f"{path}{k}") or source
+            raise ConfigError(unknown_key(str(k), listed), field=_at(field, k), source=here)
     values: dict[str, Any] = {}
     for k, (f, hint) in keys.items():
         where = _at(field, k)
         info = _info(f)
-        value, here = raw.get(k, dataclasses.MISSING), source
+        value, here = raw.get(k, dataclasses.MISSING), flagged.get(f"{path}{k}") or source
         if info.env and env.get(info.env, "") != "" and f"{path}{k}" not in flagged:
-            value, here = env[info.env], f"environment {info.env}"
+            value, here = env[info.env], f"env {info.env}"
             where = k
         if value is dataclasses.MISSING:
             if not _has_default(f):
@@ -206,6 +226,10 @@ def _parse(
         values[f.name] = _value(hint, value, info, where, here, env, flagged, f"{path}{k}.")
     try:
         return schema(**values)
+    except ConfigError as e:  # a check across options (__post_init__), naming one of them
+        origin = flagged.get(f"{path}{e.field}") if e.field else None
+        at = _at(field, e.field) if e.field else field
+        raise ConfigError(e.reason, field=at, source=origin or source) from None
     except (TypeError, ValueError) as e:  # the dataclass's own __post_init__ refused
         raise ConfigError(str(e), field=field, source=source) from None
 
@@ -234,12 +258,14 @@ def _help(info: OptionInfo) -> str:
     return f" ({info.help})" if info.help else ""
 
 
-def _unknown(key: str, known: list[str]) -> str:
+def unknown_key(key: str, known: Sequence[str]) -> str:
+    """The reason refusing an unknown key, for options and the core's keys alike:
+    ``unknown key; did you mean 'deviceGlob'? (known: boards, deviceGlob)``."""
     if not known:
-        return "unknown option: this backend takes no options"
-    close = closest(key, known) or {k.lower(): k for k in known}.get(key.lower())
+        return "unknown key: this backend takes no options"
+    close = closest(key, list(known)) or {k.lower(): k for k in known}.get(key.lower())
     hint = f"; did you mean {close!r}?" if close else ""
-    return f"unknown option{hint} (options: {', '.join(sorted(known))})"
+    return f"unknown key{hint} (known: {', '.join(sorted(known))})"
 
 
 def _show(value: Any) -> str:
@@ -254,7 +280,7 @@ def _value(
     where: str,
     source: str,
     env: Mapping[str, str],
-    flagged: frozenset[str],
+    flagged: Mapping[str, str],
     path: str,
 ) -> Any:
     def fail(expected: str) -> ConfigError:
@@ -282,6 +308,8 @@ def _value(
         raise fail("one of " + ", ".join(str(a) for a in args))
     if is_schema(hint):
         return _parse(hint, value, where, source, env, flagged, path)
+    if hint is str and info.strict and not isinstance(value, str):
+        raise fail("a string")
     if origin in (list, tuple, set, frozenset, Sequence) or hint in (list, tuple):
         item = args[0] if args else Any
         if isinstance(value, str):  # from a flag or the environment: comma-separated
@@ -346,16 +374,19 @@ def _value(
 
 
 def _bounds(value: float, info: OptionInfo, where: str, source: str, unit: str = "") -> None:
-    what = f"{value} {unit}".strip()
+    what = f"{_num(value)} {unit}".strip()
+    if info.off is not None and value == info.off:
+        return
+    off = f" (or {_num(info.off)}: off)" if info.off is not None else ""
     if info.min is not None and value < info.min:
         raise ConfigError(
-            f"must be at least {_num(info.min)}{' ' + unit if unit else ''}, got {what}",
+            f"must be at least {_num(info.min)}{' ' + unit if unit else ''}{off}, got {what}",
             field=where,
             source=source,
         )
     if info.max is not None and value > info.max:
         raise ConfigError(
-            f"must be at most {_num(info.max)}{' ' + unit if unit else ''}, got {what}",
+            f"must be at most {_num(info.max)}{' ' + unit if unit else ''}{off}, got {what}",
             field=where,
             source=source,
         )
@@ -384,7 +415,7 @@ def default_problems(schema: type, prefix: str = "") -> list[str]:
         if hint is pathlib.Path and isinstance(default, pathlib.PurePath):
             continue
         try:
-            read = _value(hint, default, OptionInfo(), key, "", {}, frozenset(), key)
+            read = _value(hint, default, OptionInfo(), key, "", {}, {}, key)
         except ConfigError as e:
             problems.append(
                 f"option {key!r} ({type_name(hint)}) has the default {default!r}: {e.reason}"
@@ -427,6 +458,8 @@ def describe(schema: type, prefix: str = "") -> list[OptionDoc]:
             limits = f" (at most {_num(high)})"
         else:
             limits = ""
+        if info.off is not None:
+            limits = limits[:-1] + f", or {_num(info.off)}: off)" if limits else ""
         text = (info.help + limits).strip()
         rows.append(OptionDoc(key, type_name(hint), default, info.env or "", text))
     return rows

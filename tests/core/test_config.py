@@ -67,8 +67,8 @@ def test_option_flags_set_nested_backend_options():
     [
         ("kubeletDirr: /x\n", "kubeletDirr", "unknown key"),
         ("healthInterval: soon\n", "healthInterval", "expected a number"),
-        ("healthInterval: -1\n", "healthInterval", "must be >= 0"),
-        ("registration: magic\n", "registration", "must be one of classic, watcher"),
+        ("healthInterval: -1\n", "healthInterval", "must be at least 0.01 (or 0: off), got -1"),
+        ("registration: magic\n", "registration", "expected one of classic, watcher"),
         (
             "resources:\n  nvidia.com/gpu:\n    deliverr: []\n",
             "resources.nvidia.com/gpu.deliverr",
@@ -81,7 +81,7 @@ def test_option_flags_set_nested_backend_options():
             "one of distributed, packed, spread",
         ),
         ("cdi:\n  enabled: maybe\n", "cdi.enabled", "expected true or false"),
-        ("version: v2\n", "version", "unsupported version"),
+        ("version: v2\n", "version", "expected one of v1, got 'v2'"),
         ("backends: [1, 2]\n", "backends", "expected a mapping"),
     ],
 )
@@ -298,3 +298,119 @@ def test_run_with_plain_options_does_not_import_yaml(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().endswith("False"), out.stdout
     assert "'count': 3" in out.stdout and "'flag': True" in out.stdout
+
+
+# One error style for every key the core reads (#26 point 3): where the value came from
+# (the file, ``env HETERO_DP_X``, ``flag --x``), the field as written (dotted), the
+# reason, did-you-mean: the same reader as a backend's options (model/options.py).
+@pytest.mark.parametrize(
+    ("text", "env", "flags", "expected"),
+    [
+        (
+            "resources:\n  a.com/x:\n    replicaPolicy: packd\n",
+            {},
+            {},
+            "{file}, field 'resources.a.com/x.replicaPolicy': expected one of distributed, "
+            "packed, spread, got 'packd'",
+        ),
+        (
+            "resources:\n  a.com/x:\n    deliverr: [cdi-cri]\n",
+            {},
+            {},
+            "{file}, field 'resources.a.com/x.deliverr': unknown key; did you mean 'deliver'? "
+            "(known: cdiAnnotationPrefix, cdiKind, deliver, preferredAllocation, replicaPolicy)",
+        ),
+        (
+            "resources:\n  a.com/x:\n    preferredAllocation: maybe\n",
+            {},
+            {},
+            "{file}, field 'resources.a.com/x.preferredAllocation': expected true or false, "
+            "got 'maybe'",
+        ),
+        (
+            "resources:\n  a.com/x:\n    cdiKind: 5\n",
+            {},
+            {},
+            "{file}, field 'resources.a.com/x.cdiKind': expected a string, got 5",
+        ),
+        (
+            "cdi:\n  dri: /x\n",
+            {},
+            {},
+            "{file}, field 'cdi.dri': unknown key; did you mean 'dir'? "
+            "(known: dir, enabled, runtimeConfig)",
+        ),
+        (
+            "healthInterval: 5\n",
+            {"HETERO_DP_HEALTH_INTERVAL": "-5"},
+            {},
+            "env HETERO_DP_HEALTH_INTERVAL, field 'healthInterval': must be at least 0.01 "
+            "(or 0: off), got -5",
+        ),
+        (
+            "hookTimeout: 5\n",
+            {},
+            {"hookTimeout": "0"},
+            "flag --hook-timeout, field 'hookTimeout': must be at least 0.01, got 0",
+        ),
+        (
+            "metrics:\n  address: ':9000'\n",
+            {},
+            {"metrics": {"address": 9435}},
+            "flag --metrics-address, field 'metrics.address': expected a string, got 9435",
+        ),
+        (
+            "kubeletDir: 5\n",
+            {},
+            {},
+            "{file}, field 'kubeletDir': expected a string, got 5",
+        ),
+        (
+            "streamTimeout: .inf\n",
+            {},
+            {},
+            "{file}, field 'streamTimeout': expected a finite number, got inf",
+        ),
+    ],
+)
+def test_every_core_key_is_refused_in_one_style(tmp_path, text, env, flags, expected):
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(p, env=env, overrides=flags)
+    assert str(err.value) == expected.format(file=p)
+
+
+def test_zero_turns_an_interval_off_but_no_timeout():
+    cfg = load_config(raw={"healthInterval": 0, "rediscoverInterval": "0"}, env={})
+    assert cfg.health_interval == 0 and cfg.rediscover_interval == 0
+    with pytest.raises(ConfigError, match=r"must be at least 0\.01, got 0$"):
+        load_config(raw={"streamTimeout": 0}, env={})
+
+
+def test_the_replica_policies_a_resource_takes_are_sharing_s():
+    import typing
+
+    from hetero_dp.allocation.sharing import REPLICA_POLICIES
+    from hetero_dp.engine.config import ResourceSettings
+
+    hint = typing.get_type_hints(ResourceSettings)["replica_policy"]
+    literal = next(a for a in typing.get_args(hint) if a is not type(None))
+    assert typing.get_args(literal) == REPLICA_POLICIES
+
+
+def test_the_error_style_docs_show_what_the_code_says(tmp_path, monkeypatch):
+    """docs/configuration.md's "One error style" lines are this code's messages."""
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    monkeypatch.chdir(tmp_path)
+    Path("config.yaml").write_text("resources:\n  example.com/gpu:\n    replicaPolicy: packd\n")
+    Path("typo.yaml").write_text("resources:\n  example.com/gpu:\n    deliverr: [cdi-cri]\n")
+    refused = [
+        lambda: load_config("config.yaml", env={}),
+        lambda: load_config("typo.yaml", env={}),
+        lambda: load_config(env={"HETERO_DP_HEALTH_INTERVAL": "soon"}),
+        lambda: load_config(env={}, overrides={"healthInterval": 100000.0}),
+    ]
+    for attempt in refused:
+        with pytest.raises(ConfigError) as err:
+            attempt()
+        assert f"hetero-dp: configuration error: {err.value}\n" in docs

@@ -67,7 +67,10 @@ def test_list_reads_the_section_of_a_backend_loaded_from_a_file(
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("acme:\n  bords: 3\n", "field 'acme.bords': unknown option; did you mean 'boards'?"),
+        (
+            "acme:\n  bords: 3\n",
+            "field 'acme.bords': unknown key; did you mean 'boards'? (known: boards)",
+        ),
         ("acme:\n  boards: 99\n", "field 'acme.boards': must be at most 8, got 99"),
     ],
 )

@@ -134,7 +134,7 @@ def test_an_unknown_key_lists_the_options():
     with pytest.raises(ConfigError) as caught:
         parse({"nonsense": 1})
     assert "did you mean" not in caught.value.reason
-    assert "(options: boards, deviceGlob, enabled, health, mode, model, root)" in str(caught.value)
+    assert "(known: boards, deviceGlob, enabled, health, mode, model, root)" in str(caught.value)
 
 
 def test_a_required_option_must_be_given():
@@ -281,7 +281,7 @@ def test_a_mistyped_option_stops_start_up_with_did_you_mean(plugin, cli_env, tmp
         "run", plugin, "--kubelet-dir", kdir, "-o", "zeta.deviceGlb=/dev/x*", env=cli_env
     )
     assert out.returncode == 2, out.stderr
-    assert "field 'backends.zeta.deviceGlb': unknown option; did you mean 'deviceGlob'?" in (
+    assert "field 'backends.zeta.deviceGlb': unknown key; did you mean 'deviceGlob'?" in (
         out.stderr
     )
     assert "Traceback" not in out.stderr and list(kdir.iterdir()) == []
