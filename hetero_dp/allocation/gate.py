@@ -38,6 +38,7 @@ import os
 import re
 import stat
 from collections.abc import Iterable, Sequence
+from typing import TypeVar
 
 from hetero_dp.model.device import Device, DeviceNode, Mount
 from hetero_dp.model.response import ContainerResponse
@@ -56,6 +57,7 @@ _PREFIX = re.compile(rf"{_LABEL}(\.{_LABEL})*\Z")
 _NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _NONE = object()  # no value (a hook may set None)
+T = TypeVar("T")
 #: Variables the dynamic loader and glibc read to pick the code a program runs.
 DENIED_ENV_PREFIXES = ("LD_",)
 DENIED_ENV = frozenset({"GCONV_PATH", "HOSTALIASES", "LOCPATH", "NLSPATH", "RESOLV_HOST_CONF"})
@@ -272,6 +274,21 @@ def gate_device(device: Device, roots: Sequence[str] = ()) -> Device:
     )
 
 
+def _new_items(items: list[T], passed: list[T]) -> list[tuple[int, T]]:
+    """The items (with their index) that are not among ``passed`` (by identity)."""
+    if not items:
+        return []
+    old = {id(x) for x in passed}
+    return [(i, x) for i, x in enumerate(items) if id(x) not in old]
+
+
+def _new_values(values: dict[str, str], passed: dict[str, str]) -> list[tuple[str, str]]:
+    """The entries of ``values`` that ``passed`` does not hold alike."""
+    if values == passed:
+        return []
+    return [(k, v) for k, v in values.items() if passed.get(k, _NONE) != v]
+
+
 def response_problems(
     response: ContainerResponse,
     roots: Sequence[str] = (),
@@ -296,14 +313,10 @@ def response_problems(
         )
         added = True
     else:
-        old_nodes = {id(n) for n in passed.devices}
-        old_mounts = {id(m) for m in passed.mounts}
-        nodes = [(i, n) for i, n in enumerate(response.devices) if id(n) not in old_nodes]
-        mounts = [(i, m) for i, m in enumerate(response.mounts) if id(m) not in old_mounts]
-        env = [(k, v) for k, v in response.envs.items() if passed.envs.get(k, _NONE) != v]
-        notes = [
-            (k, v) for k, v in response.annotations.items() if passed.annotations.get(k, _NONE) != v
-        ]
+        nodes = _new_items(response.devices, passed.devices)
+        mounts = _new_items(response.mounts, passed.mounts)
+        env = _new_values(response.envs, passed.envs)
+        notes = _new_values(response.annotations, passed.annotations)
         out = _items(nodes, mounts, env, notes, roots)
         added = bool(
             nodes

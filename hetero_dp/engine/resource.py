@@ -48,7 +48,7 @@ class Resource:
         cdi_off: str | None = None,
     ) -> None:
         self.name = name
-        self.backend = backend
+        self.backend = backend  # (whether it has an allocate hook: known from here on)
         # why the node's container runtime cannot consume CDI (None: it can, or unknown)
         self.cdi_off = cdi_off
         self.settings = dict(settings or {})
@@ -64,6 +64,15 @@ class Resource:
         # from the records, done once per request
         self._prepared: dict[tuple[str, ...], tuple[list[Device], ContainerResponse, bool]] = {}
         self._prepared_stamp: object = None
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    @backend.setter
+    def backend(self, value: Backend) -> None:
+        self._backend = value
+        self._hooked = value.implements("allocate")  # asked on every Allocate
 
     @property
     def settings(self) -> Mapping[str, Any]:
@@ -122,7 +131,7 @@ class Resource:
         same IDs with the same response (the device records, the settings and the
         sharing config unchanged); None when every call must be asked, as with an
         ``allocate`` hook, which may answer differently each time."""
-        if self.backend.implements("allocate"):
+        if self._hooked:
             return None
         return self._stamp()
 
@@ -147,7 +156,7 @@ class Resource:
             build_response(physical), physical, self._delivery or self.settings
         )
         # the records passed the gate at discovery; the joined env values may not
-        clean = not self.backend.implements("allocate") or not response_problems(response)
+        clean = not self._hooked or not response_problems(response)
         if len(self._prepared) >= MAX_PREPARED:
             self._prepared = {}
         entry = self._prepared[key] = (physical, response, clean)
@@ -156,7 +165,7 @@ class Resource:
     async def allocate(self, ids: Sequence[str]) -> ContainerResponse:
         physical, default, clean = self._prepare(ids)
         response = _copy(default)  # the hook, or the caller, may change it
-        if not self.backend.implements("allocate"):
+        if not self._hooked:
             return response
         try:
             await self.backend.call("allocate", devices=list(physical), response=response)
