@@ -106,7 +106,8 @@ def test_unimplemented_flags_are_accepted_with_a_warning_naming_each(caplog):
     with caplog.at_level("WARNING"):
         parse_options({"commandLine": env}, {"KUBELET_SOCKET": "/var/lib/kubelet/x.sock"})
     warned = " ".join(r.getMessage() for r in caplog.records)
-    for name in ("IMEX_CHANNEL_IDS", "CDI_FEATURE_FLAGS", "KUBELET_SOCKET"):
+    # each named as the user gave it: the flag, or the environment variable
+    for name in ("flag --imex-channel-ids", "flag --cdi-feature-flags", "env KUBELET_SOCKET"):
         assert name in warned
 
 

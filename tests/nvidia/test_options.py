@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from hetero_dp_nvidia.options import DEFAULT_IGNORED_XIDS, parse_options
+from hetero_dp_nvidia.options import (
+    COMMAND_LINE,
+    DEFAULT_IGNORED_XIDS,
+    parse_command_line,
+    parse_options,
+)
 
 from hetero_dp import ConfigError
 
@@ -55,8 +60,8 @@ def test_list_strategy_as_list_and_comma_env():
         ({"deviceDiscoveryStrategy": "tegra"}, {}, "deviceDiscoveryStrategy"),
         ({"somethingElse": 1}, {}, "somethingElse"),
         ({"mofedEnabled": "perhaps"}, {}, "mofedEnabled"),
-        ({}, {"DEVICE_DISCOVERY_STRATEGY": "tegra"}, "DEVICE_DISCOVERY_STRATEGY"),
-        ({}, {"CDI_DISABLE_HOOKS": "update-ldcache,frobnicate"}, "CDI_DISABLE_HOOKS"),
+        ({}, {"DEVICE_DISCOVERY_STRATEGY": "tegra"}, "deviceDiscoveryStrategy"),
+        ({}, {"CDI_DISABLE_HOOKS": "update-ldcache,frobnicate"}, "cdiDisableHooks"),
         ({"resources": {"gpus": [{"pattern": "*"}]}}, {}, "resources.gpus[0]"),
         (
             {"resources": {"gpus": [{"pattern": "*", "name": "Big_GPU"}]}},
@@ -65,7 +70,7 @@ def test_list_strategy_as_list_and_comma_env():
         ),
         ({"resources": {"cpus": []}}, {}, "resources.cpus"),
         ({"failOnInitError": "maybe"}, {}, "failOnInitError"),
-        ({}, {"MIG_STRATEGY": "bogus"}, "MIG_STRATEGY"),
+        ({}, {"MIG_STRATEGY": "bogus"}, "migStrategy"),
         ({}, {"DP_DISABLE_HEALTHCHECKS": "79,abc"}, "DP_DISABLE_HEALTHCHECKS"),
     ],
 )
@@ -74,6 +79,56 @@ def test_unsupported_is_rejected_by_name(flags, env, field):
         parse_options(flags, env)
     assert info.value.field == field
     assert field in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "expected"),
+    [
+        (
+            {},
+            {"MIG_STRATEGY": "bogus"},
+            "env MIG_STRATEGY, field 'migStrategy': unsupported value 'bogus'; "
+            "choose from none, single, mixed",
+        ),
+        (
+            {COMMAND_LINE: parse_command_line(["--mig-strategy", "bogus"])},
+            {"MIG_STRATEGY": "single"},
+            "flag --mig-strategy, field 'migStrategy': unsupported value 'bogus'; "
+            "choose from none, single, mixed",
+        ),
+        (
+            {},
+            {"CDI_DISABLE_HOOKS": "frobnicate"},
+            "env CDI_DISABLE_HOOKS, field 'cdiDisableHooks': unknown hook 'frobnicate'",
+        ),
+        (
+            {"migStrategy": "mixed"},
+            {"DP_DYNAMIC_MIG": "true"},
+            "env DP_DYNAMIC_MIG, field 'dynamicMig': dynamicMig makes MIG instances",
+        ),
+        (
+            {"dynamicMig": True},
+            {"MIG_STRATEGY": "single"},
+            "env MIG_STRATEGY, field 'dynamicMig': dynamicMig makes MIG instances",
+        ),
+        (
+            {},
+            {"DP_RECOVERY_QUIET_PERIOD": "soon"},
+            "env DP_RECOVERY_QUIET_PERIOD, field 'recoveryQuietPeriod': expected a number",
+        ),
+        (
+            {},
+            {"DP_DISABLE_HEALTHCHECKS": "79,abc"},
+            "env DP_DISABLE_HEALTHCHECKS, field 'DP_DISABLE_HEALTHCHECKS': expected 'all'",
+        ),
+    ],
+)
+def test_a_value_from_nvidias_env_or_flags_names_that_variable_or_flag(flags, env, expected):
+    """The core's style (``env VAR``, ``flag --x``), set by the backend itself: nothing
+    relabels these on the way out."""
+    with pytest.raises(ConfigError) as info:
+        parse_options(flags, env)
+    assert str(info.value).startswith(expected)
 
 
 def test_feature_off_values_are_accepted():
@@ -280,3 +335,50 @@ def test_a_refusal_names_the_flag_or_the_file_that_set_the_option(tmp_path):
             backend.read_options_from(cfg)
         assert (e.value.source, e.value.field) == (source, "backends.nvidia.migStrategy")
     backend.close()
+
+
+@pytest.mark.parametrize(
+    ("text", "assignment", "source", "field"),
+    [
+        (
+            "flags:\n  plugin:\n    deviceListStrategy: bogus\n",
+            "",
+            "{file}",
+            "flags.plugin.deviceListStrategy",
+        ),
+        ("flags:\n  migStrategy: mixed\n  dynamicMig: true\n", "", "{file}", "flags.dynamicMig"),
+        ("flags:\n  cdiDisableHooks: [frobnicate]\n", "", "{file}", "flags.cdiDisableHooks"),
+        (
+            "flags:\n  deviceDiscoveryStrategy: tegra\n",
+            "",
+            "{file}",
+            "flags.deviceDiscoveryStrategy",
+        ),
+        (
+            "flags:\n  migStrategy: none\n",
+            "nvidia.plugin.deviceListStrategy=bogus",
+            "flag -o nvidia.plugin.deviceListStrategy",
+            "backends.nvidia.plugin.deviceListStrategy",
+        ),
+    ],
+)
+def test_nvidias_own_checks_run_as_its_options_are_read(tmp_path, text, assignment, source, field):
+    """NVIDIA's checks beyond the types run in the options reader (the schema's
+    ``__post_init__``), which knows the file or flag: the refusal carries it from the
+    start, before any ``configure`` (no "config" source for the framework to replace)."""
+    from hetero_dp.engine.config import load_config, set_option
+    from hetero_dp.engine.loading import load_backends
+
+    path = tmp_path / "config.yaml"
+    path.write_text("version: v1\n" + text)
+    overrides: dict = {}
+    if assignment:
+        set_option(overrides, assignment)
+    cfg = load_config(path, env={}, overrides=overrides)
+    [backend] = load_backends(["nvidia"], timeout=5)
+    try:
+        with pytest.raises(ConfigError) as e:
+            backend.read_options_from(cfg)
+    finally:
+        backend.close()
+    assert (e.value.source, e.value.field) == (source.format(file=path), field)

@@ -390,6 +390,20 @@ def _flag_help(flag: Flag) -> str:
     return f"{flag.help} ({'; '.join(where)})" if where else flag.help
 
 
+def _check_read(flags: Any) -> None:
+    """NVIDIA's checks beyond the declared types, run by the options reader as it builds
+    the options from the file and ``-o`` (the ``__post_init__`` of :data:`NvidiaFlags`):
+    a refusal names the option (``plugin.deviceListStrategy``) and the reader names the
+    file or the flag that gave it, and the field as written there."""
+    values = {flag.key: _check_value(flag, flag.key, _value(flags, flag.key), "") for flag in FLAGS}
+    for name, (_var, kind, _default, _help) in _OURS.items():
+        _convert(name, kind, getattr(flags, name), "")
+    _renames(flags.resources, "")
+    _disabled_hooks(values["cdiDisableHooks"], "cdiDisableHooks", "")
+    parse_mps_settings(flags.mps, str(flags.mpsRoot or ""))
+    _check_dynamic_mig(flags.dynamicMig, flags.migStrategy, "")
+
+
 def _schema() -> type:
     """NVIDIA's options as a typed options dataclass (``hetero-dp list --options
     nvidia``): its ``flags`` keys with ``plugin`` and ``imex`` as nested sections, ours,
@@ -416,7 +430,8 @@ def _schema() -> type:
         ("imex", imex, field(default_factory=imex)),
     ]
     doc = "The NVIDIA backend's options: NVIDIA's plugin flags, and ours."
-    schema = make_dataclass("NvidiaFlags", fields[""], frozen=True, namespace={"__doc__": doc})
+    namespace = {"__doc__": doc, "__post_init__": _check_read}
+    schema = make_dataclass("NvidiaFlags", fields[""], frozen=True, namespace=namespace)
     for cls in (plugin, imex, schema):
         cls.__module__ = __name__
     return schema
@@ -449,7 +464,7 @@ def parse_xid_list(text: str, var: str) -> tuple[str, set[int]]:
             raise ConfigError(
                 f"expected 'all', 'xids' or a comma-separated list of XID numbers, got {item!r}",
                 field=var,
-                source="environment",
+                source=f"env {var}",
             ) from None
     return word, xids
 
@@ -614,6 +629,9 @@ def parse_options(options: Any, environ: Mapping[str, str] | None = None) -> Opt
         mps_raw = {**(mps_raw or {}), "controlDaemon": env["MPS_CONTROL_DAEMON"]}
     if flags.gfd:
         log.debug("flags.gfd is for GPU feature discovery; the device plugin ignores it")
+    # option key -> where its value came from: the options (the file or -o, checked with
+    # that source as they were read), NVIDIA's env vars or its command-line flags
+    origin: dict[str, str] = {}
     values: dict[str, Any] = {
         flag.key: _take(flag, flag.key, _value(flags, flag.key), "config") for flag in FLAGS
     }
@@ -622,31 +640,21 @@ def parse_options(options: Any, environ: Mapping[str, str] | None = None) -> Opt
     for flag in FLAGS:
         found = _env_value(env, flag)
         if found:
-            source = "command line" if found[0] in command_line else "environment"
-            values[flag.key] = _take(flag, found[0], found[1], source)
+            var, text = found
+            where = f"flag --{flag.flags[0]}" if var in command_line else f"env {var}"
+            values[flag.key], origin[flag.key] = _take(flag, flag.key, text, where), where
     for name, (var, kind, _default, _help) in _OURS.items():
         if var and env.get(var, "") != "":
-            values[name] = _convert(var, kind, env[var], "environment")
+            origin[name] = f"env {var}"
+            values[name] = _convert(name, kind, env[var], origin[name])
 
-    hooks = {h.strip() for h in str(values["cdiDisableHooks"] or "").split(",") if h.strip()}
-    bad = sorted(hooks - {"all", *CDI_HOOK_NAMES})
-    if bad:
-        raise ConfigError(
-            f"unknown hook {bad[0]!r}; choose from all, {', '.join(CDI_HOOK_NAMES)}",
-            field="CDI_DISABLE_HOOKS",
-            source="environment",
-        )
+    where = origin.get("cdiDisableHooks", "config")
+    hooks = _disabled_hooks(values["cdiDisableHooks"], "cdiDisableHooks", where)
     # Every flag and every option of ours has a value here (the schema's default when
     # nothing set it), so the defaults live in one place: FLAGS and _OURS.
     health = _health(env, values["recoveryQuietPeriod"])
-    if values["dynamicMig"] and values["migStrategy"] != "none":
-        raise ConfigError(
-            f"dynamicMig makes MIG instances on demand, but migStrategy is "
-            f"{values['migStrategy']!r}, which advertises the instances that exist; "
-            "fix: set migStrategy to none, or dynamicMig to false",
-            field="dynamicMig",
-            source="config",
-        )
+    where = origin.get("dynamicMig") or origin.get("migStrategy") or "config"
+    _check_dynamic_mig(values["dynamicMig"], values["migStrategy"], where)
     return Options(
         dynamic_mig=values["dynamicMig"],
         mig_strategy=values["migStrategy"],
@@ -673,11 +681,35 @@ def parse_options(options: Any, environ: Mapping[str, str] | None = None) -> Opt
     )
 
 
+def _disabled_hooks(value: Any, name: str, source: str) -> frozenset[str]:
+    """``cdiDisableHooks``: hook names (comma-separated), or all."""
+    hooks = frozenset(h.strip() for h in str(value or "").split(",") if h.strip())
+    bad = sorted(hooks - {"all", *CDI_HOOK_NAMES})
+    if bad:
+        raise ConfigError(
+            f"unknown hook {bad[0]!r}; choose from all, {', '.join(CDI_HOOK_NAMES)}",
+            field=name,
+            source=source,
+        )
+    return hooks
+
+
+def _check_dynamic_mig(dynamic: Any, strategy: Any, source: str) -> None:
+    if dynamic and strategy != "none":
+        raise ConfigError(
+            f"dynamicMig makes MIG instances on demand, but migStrategy is "
+            f"{strategy!r}, which advertises the instances that exist; "
+            "fix: set migStrategy to none, or dynamicMig to false",
+            field="dynamicMig",
+            source=source,
+        )
+
+
 _warned: set[tuple[str, str]] = set()
 
 
-def _take(flag: Flag, name: str, value: Any, source: str) -> Any:
-    """Convert one NVIDIA option; warn for the unimplemented, refuse what cannot be."""
+def _check_value(flag: Flag, name: str, value: Any, source: str) -> Any:
+    """One NVIDIA option converted; refused where it cannot be honoured."""
     converted = _convert(name, flag.kind, value, source)
     if flag.status == "default-only" and converted not in flag.allowed:
         raise ConfigError(
@@ -685,6 +717,12 @@ def _take(flag: Flag, name: str, value: Any, source: str) -> Any:
             field=name,
             source=source,
         )
+    return converted
+
+
+def _take(flag: Flag, name: str, value: Any, source: str) -> Any:
+    """Convert one NVIDIA option; warn for the unimplemented, refuse what cannot be."""
+    converted = _check_value(flag, name, value, source)
     if flag.status == "warn" and _is_set(converted) and (name, str(value)) not in _warned:
         _warned.add((name, str(value)))
         log.warning(
