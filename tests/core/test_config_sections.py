@@ -99,3 +99,17 @@ def test_a_section_no_backend_claims_is_an_unknown_key(tmp_path: Path):
 def test_a_section_the_caller_names_is_read_without_looking_up_installed_backends():
     cfg = load_config(raw={"acme": {"boards": 3}}, env={}, sections={"acme": {"acme": ""}})
     assert cfg.backend_options("acme") == {"boards": 3}
+
+
+def test_doctor_reads_the_section_of_a_backend_loaded_from_a_file(
+    tmp_path: Path, acme: Path, cli_env, hetero_dp_cmd
+):
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text("acme:\n  boards: 2\n")
+    bad.write_text("acme:\n  bords: 2\n")
+    root = ["--root", str(tmp_path / "root")]  # a node with nothing on it
+    found = hetero_dp(hetero_dp_cmd, cli_env, "doctor", str(acme), "--config", str(good), *root)
+    assert "acme_sections: 2 devices" in found.stdout, found.stdout + found.stderr
+    found = hetero_dp(hetero_dp_cmd, cli_env, "doctor", str(acme), "--config", str(bad), *root)
+    assert found.returncode == 1
+    assert f"refuses its options: {bad}, field 'acme.bords': unknown key" in found.stdout
