@@ -8,6 +8,8 @@ generation never goes backwards; a claim prepared by one is unprepared by the ot
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from hetero_dp.dra import device_name
@@ -137,3 +139,16 @@ async def test_an_instance_leaving_removes_only_the_sockets_it_bound(dra, kubele
         assert sock.stat().st_ino == ino
     finally:
         other.close()
+
+
+async def test_a_start_that_fails_after_serving_leaves_no_socket_behind(dra):
+    """The service socket is bound before the registration socket: when the latter
+    cannot be offered (here the registry path is a file, as a hostPath of the wrong
+    type would leave it), the failed start stops the server already started and removes
+    the file it bound, instead of leaving a listening socket for the kubelet to find."""
+    shutil.rmtree(dra.registry_dir, ignore_errors=True)
+    dra.registry_dir.write_text("not a directory")
+    with pytest.raises(OSError):
+        await dra.start(Npus(1))
+    sock = dra.plugins_dir / DRIVER / "dra.sock"
+    assert not sock.exists()
