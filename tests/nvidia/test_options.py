@@ -118,6 +118,11 @@ def test_unsupported_is_rejected_by_name(flags, env, field):
         ),
         (
             {},
+            {"MPS_CONTROL_DAEMON": "sometimes"},
+            "env MPS_CONTROL_DAEMON, field 'mps.controlDaemon': must be one of",
+        ),
+        (
+            {},
             {"DP_DISABLE_HEALTHCHECKS": "79,abc"},
             "env DP_DISABLE_HEALTHCHECKS, field 'DP_DISABLE_HEALTHCHECKS': expected 'all'",
         ),

@@ -677,8 +677,19 @@ def parse_options(options: Any, environ: Mapping[str, str] | None = None) -> Opt
         proc_root=values["procRoot"],
         health=health,
         sharing=sharing,
-        mps=parse_mps_settings(mps_raw, values["mpsRoot"]),
+        mps=_mps(mps_raw, values["mpsRoot"], env),
     )
+
+
+def _mps(raw: Any, root: str, env: Mapping[str, str]) -> MpsSettings:
+    """The MPS settings; ``controlDaemon`` from ``MPS_CONTROL_DAEMON`` (the chart's
+    mps.controlDaemon) is refused naming that variable (the rest was checked as read)."""
+    try:
+        return parse_mps_settings(raw, root)
+    except ConfigError as e:
+        if e.field == "mps.controlDaemon" and env.get("MPS_CONTROL_DAEMON"):
+            raise ConfigError(e.reason, field=e.field, source="env MPS_CONTROL_DAEMON") from None
+        raise
 
 
 def _disabled_hooks(value: Any, name: str, source: str) -> frozenset[str]:
