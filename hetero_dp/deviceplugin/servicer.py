@@ -22,6 +22,7 @@ from hetero_dp.deviceplugin.convert import allocate_response, list_and_watch_res
 from hetero_dp.kits import observe
 from hetero_dp.kits.decoding import Undecodable, lenient, refuse_undecodable
 from hetero_dp.model.errors import AllocationError
+from hetero_dp.model.response import ContainerResponse
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         # (request bytes -> the answer and the last container's IDs, for the event)
         self._answers: dict[bytes, tuple[pb.AllocateResponse, list[str]]] = {}
         self._answers_stamp: object = None
+        # with an allocate hook: request bytes -> the last responses and their message
+        self._converted: dict[bytes, tuple[list[ContainerResponse], pb.AllocateResponse]] = {}
 
     def options(self) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(
@@ -198,7 +201,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     ) -> pb.AllocateResponse:
         """Allocate's work. A request answered before, while the resource's answer
         stamp holds, is answered with the message built then (never changed once
-        built); the event and log lines are as for any call (see :meth:`_answer`)."""
+        built); with an allocate hook the resource is asked every time, and only the
+        conversion to protobuf is saved when the answer is what it was. The event and
+        log lines are as for any call (see :meth:`_answer`)."""
         res = self.resource
         start = time.perf_counter()
         code = "OK"
@@ -207,16 +212,14 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             creqs = request.container_requests
             if not creqs:
                 raise AllocationError(f"{res.name}: Allocate with no container requests")
+            # the request's own bytes: equal IDs serialize alike, and this is cheaper
+            # than reading the IDs out of the message
+            key = request.SerializeToString()
             stamp = res.answer_stamp()
-            if stamp is None:
-                key: bytes | None = None
-            else:
+            if stamp is not None:
                 if stamp != self._answers_stamp:
                     self._answers = {}
                     self._answers_stamp = stamp
-                # the request's own bytes: equal IDs serialize alike, and this is
-                # cheaper than reading the IDs out of the message
-                key = request.SerializeToString()
                 hit = self._answers.get(key)
                 if hit is not None:
                     answer, ids = hit
@@ -225,11 +228,24 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             for creq in creqs:
                 ids = list(creq.devices_ids)
                 responses.append(await res.allocate(ids))
-            answer = allocate_response(responses)
-            if key is not None and stamp == res.answer_stamp():  # unchanged meanwhile
-                if len(self._answers) >= MAX_ANSWERS:
-                    self._answers = {}
-                self._answers[key] = (answer, ids)
+            if stamp is not None:
+                answer = allocate_response(responses)
+                if stamp == res.answer_stamp():  # unchanged meanwhile
+                    if len(self._answers) >= MAX_ANSWERS:
+                        self._answers = {}
+                    self._answers[key] = (answer, ids)
+            else:
+                # asked afresh (an allocate hook); a hook that answers what it answered
+                # last time for this request gets the message converted then
+                last = self._converted.get(key)
+                if last is not None and last[0] == responses:
+                    answer = last[1]
+                else:
+                    answer = allocate_response(responses)
+                    if len(self._converted) >= MAX_ANSWERS:
+                        self._converted = {}
+                    # copies: what is compared must not change with the hook's objects
+                    self._converted[key] = ([r.copy() for r in responses], answer)
             if log.isEnabledFor(logging.DEBUG):
                 # debug, not info: one log line per Allocate was a third of its cost
                 # (benchmarks/bench_core.py); the "allocate" event still counts each one

@@ -26,17 +26,6 @@ log = logging.getLogger(__name__)
 MAX_PREPARED = 256
 
 
-def _copy(r: ContainerResponse) -> ContainerResponse:
-    """A response whose lists and dicts may be changed without touching ``r``."""
-    return ContainerResponse(
-        envs=dict(r.envs),
-        mounts=list(r.mounts),
-        devices=list(r.devices),
-        annotations=dict(r.annotations),
-        cdi_devices=list(r.cdi_devices),
-    )
-
-
 class Resource:
     def __init__(
         self,
@@ -164,7 +153,7 @@ class Resource:
 
     async def allocate(self, ids: Sequence[str]) -> ContainerResponse:
         physical, default, clean = self._prepare(ids)
-        response = _copy(default)  # the hook, or the caller, may change it
+        response = default.copy()  # the hook, or the caller, may change it
         if not self._hooked:
             return response
         try:

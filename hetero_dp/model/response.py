@@ -19,6 +19,17 @@ class ContainerResponse:
     annotations: dict[str, str] = field(default_factory=dict)
     cdi_devices: list[str] = field(default_factory=list)
 
+    def copy(self) -> ContainerResponse:
+        """A response whose lists and dicts may be changed without touching this one
+        (the items themselves are immutable)."""
+        return ContainerResponse(
+            envs=dict(self.envs),
+            mounts=list(self.mounts),
+            devices=list(self.devices),
+            annotations=dict(self.annotations),
+            cdi_devices=list(self.cdi_devices),
+        )
+
     def add_device_node(self, node: DeviceNode) -> None:
         """Add a node unless one with the same container path is there already."""
         if all(d.container_path != node.container_path for d in self.devices):

@@ -107,3 +107,31 @@ async def test_an_allocate_hook_gets_a_fresh_response_every_call(fake_kubelet, p
             "/dev/ctl",
             f"/dev/extra{call}",
         ]
+
+
+class SwitchingHook(NoAllocateHook):
+    """An allocate hook whose answer depends on a setting it reads (as nvidia's MPS
+    plan, replaced by another thread), alike from call to call until it changes."""
+
+    def __init__(self, devices: list[Device]) -> None:
+        super().__init__(devices)
+        self.mode = "a"
+
+    @hookimpl
+    async def allocate(self, devices: list[Device], response: ContainerResponse) -> None:
+        response.envs["MODE"] = self.mode
+        if self.mode == "b":
+            response.devices.clear()
+
+
+async def test_a_hook_whose_answer_changes_is_answered_with_the_change(
+    fake_kubelet, plugin_runner
+):
+    backend = SwitchingHook(make_devices(RES, 2))
+    await plugin_runner.start(backend)
+    await fake_kubelet.wait_registered(RES)
+    for mode, nodes in (("a", 2), ("a", 2), ("b", 0), ("b", 0), ("a", 2)):
+        backend.mode = mode
+        resp = await fake_kubelet.allocate(RES, ["dev0"])
+        assert resp.envs["MODE"] == mode
+        assert len(resp.devices) == nodes
