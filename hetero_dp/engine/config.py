@@ -238,18 +238,24 @@ class Config:
         if not field_name.startswith(prefix):
             return field_name
         rest = field_name[len(prefix) :]
-        key = rest.split(".", 1)[0].split("[", 1)[0]
-        if key in self.backends.get(name, {}):
+        if _under(rest, self.backends.get(name, {})) is not None:
             return field_name
         try:
             _claimed_options, written = _claimed(self.raw, self.claims(name), self.source)
         except ConfigError:
             return field_name
-        where = written.get(key)
-        return where + rest[len(key) :] if where else field_name
+        key = _under(rest, written)  # the longest: a key may hold dots itself
+        return field_name if key is None else written[key] + rest[len(key) :]
 
     def resource_settings(self, name: str) -> dict[str, Any]:
         return dict(self.resources.get(name, {}))
+
+
+def _under(rest: str, keys: Iterable[Any]) -> str | None:
+    """The longest of ``keys`` that the field ``rest`` is, or lies under (``plugin`` for
+    ``plugin.x`` or ``plugin[0]``); None when none."""
+    found = [k for k in map(str, keys) if rest == k or rest.startswith((f"{k}.", f"{k}["))]
+    return max(found, key=len, default=None)
 
 
 def _section_defaults(section: str) -> dict[str, Any]:

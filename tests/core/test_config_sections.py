@@ -113,3 +113,12 @@ def test_doctor_reads_the_section_of_a_backend_loaded_from_a_file(
     found = hetero_dp(hetero_dp_cmd, cli_env, "doctor", str(acme), "--config", str(bad), *root)
     assert found.returncode == 1
     assert f"refuses its options: {bad}, field 'acme.bords': unknown key" in found.stdout
+
+
+@pytest.mark.parametrize("key", ["boards", "", ".", "plugin.x"])
+def test_an_option_from_a_claimed_section_is_named_as_written_whatever_its_key(key):
+    """Keys such as "" or "." (a fuzzer's) are named in the section too, not left as
+    ``backends.acme.``: the longest written key the field lies under wins."""
+    cfg = load_config(raw={"acme": {key: 1}}, env={}, sections={"acme": {"acme": ""}})
+    assert cfg.option_field("acme", f"backends.acme.{key}") == f"acme.{key}"
+    assert cfg.option_field("acme", f"backends.acme.{key}[0]") == f"acme.{key}[0]"

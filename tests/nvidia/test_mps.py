@@ -104,8 +104,10 @@ def test_limits_can_be_overridden_per_resource(fake_node, mps_root):
     ("raw", "field", "reason"),
     [
         ({"controlDaemon": "sidecar"}, "mps.controlDaemon", "managed, external"),
-        ({"checkInterval": 0}, "mps.checkInterval", "positive"),
-        ({"resources": {GPU: {"activeThreadPercentage": 0}}}, "activeThreadPercentage", "1 to"),
+        ({"checkInterval": 0}, "mps.checkInterval", "must be at least 0.001, got 0"),
+        ({"resources": {GPU: {"activeThreadPercentage": 0}}}, "activeThreadPercentage", "least 1"),
+        ({"resources": {GPU: {"pinnedDeviceMemoryLimit": True}}}, "pinnedDevice", "integer or"),
+        ({"controlDemon": "external"}, "mps.controlDemon", "did you mean 'controlDaemon'?"),
         ({"resources": {GPU: {"pinnedDeviceMemoryLimit": "lots"}}}, "pinnedDevice", "4096M"),
         ({"resources": {GPU: {"threads": 1}}}, f"mps.resources.{GPU}.threads", "unknown"),
         ({"root": "/x"}, "mps.root", "unknown key"),

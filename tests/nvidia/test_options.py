@@ -119,7 +119,7 @@ def test_unsupported_is_rejected_by_name(flags, env, field):
         (
             {},
             {"MPS_CONTROL_DAEMON": "sometimes"},
-            "env MPS_CONTROL_DAEMON, field 'mps.controlDaemon': must be one of",
+            "env MPS_CONTROL_DAEMON, field 'mps.controlDaemon': expected one of managed, external",
         ),
         (
             {},

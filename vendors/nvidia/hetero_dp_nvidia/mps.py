@@ -31,9 +31,10 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from hetero_dp import ConfigError, Device, is_replica, replica_base
+from hetero_dp import ConfigError, Device, is_replica, option, replica_base
+from hetero_dp import parse_options as read_options
 
 CONTROL_BIN = "nvidia-cuda-mps-control"
 CONTAINER_ROOT = "/mps"  # where a client container sees the MPS root (NVIDIA's ContainerRoot)
@@ -75,102 +76,73 @@ class MpsSettings:
         return CONTAINER_ROOT if os.path.isdir(CONTAINER_ROOT) else self.root
 
 
-def _size_mib(value: Any, where: str) -> int:
+def _size_mib(value: Any, where: str, source: str) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value  # a bare number is MiB, as the control daemon's "M" unit
     match = _SIZE.match(str(value).strip())
     if not match or isinstance(value, bool):
         raise ConfigError(
-            f"expected a size such as 4096M, 8G or 8Gi, got {value!r}", field=where, source="config"
+            f"expected a size such as 4096M, 8G or 8Gi, got {value!r}", field=where, source=source
         )
     mib = int(match.group(1)) * _UNITS[match.group(2).upper()] // MIB
     if mib <= 0:
-        raise ConfigError(f"must be at least 1M, got {value!r}", field=where, source="config")
+        raise ConfigError(f"must be at least 1M, got {value!r}", field=where, source=source)
     return mib
 
 
-def parse_mps_settings(value: Any, root: str) -> MpsSettings:
-    """Parse ``backends.nvidia.mps``; ConfigError names the field."""
-    where = "mps"
-    raw = value or {}
-    if not isinstance(raw, Mapping):
-        raise ConfigError("expected a mapping", field=where, source="config")
-    known = {
-        "visibleRoot": str,
-        "controlDaemon": str,
-        "controlPath": str,
-        "checkInterval": float,
-        "commandTimeout": float,
-        "backoff": float,
-        "maxBackoff": float,
-        "resources": dict,
-    }
-    unknown = sorted(set(raw) - set(known))
-    if unknown:
-        raise ConfigError(
-            f"unknown key (known: {', '.join(sorted(known))})",
-            field=f"{where}.{unknown[0]}",
-            source="config",
-        )
-    control = str(raw.get("controlDaemon", "managed"))
-    if control not in MODES:
-        raise ConfigError(
-            f"must be one of {', '.join(MODES)}, got {control!r}",
-            field=f"{where}.controlDaemon",
-            source="config",
-        )
-    numbers: dict[str, float] = {}
-    for key, default in (
-        ("checkInterval", 10.0),
-        ("commandTimeout", 10.0),
-        ("backoff", 1.0),
-        ("maxBackoff", 60.0),
-    ):
-        v = raw.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
-            raise ConfigError(
-                f"expected a positive number of seconds, got {v!r}",
-                field=f"{where}.{key}",
-                source="config",
-            )
-        numbers[key] = float(v)
+@dataclass(frozen=True)
+class MpsLimitOptions:
+    """``mps.resources.<name>``: the limits of one shared resource's clients."""
+
+    pinned_device_memory_limit: int | str | None = option(
+        None, help="pinned device memory per client and GPU: 4096M, 8G, 8Gi (a number: MiB)"
+    )
+    active_thread_percentage: int | None = option(
+        None, min=1, max=100, help="the share of each GPU's threads a client may use"
+    )
+
+
+@dataclass(frozen=True)
+class MpsOptions:
+    """``mps``: the control daemons (docs/sharing.md), read by the options reader: an
+    unknown key gets the closest known one, a value its field and reason."""
+
+    visible_root: str = option("", help="where this process sees the MPS root")
+    control_daemon: Literal["managed", "external"] = option(
+        "managed", help="managed: the plugin runs the daemons; external: another container"
+    )
+    control_path: str = option("", help="nvidia-cuda-mps-control ('': the driver's, then PATH)")
+    check_interval: float = option(10.0, min=0.001, help="seconds between health checks")
+    command_timeout: float = option(10.0, min=0.001, help="seconds a control command may take")
+    backoff: float = option(1.0, min=0.001, help="seconds before the first restart")
+    max_backoff: float = option(60.0, min=0.001, help="the longest wait between restarts")
+    resources: dict[str, MpsLimitOptions] = option({}, help="limits per shared resource")
+
+
+def parse_mps_settings(value: Any, root: str, source: str = "config") -> MpsSettings:
+    """Parse ``backends.nvidia.mps``; ConfigError names the field (a key set to null is
+    left at its default, as an unset chart value renders)."""
+    raw = {} if value is None else value
+    if isinstance(raw, Mapping):
+        raw = {k: v for k, v in raw.items() if v is not None}
+    read = read_options(MpsOptions, raw, field="mps", source=source, environ={})
     limits: dict[str, Limits] = {}
-    resources = raw.get("resources") or {}
-    if not isinstance(resources, Mapping):
-        raise ConfigError("expected a mapping", field=f"{where}.resources", source="config")
-    for name, item in resources.items():
-        at = f"{where}.resources.{name}"
-        if not isinstance(item, Mapping):
-            raise ConfigError("expected a mapping", field=at, source="config")
-        extra = sorted(set(item) - {"pinnedDeviceMemoryLimit", "activeThreadPercentage"})
-        if extra:
-            raise ConfigError(
-                "unknown key (known: activeThreadPercentage, pinnedDeviceMemoryLimit)",
-                field=f"{at}.{extra[0]}",
-                source="config",
-            )
-        mem = item.get("pinnedDeviceMemoryLimit")
-        pct = item.get("activeThreadPercentage")
-        if pct is not None and (
-            isinstance(pct, bool) or not isinstance(pct, int) or not 1 <= pct <= 100
-        ):
-            raise ConfigError(
-                f"expected a whole percentage from 1 to 100, got {pct!r}",
-                field=f"{at}.activeThreadPercentage",
-                source="config",
-            )
-        limits[str(name)] = Limits(
-            _size_mib(mem, f"{at}.pinnedDeviceMemoryLimit") if mem is not None else None, pct
+    for name, item in read.resources.items():
+        at = f"mps.resources.{name}.pinnedDeviceMemoryLimit"
+        mem = item.pinned_device_memory_limit
+        limits[name] = Limits(
+            _size_mib(mem, at, source) if mem is not None else None,
+            item.active_thread_percentage,
         )
     return MpsSettings(
         root=root or DEFAULT_ROOT,
-        visible_root=str(raw.get("visibleRoot") or ""),
-        control=control,
-        control_path=str(raw.get("controlPath") or ""),
-        check_interval_s=numbers["checkInterval"],
-        command_timeout_s=numbers["commandTimeout"],
-        backoff_s=numbers["backoff"],
-        max_backoff_s=numbers["maxBackoff"],
+        visible_root=read.visible_root,
+        control=read.control_daemon,
+        control_path=read.control_path,
+        check_interval_s=read.check_interval,
+        command_timeout_s=read.command_timeout,
+        backoff_s=read.backoff,
+        max_backoff_s=read.max_backoff,
         limits=limits,
     )
 
