@@ -157,7 +157,8 @@ class Resource:
         if not self._hooked:
             return response
         try:
-            await self.backend.call("allocate", devices=list(physical), response=response)
+            # the runner itself: Backend.call only forwards, one frame less per call
+            await self.backend.runner.call("allocate", devices=list(physical), response=response)
         except BackendError as e:
             log.error("%s", e, extra={"resource": self.name, "devices": show_ids(ids)})
             raise AllocationError(
