@@ -381,9 +381,9 @@ def _layered(
     for section in SECTION_SCHEMAS:
         # flags such as --metrics-address override single keys of a section
         given = {k: v for k, v in _mapping(flags.get(section), section, "flags").items() if v}
-        if given:
-            inner = settings.get(section)
-            settings[section] = {**(inner if isinstance(inner, Mapping) else {}), **given}
+        inner = settings.get(section)
+        if given and (inner is None or isinstance(inner, Mapping)):  # else: refused as read
+            settings[section] = {**(inner or {}), **given}
             origins.update({f"{section}.{k}": f"flag {flag_name(f'{section}.{k}')}" for k in given})
     return settings, origins
 

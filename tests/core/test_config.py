@@ -360,6 +360,12 @@ def test_run_with_plain_options_does_not_import_yaml(tmp_path):
             "flag --metrics-address, field 'metrics.address': expected a string, got 9435",
         ),
         (
+            "metrics: 9435\n",
+            {},
+            {"metrics": {"address": ":9000"}},
+            "{file}, field 'metrics': expected a mapping, got 9435",
+        ),
+        (
             "kubeletDir: 5\n",
             {},
             {},
