@@ -62,7 +62,9 @@ def test_list_strategy_as_list_and_comma_env():
         ({"mofedEnabled": "perhaps"}, {}, "mofedEnabled"),
         ({}, {"DEVICE_DISCOVERY_STRATEGY": "tegra"}, "deviceDiscoveryStrategy"),
         ({}, {"CDI_DISABLE_HOOKS": "update-ldcache,frobnicate"}, "cdiDisableHooks"),
-        ({"resources": {"gpus": [{"pattern": "*"}]}}, {}, "resources.gpus[0]"),
+        ({"resources": {"gpus": [{"pattern": "*"}]}}, {}, "resources.gpus[0].name"),
+        ({"resources": {"gpus": [{"patern": "*", "name": "x"}]}}, {}, "resources.gpus[0].patern"),
+        ({"resources": {"gpus": {"pattern": "*"}}}, {}, "resources.gpus"),
         (
             {"resources": {"gpus": [{"pattern": "*", "name": "Big_GPU"}]}},
             {},

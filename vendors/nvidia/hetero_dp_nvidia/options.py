@@ -496,48 +496,43 @@ class Renames:
 _RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
+@dataclass(frozen=True)
+class RenameEntry:
+    """One entry of NVIDIA's ``resources.gpus`` / ``resources.mig``."""
+
+    pattern: str = option(help="the product name or MIG profile; '*' is the wildcard")
+    name: str = option(help="the resource name ('nvidia.com/' is added when missing)")
+
+
+@dataclass(frozen=True)
+class RenameSection:
+    """NVIDIA's ``resources`` section: renames by pattern."""
+
+    gpus: list[RenameEntry] = option([], help="full GPUs")
+    mig: list[RenameEntry] = option([], help="MIG devices")
+
+
 def _renames(value: Any, source: str) -> Renames:
-    """NVIDIA's ``resources: {gpus: [{pattern, name}], mig: [...]}``."""
-    if value in (None, {}):
-        return Renames()
-    if not isinstance(value, Mapping):
-        raise ConfigError("expected a mapping with gpus and mig", field="resources", source=source)
-    unknown = sorted(set(value) - {"gpus", "mig"})
-    if unknown:
-        raise ConfigError(
-            "NVIDIA's resources section has only 'gpus' and 'mig'",
-            field=f"resources.{unknown[0]}",
-            source=source,
-        )
+    """NVIDIA's ``resources: {gpus: [{pattern, name}], mig: [...]}``, read by the options
+    reader (a key set to null is left empty), each name checked as NVIDIA's plugin does."""
+    if isinstance(value, Mapping):
+        value = {k: v for k, v in value.items() if v is not None}
+    read = read_schema(RenameSection, value, field="resources", source=source, environ={})
     out: dict[str, tuple[Rename, ...]] = {}
     for part in ("gpus", "mig"):
-        items = value.get(part) or []
-        if not isinstance(items, list):
-            raise ConfigError("expected a list", field=f"resources.{part}", source=source)
         renames = []
-        for i, item in enumerate(items):
-            where = f"resources.{part}[{i}]"
-            if not isinstance(item, Mapping) or "pattern" not in item or "name" not in item:
-                raise ConfigError(
-                    "each entry needs 'pattern' and 'name'", field=where, source=source
-                )
-            extra = sorted(set(item) - {"pattern", "name"})
-            if extra:
-                raise ConfigError(
-                    "unknown key (known: name, pattern)", field=f"{where}.{extra[0]}", source=source
-                )
-            name = str(item["name"])
-            full = name if name.startswith("nvidia.com/") else f"nvidia.com/{name}"
+        for i, item in enumerate(getattr(read, part)):
+            full = item.name if item.name.startswith("nvidia.com/") else f"nvidia.com/{item.name}"
             short = full.partition("/")[2]
             # NVIDIA's NewResourceName: at most 63 characters in all, a DNS subdomain after /.
             if len(full) > 63 or not _RESOURCE_NAME.match(short):
                 raise ConfigError(
                     f"resource name {full!r} must be at most 63 characters, a lowercase DNS "
                     "name after 'nvidia.com/'",
-                    field=f"{where}.name",
+                    field=f"resources.{part}[{i}].name",
                     source=source,
                 )
-            renames.append(Rename(str(item["pattern"]), full))
+            renames.append(Rename(item.pattern, full))
         out[part] = tuple(renames)
     return Renames(gpus=out["gpus"], mig=out["mig"])
 
