@@ -26,6 +26,7 @@ declaration.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -156,9 +157,12 @@ def _key(f: dataclasses.Field[Any]) -> str:
     return _info(f).key or camel(f.name)
 
 
-def _fields(schema: type) -> list[tuple[dataclasses.Field[Any], Any]]:
+@functools.cache
+def _fields(schema: type) -> tuple[tuple[dataclasses.Field[Any], Any], ...]:
+    """The fields of ``schema`` with their resolved types (resolved once per schema: it
+    was most of the time reading a config took)."""
     hints = typing.get_type_hints(schema)
-    return [(f, hints[f.name]) for f in dataclasses.fields(schema) if f.init]
+    return tuple((f, hints[f.name]) for f in dataclasses.fields(schema) if f.init)
 
 
 def _has_default(f: dataclasses.Field[Any]) -> bool:
