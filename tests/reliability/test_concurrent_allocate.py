@@ -34,9 +34,13 @@ async def test_concurrent_allocates_while_health_flips(fake_kubelet, plugin_runn
     # "allocate" event, so for them the state at the event is the state decided on.
     ok_seen: list[tuple[list[str], set[str]]] = []
 
+    flipping = asyncio.Event()  # the flips have reached the kubelet side's state
+
     def on_event(event, fields):
         if event == "devices_changed" and fields["resource"] == SIM:
             history.append({d.id for d in state.devices if d.healthy})
+            if len(history) > 2:
+                flipping.set()
         elif event == "allocate" and fields["code"] == "OK":
             ok_seen.append((list(fields["devices"]), {d.id for d in state.devices if d.healthy}))
 
@@ -75,6 +79,9 @@ async def test_concurrent_allocates_while_health_flips(fake_kubelet, plugin_runn
     thread = threading.Thread(target=flipper)
     thread.start()
     try:
+        # the calls start once flips are landing (the thread's first flips can come
+        # after a fast batch of answers), and the flips go on while they run
+        await asyncio.wait_for(flipping.wait(), 10)
         answers = await asyncio.gather(*(call(ids) for ids in requests))
     finally:
         done.set()
