@@ -124,9 +124,7 @@ class SwitchingHook(NoAllocateHook):
             response.devices.clear()
 
 
-async def test_a_hook_whose_answer_changes_is_answered_with_the_change(
-    fake_kubelet, plugin_runner
-):
+async def test_a_hook_whose_answer_changes_is_answered_with_the_change(fake_kubelet, plugin_runner):
     backend = SwitchingHook(make_devices(RES, 2))
     await plugin_runner.start(backend)
     await fake_kubelet.wait_registered(RES)
