@@ -108,6 +108,22 @@ def allocate(devices: list[Device], response: ContainerResponse) -> None:
     """
 
 
+@hookspec(firstresult=True)
+def allocate_key() -> object:
+    """Name what ``allocate``'s answers depend on, so a repeated request skips it.
+
+    Optional, beside ``allocate``: a value that stays equal for as long as
+    ``allocate`` answers each request the same way, because its answer depends
+    only on the devices and on what the value holds (the backend's options, a plan
+    it replaces whole rather than changes in place). While the value holds, a
+    request answered before is answered with the message built then, and
+    ``allocate`` is not called; a new value, or a change of the devices' records,
+    the resource's settings or its sharing config, starts afresh. Refusals are
+    never reused. Called on the event loop on every Allocate: return at once.
+    ``None``, or raising, or no implementation: ``allocate`` runs on every request.
+    """
+
+
 @hookspec
 def pre_start_container(devices: list[Device]) -> None:
     """Prepare devices before a container starts (reset, firmware load ...).

@@ -62,6 +62,9 @@ class Resource:
     def backend(self, value: Backend) -> None:
         self._backend = value
         self._hooked = value.implements("allocate")  # asked on every Allocate
+        # unless it names what its answers depend on (the allocate_key hook)
+        self._answer_key = value.runner.hook_function("allocate_key") if self._hooked else None
+        self._answer_key_failed = False
 
     @property
     def settings(self) -> Mapping[str, Any]:
@@ -119,10 +122,25 @@ class Resource:
         """Equal from one call to the next for as long as :meth:`allocate` answers the
         same IDs with the same response (the device records, the settings and the
         sharing config unchanged); None when every call must be asked, as with an
-        ``allocate`` hook, which may answer differently each time."""
-        if self._hooked:
+        ``allocate`` hook, which may answer differently each time, unless the backend
+        names what its answers depend on (its ``allocate_key``)."""
+        if not self._hooked:
+            return self._stamp()
+        if self._answer_key is None:
             return None
-        return self._stamp()
+        try:
+            key = self._answer_key()
+        except Exception as e:  # a broken key costs speed, never an answer
+            if not self._answer_key_failed:
+                self._answer_key_failed = True
+                log.warning(
+                    "backend %r: allocate_key raised %r; allocate runs on every request",
+                    self.backend.name,
+                    e,
+                    extra={"resource": self.name},
+                )
+            return None
+        return None if key is None else (self._stamp(), key)
 
     def _prepare(self, ids: Sequence[str]) -> tuple[list[Device], ContainerResponse, bool]:
         """The physical devices and the default response (delivery applied) for

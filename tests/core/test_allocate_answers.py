@@ -133,3 +133,64 @@ async def test_a_hook_whose_answer_changes_is_answered_with_the_change(fake_kube
         resp = await fake_kubelet.allocate(RES, ["dev0"])
         assert resp.envs["MODE"] == mode
         assert len(resp.devices) == nodes
+
+
+class KeyedHook(SwitchingHook):
+    """The same answers, and an ``allocate_key`` naming what they depend on."""
+
+    def __init__(self, devices: list[Device]) -> None:
+        super().__init__(devices)
+        self.calls = 0
+        self.key: object = "a"
+
+    @hookimpl
+    def allocate_key(self) -> object:
+        if isinstance(self.key, Exception):
+            raise self.key
+        return self.key
+
+    @hookimpl
+    async def allocate(self, devices: list[Device], response: ContainerResponse) -> None:
+        self.calls += 1
+        await super().allocate(devices, response)
+
+
+async def test_a_hook_with_a_key_is_called_again_only_when_the_key_or_the_records_change(
+    fake_kubelet, plugin_runner
+):
+    backend = KeyedHook(make_devices(RES, 2))
+    await plugin_runner.start(backend)
+    await fake_kubelet.wait_registered(RES)
+    first = await fake_kubelet.allocate(RES, ["dev0"])
+    for _ in range(3):
+        assert (await fake_kubelet.allocate(RES, ["dev0"])) == first
+    assert backend.calls == 1  # answered from the message built for the first call
+    await fake_kubelet.allocate(RES, ["dev1"])  # another request: asked
+    assert backend.calls == 2
+
+    backend.mode = backend.key = "b"  # what the answer depends on changed, and the key
+    resp = await fake_kubelet.allocate(RES, ["dev0"])
+    assert resp.envs["MODE"] == "b" and len(resp.devices) == 0
+    assert backend.calls == 3
+
+    assert backend.watch_started.wait(5)  # the records change (health): asked again
+    backend.sinks[0].set_health("dev1", False, "XID 79")
+    await fake_kubelet.wait_devices(RES, lambda d: not d["dev1"].healthy)
+    await fake_kubelet.allocate(RES, ["dev0"])
+    assert backend.calls == 4
+
+
+@pytest.mark.parametrize("key", [None, RuntimeError("no key today")], ids=["none", "raises"])
+async def test_a_hook_whose_key_is_none_or_raises_is_called_every_time(
+    fake_kubelet, plugin_runner, caplog, key
+):
+    backend = KeyedHook(make_devices(RES, 2))
+    backend.key = key
+    await plugin_runner.start(backend)
+    await fake_kubelet.wait_registered(RES)
+    for call in (1, 2, 3):
+        resp = await fake_kubelet.allocate(RES, ["dev0"])
+        assert resp.envs["MODE"] == "a"
+        assert backend.calls == call
+    warned = [r for r in caplog.records if "allocate_key raised" in r.getMessage()]
+    assert len(warned) == (1 if key is not None else 0)  # once, not per call

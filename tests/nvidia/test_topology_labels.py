@@ -195,6 +195,7 @@ def test_hookimpls_match_the_contract():
         "cdi_spec_edits",
         "parse_args",
         "allocate",
+        "allocate_key",
         "configure",
         "discover",
         "check_health",

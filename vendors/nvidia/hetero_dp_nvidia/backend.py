@@ -373,6 +373,15 @@ class NvidiaBackend:
                 response.add_mount(Mount(host, container, read_only=False))
 
     @hookimpl
+    def allocate_key(self) -> object:
+        """What :meth:`allocate` answers from besides the devices: the options and the
+        MPS plan, each replaced whole (by configure and the MPS supervisor), never
+        changed in place. The same objects mean the same answers, so the framework
+        answers a repeated request from the message it built before."""
+        mps = self.mps
+        return (self.options, None if mps is None else mps.plan)
+
+    @hookimpl
     def cdi_spec_edits(self, kind: str, devices: list[Device]) -> dict[str, Any] | None:
         """The driver (libraries, utilities, firmware, hooks, env) for the CDI spec."""
         with self._lock:

@@ -253,6 +253,12 @@ class MpsManager:
         waits on the supervisor thread (Allocate calls it on the event loop)."""
         return self._by_uuid.get(uuid)
 
+    @property
+    def plan(self) -> object:
+        """What :meth:`resource_of` answers from: replaced whole when the plan
+        changes, never changed in place, so the same object means the same answers."""
+        return self._by_uuid
+
     def daemons(self) -> dict[str, MpsDaemon]:
         """Shared resource name -> its daemon (to send it commands: the smoke script)."""
         with self._cond:
