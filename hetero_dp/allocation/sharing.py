@@ -39,6 +39,7 @@ from typing import Any
 from hetero_dp.model.device import REPLICA_SEPARATOR, Device, is_replica, replica_base
 from hetero_dp.model.errors import AllocationError, ConfigError
 from hetero_dp.model.names import resource_name_problem
+from hetero_dp.model.options import option, parse_options
 from hetero_dp.model.wire import (
     MAX_LIST_AND_WATCH_BYTES,
     device_entry_size,
@@ -222,6 +223,65 @@ class SharingConfig:
             )
 
 
+# The block as written, declared like a backend's options (model/options.py): one reader,
+# one error style (the file, the field as written, the reason, did-you-mean). Values are
+# taken as typed (``strict``): ``replicas: "4"`` or ``renameByDefault: "yes"`` is
+# refused, as the schema's own plugin refuses them (docs/sharing.md).
+
+
+@dataclass(frozen=True)
+class SharedResourceEntry:
+    """One entry of a block's ``resources`` list, as written."""
+
+    name: str = option(help="the resource name, or a bare name part (gpu)", min=1, strict=True)
+    replicas: int = option(help="replicas per device", min=2, max=MAX_REPLICAS, strict=True)
+    rename: str | None = option(
+        None, help="the shared name; a bare one keeps the prefix", strict=True
+    )
+    devices: Any = option("all", help="all, a count, or a list of device IDs or indices")
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, "name")
+        if self.rename:
+            _check_name(self.rename, "rename")
+        _parse_devices(self.devices, "devices")
+
+
+@dataclass(frozen=True)
+class SharingBlock:
+    """``sharing.timeSlicing`` or ``sharing.mps``, as written (a key left out or null
+    takes its default; ``failRequestsGreaterThanOne`` defaults by strategy)."""
+
+    rename_by_default: bool | None = option(
+        None, help="shared devices advertise as <name>.shared", strict=True
+    )
+    fail_requests_greater_than_one: bool | None = option(
+        None,
+        help="refuse requests for more than one replica (default: true under mps)",
+        strict=True,
+    )
+    resources: list[SharedResourceEntry] | None = option(
+        None, help="the resources to share", strict=True
+    )
+    strategy: str | None = option(
+        None, help="reserved by the schema; leave it out", strict=True, internal=True
+    )
+
+    def __post_init__(self) -> None:
+        if self.strategy not in (None, ""):
+            # The schema's first version reserved this key and accepted only the empty
+            # value (docs/sharing.md).
+            raise ConfigError("unknown sharing strategy; leave it out", field="strategy")
+
+
+@dataclass(frozen=True)
+class SharingSection:
+    """The ``sharing`` block as written: one of its two blocks may hold resources."""
+
+    time_slicing: SharingBlock | None = option(None, help="time-slicing (docs/sharing.md)")
+    mps: SharingBlock | None = option(None, help="MPS (docs/sharing.md)")
+
+
 def parse_sharing(raw: Mapping[str, Any] | None, source: str = "") -> SharingConfig:
     """Parse and validate the ``sharing`` block; ConfigError names the field.
 
@@ -231,135 +291,95 @@ def parse_sharing(raw: Mapping[str, Any] | None, source: str = "") -> SharingCon
     """
     if raw is None:
         return SharingConfig(source=source)
+    if not isinstance(raw, Mapping):  # the reader takes a falsy value as no options
+        raise ConfigError(f"expected a mapping, got {raw!r}", field="sharing", source=source)
+    read = parse_options(SharingSection, raw, field="sharing", source=source, environ={})
+    return sharing_config(read, source)
 
-    def fail(reason: str, where: str) -> ConfigError:
-        return ConfigError(reason, field=where, source=source)
 
-    if not isinstance(raw, Mapping):
-        raise fail(f"must be a mapping, got {type(raw).__name__}", "sharing")
-    for key in raw:
-        if key not in ("timeSlicing", "mps"):
-            raise fail("unknown key; expected timeSlicing or mps", f"sharing.{key}")
+def sharing_config(section: SharingSection, source: str = "") -> SharingConfig:
+    """The :class:`SharingConfig` of a ``sharing`` block the options reader has read:
+    the checks across entries and blocks (the same resource shared twice, both blocks
+    holding resources) name the field as written."""
     parsed = [
-        _parse_block(raw.get(key), strategy, source, fail)
-        for key, strategy in (("timeSlicing", TIME_SLICING), ("mps", MPS))
+        _config(block, strategy, source)
+        for block, strategy in ((section.time_slicing, TIME_SLICING), (section.mps, MPS))
     ]
     used = [p for p in parsed if p.enabled]
     if len(used) > 1:
-        raise fail(
+        raise ConfigError(
             "both timeSlicing and mps share resources; a node uses one sharing strategy: "
             "keep one block",
-            "sharing.mps",
+            field="sharing.mps",
+            source=source,
         )
     return used[0] if used else SharingConfig(source=source)
 
 
-def _parse_block(block: Any, strategy: str, source: str, fail: Any) -> SharingConfig:
+def _config(block: SharingBlock | None, strategy: str, source: str) -> SharingConfig:
     where = STRATEGY_BLOCKS[strategy]
     if block is None:
         return SharingConfig(source=source, strategy=strategy)
-    if not isinstance(block, Mapping):
-        raise fail(f"must be a mapping, got {type(block).__name__}", where)
-    allowed = ("renameByDefault", "failRequestsGreaterThanOne", "resources", "strategy")
-    for key in block:
-        if key not in allowed:
-            raise fail(f"unknown key; expected one of {', '.join(allowed)}", f"{where}.{key}")
-    if block.get("strategy") not in (None, ""):
-        # The schema's first version reserved this key and accepted only the empty
-        # value (docs/sharing.md).
-        raise fail("unknown sharing strategy; leave it out", f"{where}.strategy")
-    # MPS refuses requests for several replicas unless told otherwise (the schema's
-    # "historical MPS behavior": docs/sharing.md).
-    defaults = {"renameByDefault": False, "failRequestsGreaterThanOne": strategy == MPS}
-    flags = {}
-    for key, default in defaults.items():
-        value = block.get(key, default)
-        if value is None:
-            value = default
-        if not isinstance(value, bool):
-            raise fail(f"must be true or false, got {value!r}", f"{where}.{key}")
-        flags[key] = value
-    items = block.get("resources") or []
-    if not isinstance(items, list):
-        raise fail(f"must be a list, got {type(items).__name__}", f"{where}.resources")
     entries: list[ReplicatedResource] = []
-    for i, item in enumerate(items):
-        entry = _parse_entry(item, f"{where}.resources[{i}]", fail)
+    for i, item in enumerate(block.resources or ()):
+        entry = ReplicatedResource(
+            item.name,
+            item.replicas,
+            item.rename or "",
+            _parse_devices(item.devices, "devices"),
+            f"{where}.resources[{i}]",
+        )
         clash = next((e for e in entries if e.name == entry.name), None)
         if clash is not None:
-            raise fail(f"{entry.name} is already shared by {clash.field}", f"{entry.field}.name")
+            raise ConfigError(
+                f"{entry.name} is already shared by {clash.field}",
+                field=f"{entry.field}.name",
+                source=source,
+            )
         entries.append(entry)
+    # MPS refuses requests for several replicas unless told otherwise (the schema's
+    # "historical MPS behavior": docs/sharing.md).
+    fail_more = block.fail_requests_greater_than_one
     return SharingConfig(
         resources=tuple(entries),
-        rename_by_default=flags["renameByDefault"],
-        fail_requests_greater_than_one=flags["failRequestsGreaterThanOne"],
+        rename_by_default=bool(block.rename_by_default),
+        fail_requests_greater_than_one=strategy == MPS if fail_more is None else fail_more,
         source=source,
         strategy=strategy,
     )
 
 
-def _check_name(value: Any, where: str, fail: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise fail(f"must be a resource name, got {value!r}", where)
+def _check_name(value: str, where: str) -> None:
+    """A resource name, or a bare name part checked under a stand-in prefix (left out of
+    the message); ``where`` is relative to the entry (the reader completes it)."""
     if "/" in value:
         problem = resource_name_problem(value)
     else:
-        # A bare name part: check it under a stand-in prefix, then
-        # leave the stand-in out of the message.
         stand_in = f"example.com/{value}"
         problem = (resource_name_problem(stand_in) or "").replace(f" of {stand_in!r}", "")
     if problem:
-        raise fail(f"invalid resource name {value!r}: {problem}", where)
-    return value
+        raise ConfigError(f"invalid resource name {value!r}: {problem}", field=where)
 
 
-def _parse_entry(item: Any, where: str, fail: Any) -> ReplicatedResource:
-    if not isinstance(item, Mapping):
-        raise fail(f"must be a mapping, got {type(item).__name__}", where)
-    for key in item:
-        if key not in ("name", "replicas", "rename", "devices"):
-            raise fail("unknown key; expected name, replicas, rename, devices", f"{where}.{key}")
-    if "name" not in item:
-        raise fail("is required", f"{where}.name")
-    name = _check_name(item["name"], f"{where}.name", fail)
-    if "replicas" not in item:
-        raise fail("is required", f"{where}.replicas")
-    replicas = item["replicas"]
-    if (
-        isinstance(replicas, bool)
-        or not isinstance(replicas, int)
-        or not 2 <= replicas <= MAX_REPLICAS
-    ):
-        raise fail(
-            f"must be a whole number of at least 2 and at most {MAX_REPLICAS}, got {replicas!r}",
-            f"{where}.replicas",
-        )
-    rename = item.get("rename") or ""
-    if rename:
-        rename = _check_name(rename, f"{where}.rename", fail)
-    devices = _parse_devices(item.get("devices", "all"), f"{where}.devices", fail)
-    return ReplicatedResource(name, replicas, rename, devices, where)
-
-
-def _parse_devices(value: Any, where: str, fail: Any) -> DeviceSelection:
+def _parse_devices(value: Any, where: str) -> DeviceSelection:
+    """``devices``: ``all`` (or null), a count, or a non-empty list of IDs or indices."""
     if value is None or value == "all":
         return DeviceSelection()
-    if isinstance(value, bool):
-        raise fail(f"must be 'all', a count or a list, got {value!r}", where)
+    expected = "'all', a count or a non-empty list of device IDs or indices"
+    if isinstance(value, bool) or not isinstance(value, int | list):
+        raise ConfigError(f"expected {expected}, got {value!r}", field=where)
     if isinstance(value, int):
         if value <= 0:
-            raise fail(f"a count of devices must be at least 1, got {value}", where)
+            raise ConfigError(f"a count of devices must be at least 1, got {value}", field=where)
         return DeviceSelection(count=value)
-    if isinstance(value, str):
-        raise fail(f"the only string allowed is 'all', got {value!r}", where)
-    if not isinstance(value, list) or not value:
-        raise fail(f"must be 'all', a count or a non-empty list, got {value!r}", where)
+    if not value:
+        raise ConfigError(f"expected {expected}, got []", field=where)
     refs: list[str] = []
     for k, ref in enumerate(value):
-        if isinstance(ref, bool) or not isinstance(ref, (int, str)) or ref == "":
-            raise fail(f"must be a device ID or index, got {ref!r}", f"{where}[{k}]")
+        if isinstance(ref, bool) or not isinstance(ref, int | str) or ref == "":
+            raise ConfigError(f"expected a device ID or index, got {ref!r}", field=f"{where}[{k}]")
         if isinstance(ref, int) and ref < 0:
-            raise fail(f"an index must not be negative, got {ref}", f"{where}[{k}]")
+            raise ConfigError(f"an index must not be negative, got {ref}", field=f"{where}[{k}]")
         refs.append(str(ref))
     return DeviceSelection(refs=tuple(refs))
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hetero_dp.allocation.delivery import parse_delivery
-from hetero_dp.allocation.sharing import SharingConfig, parse_sharing
+from hetero_dp.allocation.sharing import SharingConfig, SharingSection, sharing_config
 from hetero_dp.engine.claims import Sections, installed_claims, installed_sections
 from hetero_dp.engine.configfile import NOT_PLAIN, plain_scalar, read_file, set_option
 from hetero_dp.kits.mappings import deep_merge
@@ -145,12 +145,12 @@ RESOURCE_KEYS = {camel(f.name) for f in dataclasses.fields(ResourceSettings)}
 class ConfigFile(CoreSettings):
     """The whole file as the core reads it: the top-level settings, the core's own
     sections, and the sections read by other parts (``backends`` by each backend's
-    options, ``sharing`` by allocation/sharing.py, ``resources`` entry by entry as
+    options, ``sharing`` as declared in allocation/sharing.py, ``resources`` entry by entry as
     :class:`ResourceSettings`, keyed by resource name)."""
 
     version: Literal["v1"] = option("v1", help="the schema version (optional; only v1)")
     backends: Any = option(None, help="each backend's options, under its name")
-    sharing: Any = option(None, help="time-slicing and MPS (docs/sharing.md)")
+    sharing: SharingSection | None = option(None, help="time-slicing and MPS (docs/sharing.md)")
     resources: Any = option(None, help="settings per resource name")
     cdi: CdiSection = option(CdiSection())
     labels: LabelsSection = option(LabelsSection())
@@ -351,7 +351,7 @@ def load_config(
         value = getattr(read, f.name)
         setattr(cfg, f.name, Path(value) if f.name.endswith("_dir") else value)
     _check_paths(cfg, sources)
-    cfg.sharing = parse_sharing(raw.get("sharing"), source)
+    cfg.sharing = sharing_config(read.sharing or SharingSection(), source)
     cfg.sections = claims
     cfg.backends, cfg.backend_origins = _backends(raw, flags, source)
     cfg.backend_flagged = {

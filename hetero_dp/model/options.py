@@ -67,7 +67,9 @@ class OptionInfo:
     max: float | None = None
     internal: bool = False  # set by the framework or a command, not listed for users
     off: float | None = None  # a number outside min..max that turns the thing off (0)
-    strict: bool = False  # a str option that takes text only (no number or bool)
+    # the value as written, not converted: a str option refuses a number or bool; a bool,
+    # number or list option refuses text (what a flag or the environment gives)
+    strict: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +105,9 @@ def option(
     ``hetero-dp list --options`` (one a command sets, not the user). ``off`` is a
     number outside ``min``..``max`` that is taken too, meaning "off" (``0`` for an
     interval). ``strict`` makes a ``str`` option refuse a number (a port written where
-    a path or an address goes is a mistake, not a name).
+    a path or an address goes is a mistake, not a name), and a bool, number or list
+    option refuse text (``"yes"``, ``"4"``, ``"a,b"``: a schema that takes the file's
+    values as typed, such as the ``sharing`` block).
     """
     info = OptionInfo(
         help=help, key=key, env=env, min=min, max=max, internal=internal, off=off, strict=strict
@@ -298,6 +302,8 @@ def _value(
         if value is None and type(None) in args:
             return None
         others = [a for a in args if a is not type(None)]
+        if len(others) == 1:  # X | None: X's own refusal, which may name a field inside
+            return _value(others[0], value, info, where, source, env, flagged, path)
         errors = []
         for a in others:
             try:
@@ -316,6 +322,8 @@ def _value(
         raise fail("a string")
     if origin in (list, tuple, set, frozenset, Sequence) or hint in (list, tuple):
         item = args[0] if args else Any
+        if isinstance(value, str) and info.strict:
+            raise fail("a list")
         if isinstance(value, str):  # from a flag or the environment: comma-separated
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list | tuple):
@@ -338,10 +346,14 @@ def _value(
     if hint is bool:
         if isinstance(value, bool):
             return value
+        if info.strict:
+            raise fail("true or false")
         if isinstance(value, str | int) and str(value).strip().lower() in _TRUE + _FALSE:
             return str(value).strip().lower() in _TRUE
         raise fail("true or false")
     if hint is int:
+        if isinstance(value, str) and info.strict:
+            raise fail("an integer")
         if isinstance(value, str):
             try:
                 value = int(value.strip(), 10)
@@ -353,6 +365,8 @@ def _value(
         return value
     if hint is float:
         number = value
+        if isinstance(value, str) and info.strict:
+            raise fail("a number")
         if isinstance(value, str):
             try:
                 number = float(value.strip())

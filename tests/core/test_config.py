@@ -377,6 +377,40 @@ def test_run_with_plain_options_does_not_import_yaml(tmp_path):
             {},
             "{file}, field 'streamTimeout': expected a finite number, got inf",
         ),
+        # the sharing block: the same reader, list entries named by index
+        (
+            "sharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      replica: 4\n",
+            {},
+            {},
+            "{file}, field 'sharing.timeSlicing.resources[0].replica': unknown key; "
+            "did you mean 'replicas'? (known: devices, name, rename, replicas)",
+        ),
+        (
+            "sharing:\n  timeslicing: {}\n",
+            {},
+            {},
+            "{file}, field 'sharing.timeslicing': unknown key; did you mean 'timeSlicing'? "
+            "(known: mps, timeSlicing)",
+        ),
+        (
+            "sharing:\n  mps:\n    resources:\n    - name: gpu\n      replicas: '4'\n",
+            {},
+            {},
+            "{file}, field 'sharing.mps.resources[0].replicas': expected an integer, got '4'",
+        ),
+        (
+            "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 2000}\n",
+            {},
+            {},
+            "{file}, field 'sharing.timeSlicing.resources[0].replicas': must be at most 1024, "
+            "got 2000",
+        ),
+        (
+            "sharing:\n  mps:\n    renameByDefault: 'yes'\n",
+            {},
+            {},
+            "{file}, field 'sharing.mps.renameByDefault': expected true or false, got 'yes'",
+        ),
     ],
 )
 def test_every_core_key_is_refused_in_one_style(tmp_path, text, env, flags, expected):
