@@ -10,11 +10,12 @@ from types import ModuleType
 from typing import Any
 
 from hetero_dp.deviceplugin.frontend import DevicePluginFrontEnd
+from hetero_dp.engine.backend import Backend
 from hetero_dp.engine.build import build_daemon
 from hetero_dp.engine.config import Config, load_config
 from hetero_dp.engine.daemon import Daemon
 from hetero_dp.engine.frontend import FrontEnd
-from hetero_dp.engine.loading import load_backends
+from hetero_dp.engine.loading import load_backends, sections_of
 from hetero_dp.ops import operations
 
 
@@ -108,16 +109,30 @@ class PluginRunner:
         if self.registry_dir is not None:
             raw.setdefault("pluginsRegistryDir", str(self.registry_dir))
         keep_off_the_host(raw, self.scratch_dir)
-        cfg = load_config(raw=raw, env={})
-        return await self.launch(self.build(cfg, backends, DevicePluginFrontEnd()))
+        loaded = self.load(backends)
+        cfg = self.configure(raw, loaded)
+        return await self.launch(self.build(cfg, loaded, DevicePluginFrontEnd()))
 
-    def build(
-        self, cfg: Config, backends: tuple[str | ModuleType | object, ...], front_end: FrontEnd
-    ) -> Daemon:
-        """The daemon ``hetero-dp run`` builds: the same :func:`build_daemon`, with
-        metrics, probes and labels attached as there."""
-        specs = [self._where(b) for b in backends]
-        loaded = load_backends(specs, timeout=cfg.hook_timeout)
+    def load(self, backends: tuple[str | ModuleType | object, ...]) -> list[Backend]:
+        """Load ``backends`` first, as ``hetero-dp run`` does: the config sections they
+        claim (their ``config_sections`` hook) are read from the config."""
+        return load_backends([self._where(b) for b in backends])
+
+    def configure(self, raw: Mapping[str, Any], loaded: list[Backend]) -> Config:
+        """The config of ``raw`` with the sections ``loaded`` claim, as ``hetero-dp run``
+        reads it (a backend from a ``.py`` file has its sections read too); on a refusal
+        the backends are closed."""
+        try:
+            return load_config(raw=raw, env={}, sections=sections_of(loaded))
+        except BaseException:
+            for b in loaded:
+                b.close()
+            raise
+
+    def build(self, cfg: Config, loaded: list[Backend], front_end: FrontEnd) -> Daemon:
+        """The daemon ``hetero-dp run`` builds: the same :func:`build_daemon` (which sets
+        the backends' hook timeout from ``cfg``), with metrics, probes and labels
+        attached as there."""
         daemon = build_daemon(cfg, loaded, front_end, extensions=[operations.day_two()])
         # A test's fake device nodes are plain files in the temp dir (tmp_path): the
         # container gate takes them there, and only there, for nodes.

@@ -4,6 +4,7 @@ passes the loaded backends' sections to the config reader."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -122,3 +123,34 @@ def test_an_option_from_a_claimed_section_is_named_as_written_whatever_its_key(k
     cfg = load_config(raw={"acme": {key: 1}}, env={}, sections={"acme": {"acme": ""}})
     assert cfg.option_field("acme", f"backends.acme.{key}") == f"acme.{key}"
     assert cfg.option_field("acme", f"backends.acme.{key}[0]") == f"acme.{key}[0]"
+
+
+async def test_plugin_runner_reads_the_section_of_a_backend_loaded_from_a_file(
+    acme: Path, plugin_runner
+):
+    """The test runner reads the config as ``hetero-dp run`` does: the sections of the
+    backends it runs, a backend from a ``.py`` file included (not only installed ones)."""
+    daemon = await plugin_runner.start(str(acme), config={"acme": {"boards": 3}})
+    assert [d.id for d in daemon.devices("acme.example.com/npu")] == ["a0", "a1", "a2"]
+    with pytest.raises(ConfigError) as err:
+        await plugin_runner.start(str(acme), config={"acme": {"bords": 3}})
+    assert err.value.field == "acme.bords"
+    assert "unknown key; did you mean 'boards'? (known: boards)" in str(err.value)
+
+
+async def test_dra_runner_reads_the_section_of_a_backend_loaded_from_a_file(acme: Path):
+    from hetero_dp.testing import short_tempdir
+    from hetero_dp.testing.dra import DRARunner, FakeAPIServer
+
+    root = short_tempdir("hdra-")
+    with FakeAPIServer() as api:
+        runner = DRARunner(root, api)
+        try:
+            daemon = await runner.start(str(acme), config={"acme": {"boards": 2}})
+            assert [d.id for d in daemon.devices("acme.example.com/npu")] == ["a0", "a1"]
+            with pytest.raises(ConfigError) as err:
+                await runner.start(str(acme), config={"acme": {"boards": 99}})
+            assert err.value.field == "acme.boards" and "at most 8, got 99" in str(err.value)
+        finally:
+            await runner.stop_all()
+            shutil.rmtree(root, ignore_errors=True)

@@ -48,7 +48,6 @@ class DRARunner(PluginRunner):
         instance: str = "",
     ) -> Any:
         from hetero_dp.dra.frontend import DRAFrontEnd, DRAOptions
-        from hetero_dp.engine.config import load_config
 
         node_name = self.node if node is None else node
         if self.create_node and node_name and node_name not in self.api.nodes:
@@ -59,7 +58,8 @@ class DRARunner(PluginRunner):
         raw["pluginsRegistryDir"] = str(self.registry_dir)
         raw.setdefault("cdi", {})["dir"] = str(self.cdi_dir)
         keep_off_the_host(raw, self.root)
-        cfg = load_config(raw=raw, env={})
+        loaded = self.load(backends)
+        cfg = self.configure(raw, loaded)
         opts = DRAOptions(
             node_name=self.node if node is None else node,
             driver_names=dict(driver_names or {}),
@@ -70,4 +70,4 @@ class DRARunner(PluginRunner):
         if api_versions:
             opts.api_versions = tuple(api_versions)
         front_end = DRAFrontEnd(opts, self.api.client())
-        return await self.launch(self.build(cfg, backends, front_end))
+        return await self.launch(self.build(cfg, loaded, front_end))
