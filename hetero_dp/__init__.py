@@ -29,7 +29,7 @@ from hetero_dp.model.device import (
 from hetero_dp.model.errors import AllocationError, ConfigError
 from hetero_dp.model.events import EventSink
 from hetero_dp.model.names import resource_name_problem
-from hetero_dp.model.options import option, parse_options
+from hetero_dp.model.options import option, parse_options, unknown_key
 from hetero_dp.model.response import ContainerResponse
 from hetero_dp.model.settings import device_settings
 from hetero_dp.model.sysfs import PciFacts, pci_address_of, pci_facts
@@ -87,5 +87,6 @@ __all__ = [
     "pci_facts",
     "replica_base",
     "resource_name_problem",
+    "unknown_key",
     "write_atomic",
 ]

@@ -67,11 +67,18 @@ GOOD = "  - name: example.com/good\n    match: {subsystem: pci}\n"
     [
         (
             "  - name: example.com/x\n    match: {subsystem: pci}\n    colour: red\n",
-            ["resources[1].colour", "entry 'example.com/x'", "unknown key(s) colour"],
+            [
+                "resources[1].colour",
+                "entry 'example.com/x'",
+                "unknown key (known: annotations, companions, drivers,",
+            ],
         ),
         (
             "  - name: example.com/x\n    match: {subsytem: pci}\n",
-            ["resources[1].match.subsytem", "unknown key(s) subsytem"],
+            [
+                "resources[1].match.subsytem",
+                "unknown key; did you mean 'subsystem'? (known: attributes, ",
+            ],
         ),
         (
             "  - name: example.com/x\n    match:\n      attributes: {class: {regex: '0x03(['}}\n",
@@ -200,7 +207,10 @@ def test_generic_names_and_templates(tmp_path: Path) -> None:
 
 def test_bad_documents(tmp_path: Path) -> None:
     assert "not valid YAML" in _error(tmp_path, "resources: [\n")
-    assert "unknown key(s) resource" in _error(tmp_path, "resource: []\n")
+    assert (
+        "field 'resource': unknown key; did you mean 'resources'? "
+        "(known: generic, resources, version)"
+    ) in _error(tmp_path, "resource: []\n")
     assert "non-empty list" in _error(tmp_path, "resources: []\n")
     with pytest.raises(ConfigError, match="cannot read rules file"):
         load_rules(str(tmp_path / "absent.yaml"))

@@ -17,7 +17,7 @@ from typing import Any
 import re2
 import yaml
 
-from hetero_dp import ConfigError, Mount, resource_name_problem
+from hetero_dp import ConfigError, Mount, resource_name_problem, unknown_key
 
 SHIPPED_PACKAGE = "hetero_dp_udev.rulesets"
 
@@ -317,17 +317,19 @@ MOUNT_KEYS = {"hostPath", "containerPath", "readOnly"}
 
 
 def _unknown(obj: Mapping[Any, Any], allowed: set[str]) -> tuple[str, str] | None:
-    """(the first unknown key, the message naming all of them), or None."""
+    """(the first unknown key, the reason in the config's one style: the closest known
+    key and the known ones), or None."""
     unknown = sorted(str(k) for k in obj if k not in allowed)
     if not unknown:
         return None
-    return unknown[0], f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}"
+    return unknown[0], unknown_key(unknown[0], sorted(allowed))
 
 
 def _no_unknown(obj: Mapping[str, Any], allowed: set[str], source: str, fld: str) -> None:
     unknown = _unknown(obj, allowed)
     if unknown:
-        raise ConfigError(unknown[1], field=fld or "(top level)", source=source)
+        key = f"{fld}.{unknown[0]}" if fld else unknown[0]
+        raise ConfigError(unknown[1], field=key, source=source)
 
 
 def _parse_entry(raw: object, source: str, position: int, section: str = "resources") -> Rule:
