@@ -317,7 +317,9 @@ def _value(
                 return choice
         raise fail("one of " + ", ".join(str(a) for a in args))
     if is_schema(hint):
-        return _parse(hint, value, where, source, env, flagged, path)
+        # a section written with nothing under it (``metrics:`` whose keys are all
+        # commented out) is null in YAML: it means the section's defaults
+        return _parse(hint, {} if value is None else value, where, source, env, flagged, path)
     if hint is str and info.strict and not isinstance(value, str):
         raise fail("a string")
     if origin in (list, tuple, set, frozenset, Sequence) or hint in (list, tuple):

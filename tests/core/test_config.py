@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from pathlib import Path
 
@@ -454,3 +455,24 @@ def test_the_error_style_docs_show_what_the_code_says(tmp_path, monkeypatch):
         with pytest.raises(ConfigError) as err:
             attempt()
         assert f"hetero-dp: configuration error: {err.value}\n" in docs
+
+
+def test_a_section_with_every_key_commented_out_means_its_defaults(tmp_path):
+    """``metrics:`` with its keys commented out is null in YAML (not a mistake to
+    refuse): each section then keeps its defaults, as an absent one does."""
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "cdi:\n#  dir: /etc/cdi\nlabels:\nmetrics:\n#  address: 1.2.3.4:9435\nsharing:\n"
+    )
+    given = load_config(path, env={})
+    absent = load_config(raw={}, env={})
+    for section in ("cdi", "labels", "metrics"):
+        assert getattr(given, section) == getattr(absent, section), section
+    # the same sharing (it remembers which file it came from)
+    assert dataclasses.replace(given.sharing, source="") == dataclasses.replace(
+        absent.sharing, source=""
+    )
+    # a section that is no mapping at all is still refused, naming it
+    path.write_text("metrics: 9435\n")
+    with pytest.raises(ConfigError, match=r"field 'metrics': expected a mapping, got 9435"):
+        load_config(path, env={})
