@@ -129,8 +129,11 @@ class SliceCache:
         name, rv = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
         with self._lock:
             seen = self._objects.get(name)
-            if seen is not None and str(_meta(seen).get("resourceVersion")) == rv:
-                self._written.pop(name, None)  # the watch was quicker: already applied
+            listed = seen is not None and str(_meta(seen).get("resourceVersion")) == rv
+            # the watch was quicker: this write's own event (and whatever came after
+            # it, a delete by the kubelet's wipe say) is applied already
+            if listed or rv in self._seen:
+                self._written.pop(name, None)
                 self._overlay.pop(name, None)
                 return
             self._written[name] = rv

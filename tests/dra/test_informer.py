@@ -133,3 +133,20 @@ async def test_a_write_the_server_sheds_is_retried_after_the_back_off(dra, api_s
     api_server.refuse_slices = None
     await api_server.wait_for(lambda: len(api_server.devices_of(DRIVER)) == 1, timeout=10)
     assert api_server.verbs().get("LIST") == 1  # the start's; the retries list nothing
+
+
+def test_a_write_answered_after_a_later_delete_was_watched_is_not_laid_over_it():
+    """The create's answer reaches the publisher after the watch has brought its own
+    ADDED event and a later DELETED (the kubelet wiping the node right after a
+    repair): the slice is gone, and a stale overlay would hide that from every sync
+    until the next LIST (the bench_dra_repair benchmark's second wipe stayed
+    unrepaired)."""
+    cache = SliceCache()
+    obj = {"metadata": {"name": "s-0", "resourceVersion": "4"}, "spec": {}}
+    assert cache.apply("ADDED", obj)
+    assert cache.apply("DELETED", {"metadata": {"name": "s-0", "resourceVersion": "5"}})
+    cache.wrote(obj)  # the answer to the create, late
+    assert cache.view() == {}
+    # an answer that arrives before its event is still laid over the old state
+    cache.wrote({"metadata": {"name": "s-1", "resourceVersion": "6"}, "spec": {}})
+    assert list(cache.view()) == ["s-1"]
