@@ -29,28 +29,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import median, percentile  # noqa: E402
-from hetero_dp import Device, DeviceNode, hookimpl  # noqa: E402
+from benchmarks._npus import RES, Npus  # noqa: E402
 
 WIPES = 30
 RESYNCS = 100
 GOAL_MS = 1000.0
-
-
-class Npus:
-    hetero_dp_name = "npus"
-
-    @hookimpl
-    def discover(self) -> list[Device]:
-        return [
-            Device(
-                id=f"NPU-{i}",
-                resource="acme.example.com/npu",
-                index=i,
-                nodes=(DeviceNode(f"/dev/npu{i}"),),
-                attributes={"memoryMiB": 16384, "product": "Acme N1"},
-            )
-            for i in range(2)
-        ]
 
 
 async def measure(wipes: int, resyncs: int) -> dict[str, Any]:
@@ -62,7 +45,7 @@ async def measure(wipes: int, resyncs: int) -> dict[str, Any]:
     with FakeAPIServer() as api:
         runner = DRARunner(root, api)
         try:
-            daemon = await runner.start(Npus(), resync_interval=30.0)
+            daemon = await runner.start(Npus(2), resync_interval=30.0)
             await api.wait_for(lambda: api.watches >= 1)
             times: list[float] = []
             for _ in range(wipes):
@@ -70,7 +53,7 @@ async def measure(wipes: int, resyncs: int) -> dict[str, Any]:
                 api.wipe_node("node-a")
                 await api.wait_for(lambda: len(api.devices_of(driver_name)) == 2, timeout=60)
                 times.append((time.perf_counter() - t0) * 1000)
-            driver = daemon.front_end.drivers["acme.example.com/npu"]
+            driver = daemon.front_end.drivers[RES]
             before = len(api.writes())
             for _ in range(resyncs):
                 await driver.resync()

@@ -43,7 +43,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import median, row, subprocess_env  # noqa: E402
-from hetero_dp import Device, DeviceNode, hookimpl  # noqa: E402
+from benchmarks._npus import RES, Npus  # noqa: E402
 
 QUICK = os.environ.get("HDP_BENCH_QUICK") == "1"
 NODES = 3 if QUICK else 8
@@ -52,26 +52,8 @@ CHURN_WRITES = 4 if QUICK else 10  # health changes per node
 OUTAGE_S = 2.0 if QUICK else 5.0
 STARTS = 3 if QUICK else 5
 FLEET = 5000
-RES = "acme.example.com/npu"
 DRIVER = "npu.acme.example.com"
 DEVICES = 8
-
-
-class Npus:
-    hetero_dp_name = "npus"
-
-    @hookimpl
-    def discover(self) -> list[Device]:
-        return [
-            Device(
-                id=f"NPU-{i}",
-                resource=RES,
-                index=i,
-                nodes=(DeviceNode(f"/dev/npu{i}"),),
-                attributes={"memoryMiB": 16384, "product": "Acme N1"},
-            )
-            for i in range(DEVICES)
-        ]
 
 
 def _per_node(counts: dict[str, int], nodes: int) -> dict[str, float]:
@@ -105,7 +87,7 @@ async def fleet() -> tuple[list[dict[str, Any]], list[str]]:
                 roots.append(root)
                 runner = DRARunner(root, api, node=node)
                 runners.append(runner)
-                daemons.append(await runner.start(Npus(), resync_interval=1.0))
+                daemons.append(await runner.start(Npus(DEVICES), resync_interval=1.0))
             await api.wait_for(lambda: all(complete(n) for n in nodes), timeout=60)
             await api.wait_for(lambda: api.watches >= NODES, timeout=30)
             start = api.verbs(mark)
