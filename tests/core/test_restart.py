@@ -112,11 +112,14 @@ async def test_watcher_mode_kubelet_restart_registers_once_without_plugin_restar
         two_resources(), config={"registration": "watcher", "streamTimeout": 60}
     )
     await fake_kubelet.wait_registered(A)
+    # both first: a stop during B's first GetInfo would leave B registered once in all
+    await fake_kubelet.wait_registered(B)
     await fake_kubelet.stop()  # plugin sockets stay, as after a kubelet crash
     await fake_kubelet.start()  # new kubelet.sock; the registry walk finds our sockets
     await fake_kubelet.wait_registered(A, after=1)
     await fake_kubelet.wait_registered(B, after=1)
     assert fake_kubelet.registration_count(A) == 2
+    assert fake_kubelet.registration_count(B) == 2
     endpoints = daemon.front_end.endpoints
     assert endpoints[A].restarts == 0 and endpoints[B].restarts == 0
 
