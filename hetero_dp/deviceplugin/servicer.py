@@ -23,6 +23,7 @@ from hetero_dp.kits import observe
 from hetero_dp.kits.decoding import Undecodable, lenient, refuse_undecodable
 from hetero_dp.model.errors import AllocationError
 from hetero_dp.model.response import ContainerResponse
+from hetero_dp.model.wire import MAX_ANSWER_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,22 @@ MAX_ANSWERS = 256
 
 def _status(code: str) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, code, grpc.StatusCode.INTERNAL)
+
+
+def _fitting(answer: pb.AllocateResponse, resource: str, count: int) -> pb.AllocateResponse:
+    """``answer``, or AllocationError when it is larger than the kubelet receives.
+    The container gate bounds each device's items; many devices (or containers) in
+    one request can still add up past the limit, and the kubelet would then see a
+    transport error instead of the reason."""
+    size = answer.ByteSize()
+    if size > MAX_ANSWER_BYTES:
+        raise AllocationError(
+            f"{resource}: the Allocate answer for {count} devices would be {size} bytes; "
+            f"the kubelet receives at most {MAX_ANSWER_BYTES} (4 MiB): the devices' nodes, "
+            "mounts, env and annotations are too large together (request fewer devices)",
+            code="RESOURCE_EXHAUSTED",
+        )
+    return answer
 
 
 _RPCS = {
@@ -228,8 +245,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             for creq in creqs:
                 ids = list(creq.devices_ids)
                 responses.append(await res.allocate(ids))
+            count = sum(len(c.devices_ids) for c in creqs)
             if stamp is not None:
-                answer = allocate_response(responses)
+                answer = _fitting(allocate_response(responses), res.name, count)
                 if stamp == res.answer_stamp():  # unchanged meanwhile
                     if len(self._answers) >= MAX_ANSWERS:
                         self._answers = {}
@@ -241,7 +259,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 if last is not None and last[0] == responses:
                     answer = last[1]
                 else:
-                    answer = allocate_response(responses)
+                    answer = _fitting(allocate_response(responses), res.name, count)
                     if len(self._converted) >= MAX_ANSWERS:
                         self._converted = {}
                     # copies: what is compared must not change with the hook's objects

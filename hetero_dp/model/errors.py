@@ -28,7 +28,8 @@ class AllocationError(HeteroDPError):
     """A refused Allocate or GetPreferredAllocation; the message names the device IDs.
 
     ``code`` is the gRPC status name to answer with (``INVALID_ARGUMENT`` or
-    ``FAILED_PRECONDITION``).
+    ``FAILED_PRECONDITION``; ``INTERNAL`` for an answer the container gate refused,
+    ``RESOURCE_EXHAUSTED`` for one larger than the kubelet receives).
     """
 
     def __init__(self, message: str, *, code: str = "INVALID_ARGUMENT") -> None:

@@ -13,6 +13,9 @@ from hetero_dp.model.device import REPLICA_SEPARATOR, UNHEALTHY, Device
 #: is never received, the stream fails and the plugin re-registers in a loop
 #: (docs/sources.md#grpc-message-size: grpc-go's default, the kubelet's client.go).
 MAX_LIST_AND_WATCH_BYTES = 4 * 1024 * 1024
+#: The same limit holds for every answer the kubelet receives: an Allocate answer
+#: larger than this never reaches it (the gRPC client refuses it).
+MAX_ANSWER_BYTES = MAX_LIST_AND_WATCH_BYTES
 
 
 def _varint_size(n: int) -> int:

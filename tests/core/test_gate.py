@@ -220,3 +220,47 @@ async def test_daemon_advertises_refused_devices_unhealthy_and_serves_the_rest(
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await fake_kubelet.allocate(A, ["dev1"])
     assert "mounts[0]" in (err.value.details() or "")
+
+
+class Discovered:
+    """A backend with a discover hook only (Allocate answers from its records)."""
+
+    hetero_dp_name = "discovered"
+
+    def __init__(self, devices: list[Device]) -> None:
+        self.devices = devices
+
+    @hookimpl
+    def discover(self) -> list[Device]:
+        return list(self.devices)
+
+
+async def test_an_allocate_answer_larger_than_the_kubelet_receives_is_refused_with_the_reason(
+    fake_kubelet, plugin_runner, caplog
+):
+    """Each record passes the gate (48 KB, under its 64 KiB per device), but 90 of
+    them in one request make a 4.3 MB answer: the kubelet's gRPC client would refuse
+    it with a transport error that names no cause. The daemon refuses it instead,
+    saying why; a smaller request of the same devices is answered. (The backend has
+    no allocate hook: with one, the gate judges each container's answer whole.)"""
+    blob = "x" * 16000
+    devices = [
+        Device(
+            id=f"big{i}",
+            resource=A,
+            nodes=(DeviceNode("/dev/null", f"/dev/big{i}"),),
+            env={f"BLOB{i}_{k}": blob for k in range(3)},
+        )
+        for i in range(90)
+    ]
+    await plugin_runner.start(Discovered(devices))
+    await fake_kubelet.wait_registered(A)
+    listed = await fake_kubelet.wait_devices(A, lambda d: len(d) == 90)
+    assert all(d.healthy for d in listed.values())
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await fake_kubelet.allocate(A, [d.id for d in devices])
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "the kubelet receives at most" in (err.value.details() or "")
+    assert any("Allocate refused" in r.getMessage() for r in caplog.records)
+    resp = await fake_kubelet.allocate(A, ["big0", "big1"])
+    assert resp.envs["BLOB1_2"] == blob
