@@ -66,26 +66,37 @@ class CDIWriter:
         """Where the spec of ``kind`` lives."""
         return self.dir / spec_file_name(kind)
 
-    def check(self, field: str = "cdi.dir") -> None:
-        """Start-up check: the dir exists (created if missing) and takes new files.
-
-        Also removes temp files that a killed write left behind. Raises
-        ConfigError naming the path otherwise.
-        """
-        try:
-            is_file = self.dir.exists() and not self.dir.is_dir()
-        except (OSError, ValueError) as e:  # a name too long, a NUL
-            raise ConfigError(
-                f"CDI spec dir {str(self.dir)!r} is unusable: {e}", field=field
-            ) from e
-        if is_file:
-            raise ConfigError(f"CDI spec dir {str(self.dir)!r} is not a directory", field=field)
+    def check_name(self, field: str = "cdi.dir") -> None:
+        """The checks that create, write and remove nothing: the dir is an absolute
+        path the OS takes, neither it nor the nearest part of it that exists is a
+        file. Raises ConfigError naming the path otherwise."""
         if not self.dir.is_absolute():
             raise ConfigError(
                 f"CDI spec dir {str(self.dir)!r} must be an absolute path (runtimes read "
                 "/etc/cdi and /var/run/cdi)",
                 field=field,
             )
+        try:
+            # the dir itself, or the nearest part of its path that exists
+            existing = next(p for p in (self.dir, *self.dir.parents) if p.exists())
+            is_file = not existing.is_dir()
+        except (OSError, ValueError) as e:  # a name too long, a NUL
+            raise ConfigError(
+                f"CDI spec dir {str(self.dir)!r} is unusable: {e}", field=field
+            ) from e
+        if is_file:
+            what = "" if existing == self.dir else f": {str(existing)!r} is a file"
+            raise ConfigError(
+                f"CDI spec dir {str(self.dir)!r} is not a directory{what}", field=field
+            )
+
+    def check(self, field: str = "cdi.dir") -> None:
+        """Start-up check: the dir exists (created if missing) and takes new files.
+
+        Also removes temp files that a killed write left behind. Raises
+        ConfigError naming the path otherwise.
+        """
+        self.check_name(field)
         try:
             self.dir.mkdir(mode=0o755, parents=True, exist_ok=True)
         except OSError as e:
@@ -408,16 +419,21 @@ def make_cdi_publisher(
     """The publisher for a config's ``cdi`` section, or None when CDI is off.
 
     ``enabled: true`` checks the spec dir now (ConfigError naming ``cdi.dir`` and
-    ``source``); unset checks it when the first spec is needed, so a daemon without
-    CDI resources never touches it.
+    ``source``); unset checks now only what touches nothing (a relative path, a name
+    the OS refuses, a file in the path: :meth:`CDIWriter.check_name`), so that such a
+    mistake stops start-up before any port is bound, and the rest (creating the dir,
+    writing a probe) when the first spec is needed, so a daemon without CDI
+    resources never creates or writes it.
     """
     enabled = cdi.get("enabled")
     if enabled is False:
         return None
     writer = CDIWriter(cdi["dir"])
-    if enabled:
-        try:
+    try:
+        if enabled:
             writer.check(field="cdi.dir")
-        except ConfigError as e:
-            raise ConfigError(e.reason, field=e.field, source=source) from None
+        else:
+            writer.check_name(field="cdi.dir")
+    except ConfigError as e:
+        raise ConfigError(e.reason, field=e.field, source=source) from None
     return CDIPublisher(writer, settings_for, check_first=enabled is None)

@@ -181,7 +181,7 @@ async def test_unwritable_cdi_dir_is_a_start_up_error(plugin_runner, tmp_path):
     from hetero_dp import ConfigError
 
     (tmp_path / "f").write_text("")
-    with pytest.raises(ConfigError, match="cannot be created") as e:
+    with pytest.raises(ConfigError, match="f' is a file") as e:
         await start(plugin_runner, Acme(1), tmp_path / "f" / "cdi", {"deliver": ["cdi-cri"]})
     assert e.value.field == "cdi.dir"
 

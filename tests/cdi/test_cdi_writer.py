@@ -37,8 +37,21 @@ def test_check_missing_and_uncreatable_dir_names_the_path(tmp_path: Path) -> Non
     d = tmp_path / "file" / "cdi"
     with pytest.raises(ConfigError) as e:
         CDIWriter(d).check(field="cdi.dir")
-    assert str(d) in str(e.value) and "cannot be created" in str(e.value)
+    assert str(d) in str(e.value) and "is a file" in str(e.value)
     assert e.value.field == "cdi.dir"
+    with pytest.raises(ConfigError, match="is a file"):  # the check that writes nothing
+        CDIWriter(d).check_name()
+    assert not d.exists()
+
+
+def test_check_name_creates_nothing(tmp_path: Path) -> None:
+    d = tmp_path / "run" / "cdi"
+    CDIWriter(d).check_name()
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ConfigError, match="absolute"):
+        CDIWriter("run/cdi").check_name()
+    with pytest.raises(ConfigError, match="unusable"):
+        CDIWriter(tmp_path / ("x" * 300) / "cdi").check_name()
 
 
 def test_check_path_that_is_a_file(tmp_path: Path) -> None:

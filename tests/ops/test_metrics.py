@@ -144,3 +144,31 @@ async def test_a_config_error_exits_before_the_metrics_port_is_bound(plugin_runn
     finally:
         holder.close()
     assert e.value.field == "cdi.dir"
+
+
+@pytest.mark.parametrize("where", ["relative", "file"])
+async def test_a_cdi_dir_that_can_never_work_exits_before_the_metrics_port_is_bound(
+    plugin_runner, tmp_path, where
+):
+    """Issue #29: with cdi.enabled unset the dir was checked only when the first spec
+    was needed, after the probes' port was bound. What is wrong without creating or
+    writing anything (a relative dir, a file in its path) now stops start-up before
+    any port is bound, whether or not a resource delivers by CDI."""
+    import socket
+
+    from hetero_dp import ConfigError
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    (tmp_path / "f").write_text("")
+    cdi = "relative/cdi" if where == "relative" else str(tmp_path / "f" / "cdi")
+    raw = {"metrics": {"address": f"127.0.0.1:{port}"}, "cdi": {"dir": cdi}}
+    try:
+        with pytest.raises(ConfigError) as e:
+            await plugin_runner.start(Scripted(make_devices(RES, 1)), config=raw)
+    finally:
+        holder.close()
+    assert e.value.field == "cdi.dir"
+    assert ("absolute" if where == "relative" else "is a file") in str(e.value)
