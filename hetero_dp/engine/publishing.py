@@ -29,7 +29,8 @@ def check_names(
     """The start-up check of what backends discovered, the same for ``hetero-dp run``,
     ``list`` and ``topo``: a resource name the kubelet would refuse costs only its own
     devices (logged, one line per name); ConfigError when such names leave nothing to
-    serve; then the sharing config is checked against the devices that remain.
+    serve (the first one raised, not also logged); then the sharing config is checked
+    against the devices that remain.
 
     ``discovered``: backend name -> its devices. Returns refused device ID -> why."""
     refused: list[ConfigError] = []
@@ -44,12 +45,16 @@ def check_names(
                 continue
             reasons[d.id] = problem
             bad.setdefault(d.resource, f"device {d.id!r}: {problem}")
-        for reason in bad.values():
-            e = ConfigError(reason, field="resource", source=f"backend {backend}")
-            log.error("refused: %s; the other resources are served", e)
-            refused.append(e)
+        refused += [
+            ConfigError(r, field="resource", source=f"backend {backend}") for r in bad.values()
+        ]
     if refused and not physical:
+        # Nothing left to serve: the error says it once (the others, if any, logged).
+        for e in refused[1:]:
+            log.error("refused: %s", e)
         raise refused[0]
+    for e in refused:
+        log.error("refused: %s; the other resources are served", e)
     check = getattr(sharing, "validate_devices", None)
     if check is not None:
         check(physical)

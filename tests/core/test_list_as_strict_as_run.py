@@ -76,10 +76,14 @@ def test_a_resource_without_a_vendor_domain_is_refused_by_list_and_topo_as_by_ru
     topo = hetero_dp(hetero_dp_cmd, cli_env, "topo", str(plugin))
     assert ran.returncode == 2, ran.stderr
     assert "device 'c0'" in last_line(ran.stderr) and "'card'" in last_line(ran.stderr)
-    for other in (listed, topo):
+    for other in (ran, listed, topo):
         assert other.returncode == 2, other.stdout + other.stderr
         assert last_line(other.stderr) == last_line(ran.stderr)
         assert "Healthy" not in other.stdout
+        # one sentence for the one cause: no 'refused: ...; the other resources are
+        # served' line first (there are none), the error alone
+        assert other.stderr.count("'card' has no vendor prefix") == 1, other.stderr
+        assert "other resources" not in other.stderr
 
 
 def test_list_shows_a_refused_resource_unhealthy_beside_the_served_ones(
