@@ -12,7 +12,10 @@ from .conftest import ROOT
 
 SOURCES = ROOT / "docs" / "sources.md"
 # Spelled in two parts so that this file does not match itself.
-OUTSIDE = re.compile("REFER" + r"ENCE(\.md| section| \d)")
+OUTSIDE = re.compile("REFER" + r"ENCE(\.md| section| \d)|(?<![\w/.-])" + "sha" + r"red/\w")
+# The vendored CDI schema names the folder it was copied from, and its test compares
+# the copy with that folder where it is present: provenance, not a citation.
+PROVENANCE = ("tests/cdi/",)
 CITED = re.compile(r"sources\.md#([a-z0-9-]+)")
 
 
@@ -35,6 +38,7 @@ def test_no_citation_of_a_document_outside_the_repository():
         f"{name}:{text.count(chr(10), 0, m.start()) + 1}"
         for name, text in tracked_texts().items()
         for m in OUTSIDE.finditer(text)
+        if not (m.group().startswith("sha") and name.startswith(PROVENANCE))
     ]
     assert found == []
 

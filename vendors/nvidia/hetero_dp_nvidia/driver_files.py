@@ -200,7 +200,8 @@ def control_device_nodes(opts: Options) -> list[dict[str, Any]]:
         if host != path:
             node["hostPath"] = host
         if stat.S_ISCHR(st.st_mode):
-            # No fileMode: the CDI JSON schema (shared/cdi-schema) has none, and a
+            # No fileMode: the CDI JSON schema (cncf-tags/container-device-interface,
+            # schema/defs.json, copied in tests/cdi/schema) has none, and a
             # loader rejects unknown fields; the runtime takes the mode from the host.
             node.update(type="c", major=os.major(st.st_rdev), minor=os.minor(st.st_rdev))
         node["permissions"] = "rw"
