@@ -26,9 +26,17 @@ Snapshot = dict[str, tuple[int, int, int]]
 
 
 def snapshot(roots: Iterable[Path]) -> Snapshot:
-    """Every entry under ``roots``: path -> (inode, size, mtime in ns)."""
+    """Each root and every entry under it: path -> (inode, size, mtime in ns). A root
+    counts too: a test that makes a missing /var/run/cdi, or writes a spec there and
+    removes it before its end (a spec the runtime could read meanwhile), changes it."""
     seen: Snapshot = {}
     for root in roots:
+        try:
+            st = os.lstat(root)
+        except OSError:
+            pass
+        else:
+            seen[str(root)] = (st.st_ino, st.st_size, st.st_mtime_ns)
         for top, dirs, files in os.walk(root):
             for name in [*dirs, *files]:
                 path = os.path.join(top, name)

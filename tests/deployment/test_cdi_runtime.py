@@ -7,9 +7,13 @@ The specs come from the backends as they run: a test backend through the core's 
 writer, the bundled ``simulated`` backend served by the daemon (device-plugin mode and
 DRA), the NVIDIA image's plugin (device-plugin mode) and ``hetero-dp run nvidia --mode
 dra`` as a process of its own on the fake NVML (a DRA claim spec). Each test writes the
-spec as the plugin does, copies it into /var/run/cdi under a name
-of its own (removed afterwards), starts a short-lived container with the CDI name the
-plugin answered in Allocate, and checks from inside what the container got. Device
+spec as the plugin does, starts a short-lived container with the CDI name the plugin
+answered in Allocate, and checks from inside what the container got. The host's CDI
+dirs stay untouched (a spec there is offered to every container on the machine):
+podman 4.3 reads specs only from /etc/cdi and /var/run/cdi (no --cdi-spec-dir, no
+cdi_spec_dirs in containers.conf before podman 4.5), so it runs in a mount namespace
+of its own (unshare(1)) whose /etc is an overlay (mount(8), overlay) with the test's
+spec dir as /etc/cdi; what podman writes to /etc goes into the overlay too. Device
 nodes must be real: the fake ones are character devices made with mknod (a GPU's
 195:<minor>, as NVIDIA's driver numbers them; generic ones 1:3, the numbers of
 /dev/null), so the runtime can create them in the container.
@@ -25,7 +29,7 @@ import signal
 import stat
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -36,17 +40,34 @@ from hetero_dp import Device, DeviceNode, Mount, hookimpl
 from tests.nvidia.driver_root import VERSION, build_ld_cache, make_driver_root
 from tests.nvidia.support import FakeNode, make_node
 
-from .conftest import KubeletThread, free_port
+from .conftest import KubeletThread, free_port, missing
 from .test_nvidia_pods import CHART, check_serves_and_stops, render, start_pod
 
-SPEC_DIR = Path("/var/run/cdi")
+# Runs its arguments with /etc overlaid by $1 (upper) and $2 (work), in this namespace.
+PRIVATE_ETC = (
+    'mount -t overlay overlay -o "lowerdir=/etc,upperdir=$1,workdir=$2" /etc'
+    ' && shift 2 && exec "$@"'
+)
+
+
+def private_etc(upper: Path, work: Path, cmd: list[str]) -> list[str]:
+    """``cmd`` in a mount namespace of its own whose /etc shows ``upper`` over the host's
+    (``upper/cdi`` is its /etc/cdi); nothing it writes under /etc reaches the host."""
+    upper.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    ns = ["unshare", "--mount", "--propagation", "private"]
+    return [*ns, "sh", "-c", PRIVATE_ETC, "sh", str(upper), str(work), *cmd]
 
 
 @pytest.fixture
-def runtime_cdi(engine) -> Iterator[Any]:
-    """``consume(spec_path, name, script)`` -> the container's output: copies the spec
-    into /var/run/cdi for the run, starts ``sh -c script`` with ``--device name``."""
-    copied: list[Path] = []
+def runtime_cdi(engine, tmp_path_factory) -> Any:
+    """``consume(spec_path, name, script)`` -> the container's output: starts ``sh -c
+    script`` with ``--device name``, podman seeing the spec in a private /etc/cdi."""
+    if engine.kind != "podman":
+        pytest.skip("CDI is checked under podman: docker's daemon reads only the host's dirs")
+    scratch = tmp_path_factory.mktemp("etc")
+    if subprocess.run(private_etc(scratch / "u", scratch / "w", ["true"])).returncode != 0:
+        missing("cannot overlay /etc in a mount namespace of its own (unshare, overlay)")
     base = None
 
     def consume(spec: Path, name: str, script: str) -> subprocess.CompletedProcess[str]:
@@ -55,19 +76,19 @@ def runtime_cdi(engine) -> Iterator[Any]:
             import build_images
 
             base = build_images.base_image(engine)
-        SPEC_DIR.mkdir(parents=True, exist_ok=True)
-        target = SPEC_DIR / f"hetero-dp-deploytest-{uuid.uuid4().hex[:8]}.json"
-        shutil.copy(spec, target)
-        copied.append(target)
+        spec_dir = scratch / "u" / "cdi"
+        spec_dir.mkdir(exist_ok=True)
+        shutil.copy(spec, spec_dir / f"hetero-dp-deploytest-{uuid.uuid4().hex[:8]}.json")
+        run = [*engine.cmd("run", "--rm"), *engine.run_flags, "--network", "none",
+               "--pull", "never", "--device", name, base, "sh", "-c", script]  # fmt: skip
         return subprocess.run(
-            [*engine.cmd("run", "--rm"), *engine.run_flags, "--network", "none",
-             "--pull", "never", "--device", name, base, "sh", "-c", script],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            private_etc(scratch / "u", scratch / "w", run),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
-    yield consume
-    for path in copied:
-        path.unlink(missing_ok=True)
+    return consume
 
 
 def mknod(path: Path, major: int, minor: int) -> None:

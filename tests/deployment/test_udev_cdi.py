@@ -33,7 +33,7 @@ import pytest
 from . import test_cdi_runtime
 from .test_cdi_runtime import allocated_spec, claim_spec, dra_node, mknod, sees
 
-runtime_cdi = test_cdi_runtime.runtime_cdi  # the fixture: the spec copied into /var/run/cdi
+runtime_cdi = test_cdi_runtime.runtime_cdi  # the fixture: podman with a private /etc/cdi
 
 FUSE_SYSFS = Path("/sys/devices/virtual/misc/fuse")
 RESOURCE = "example.com/fuse"

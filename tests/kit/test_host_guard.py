@@ -39,12 +39,22 @@ def test_whose_fixture_writes_at_teardown(leaves_a_socket):
 
 def test_changes_one():
     (HOST / "seed").write_text("changed, longer")
+
+
+def test_leaves_nothing_behind():
+    (HOST / "gone.json").write_text("{{}}")  # readable by a runtime meanwhile
+    (HOST / "gone.json").unlink()
+
+
+def test_makes_a_missing_dir():
+    (HOST.parent / "absent").mkdir()
 """
 
 
 def test_the_guard_fails_exactly_the_tests_that_write(tmp_path: Path):
     host = tmp_path / "host"
     host.mkdir()
+    missing = tmp_path / "absent"  # a root that is not there until a test makes it
     (host / "seed").write_text("as found")
     inner = tmp_path / "inner"
     inner.mkdir()
@@ -52,7 +62,8 @@ def test_the_guard_fails_exactly_the_tests_that_write(tmp_path: Path):
         "from pathlib import Path\n"
         "from tests.hostguard import HostGuard\n\n"
         "def pytest_configure(config):\n"
-        f"    config.pluginmanager.register(HostGuard([Path({str(host)!r})]), 'guard')\n"
+        f"    roots = [Path({str(host)!r}), Path({str(missing)!r})]\n"
+        "    config.pluginmanager.register(HostGuard(roots), 'guard')\n"
     )
     (inner / "test_inner.py").write_text(INNER_TESTS.format(host=str(host)))
     proc = subprocess.run(
@@ -65,13 +76,16 @@ def test_the_guard_fails_exactly_the_tests_that_write(tmp_path: Path):
     )
     out = proc.stdout
     assert proc.returncode == 1, out + proc.stderr
-    assert "4 passed, 3 errors" in out, out
+    assert "6 passed, 5 errors" in out, out
     assert f"created {host}/cdi/acme.json" in out and f"created {host}/cdi\n" in out
     assert f"created {host}/kubelet.sock" in out
     assert f"changed {host}/seed" in out
+    assert f"created {missing}\n" in out and f"changed {host}\n" in out
     errors = [ln for ln in out.splitlines() if ln.startswith("ERROR ")]
     assert sorted(e.split("::")[1].split()[0] for e in errors) == [
         "test_changes_one",
+        "test_leaves_nothing_behind",
+        "test_makes_a_missing_dir",
         "test_whose_fixture_writes_at_teardown",
         "test_writes_a_spec",
     ]
@@ -87,6 +101,7 @@ def test_snapshot_sees_creation_change_and_removal(tmp_path: Path):
     assert changes(before, snapshot([tmp_path])) == [
         f"created {tmp_path}/c",
         f"removed {tmp_path}/b",
+        f"changed {tmp_path}",  # the root itself: its entries changed
         f"changed {tmp_path}/a",
     ]
 
