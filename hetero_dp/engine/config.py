@@ -119,6 +119,18 @@ class MetricsSection:
     """``metrics``: the Prometheus endpoint, /healthz and /readyz."""
 
     address: str = option("", help="host:port to serve on ('' = off)", strict=True)
+    wait_for_port: bool = option(
+        False,
+        help="when the port is taken (the old pod of a surge rollout in the host network), "
+        "start anyway and serve once it is free, instead of refusing to start",
+    )
+    ready_file: str = option(
+        "",
+        strict=True,
+        help="a file kept present exactly while /readyz answers 200, holding its lines "
+        "('' = none): an exec readiness probe reads the instance's own readiness where "
+        "/readyz on a shared host port may be another instance's",
+    )
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ Events and their fields:
 - ``hook_error``: backend, hook, error
 - ``dra_prepare`` / ``dra_unprepare``: driver, seconds, claims, errors
 - ``dra_slice_refused``: driver, slice, reason
+- ``probe_server``: address, port (the probe server listens, ops/probes.py)
+- ``ready_file``: path, ready (the readiness file written or removed, ops/readyfile.py)
 - ``config_reload``: result ("applied", "unchanged", "rejected", "failed"), reason
 """
 

@@ -1,6 +1,6 @@
 """Day-two operations of a daemon, wired in one place: metrics with the probe
-server (config ``metrics.address``), the node label file (``labels.enabled/dir``)
-and config reload (when given a config file and a loader).
+server (config ``metrics.address``), the readiness file (``metrics.readyFile``), the
+node label file (``labels.enabled/dir``) and config reload (when given a config file and a loader).
 
 An engine extension (:mod:`hetero_dp.engine.extension`): :func:`attach` plugs it
 into a daemon, which then starts, stops and reconfigures it; it uses only the
@@ -19,6 +19,7 @@ from hetero_dp.engine.config import Config
 from hetero_dp.model.errors import ConfigError
 from hetero_dp.ops.labels import LabelWriter, file_name
 from hetero_dp.ops.probes import ProbeServer, parse_address
+from hetero_dp.ops.readyfile import ReadyFile
 from hetero_dp.ops.reload import ConfigReloader
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ class Operations:
         self.metrics: Metrics | None = None
         self.server: ProbeServer | None = None
         self.labels: LabelWriter | None = None
+        self.ready_file: ReadyFile | None = None
         self.reloader: ConfigReloader | None = None
         self._pending: ProbeServer | None = None  # bound by prepare(), installed by apply()
 
@@ -72,12 +74,14 @@ class Operations:
         """Before the daemon's first publish: probes answer "starting", labels follow."""
         cfg = self.daemon.config
         await self._start_server(cfg)
+        self._start_ready_file(cfg)
         self._start_labels(cfg)
         if self.config_path is not None and self.config_loader is not None:
             self.reloader = ConfigReloader(self.daemon, self.config_path, self.config_loader)
             self.reloader.start()
 
     async def stop(self) -> None:
+        await self._stop_ready_file()  # a stopping instance is not ready, first of all
         if self.reloader is not None:
             await self.reloader.stop()
             self.reloader = None
@@ -86,7 +90,7 @@ class Operations:
 
     async def prepare(self, old: Config, new: Config) -> None:
         """Before a reload commits: bind the new probe address (ConfigError if it cannot)."""
-        if old.metrics == new.metrics or not new.metrics.get("address"):
+        if _address(old) == _address(new) or not _address(new):
             return
         try:
             parse_address(str(new.metrics["address"]))
@@ -116,7 +120,7 @@ class Operations:
 
     async def apply(self, old: Config, new: Config) -> None:
         """Follow a reloaded config: restart only the parts whose section changed."""
-        if old.metrics != new.metrics:
+        if _address(old) != _address(new):
             pending, self._pending = self._pending, None
             if self.server is not None:
                 await self.server.stop()
@@ -126,6 +130,9 @@ class Operations:
             # with the process: a reset would read as a restart, issue #29).
             if pending is not None:
                 self.server, self.metrics = pending, pending.metrics
+        if old.metrics.get("readyFile") != new.metrics.get("readyFile"):
+            await self._stop_ready_file()
+            self._start_ready_file(new)
         if old.labels != new.labels:
             self._stop_labels()
             self._start_labels(new)
@@ -141,7 +148,9 @@ class Operations:
         )
 
         self.metrics = Metrics(self.daemon)
-        self.server = ProbeServer(self.daemon, address, self.metrics)
+        self.server = ProbeServer(
+            self.daemon, address, self.metrics, wait_for_port=bool(cfg.metrics.get("waitForPort"))
+        )
         try:
             await self.server.start()
         except BaseException:
@@ -157,6 +166,17 @@ class Operations:
             self.metrics.close()
             self.metrics = None
 
+    def _start_ready_file(self, cfg: Config) -> None:
+        path = str(cfg.metrics.get("readyFile") or "")
+        if path:
+            self.ready_file = ReadyFile(self.daemon, path)
+            self.ready_file.start()
+
+    async def _stop_ready_file(self) -> None:
+        if self.ready_file is not None:
+            await self.ready_file.stop()
+            self.ready_file = None
+
     def _start_labels(self, cfg: Config) -> None:
         if not cfg.labels.get("enabled"):
             return
@@ -169,3 +189,7 @@ class Operations:
             self.daemon.remove_publisher(self.labels)
             self.labels.remove()
             self.labels = None
+
+
+def _address(cfg: Config) -> str:
+    return str(cfg.metrics.get("address") or "")

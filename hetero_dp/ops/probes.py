@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from hetero_dp.kits import observe
 from hetero_dp.kits.aiotools import with_timeout
 from hetero_dp.model.errors import ConfigError
 
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 READ_TIMEOUT = 5.0
+PORT_RETRY = 0.25  # how often a taken port is tried again (wait_for_port)
 MAX_HEADER_LINES = 100
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
 REASONS[503] = "Service Unavailable"
@@ -55,12 +58,21 @@ def readiness(daemon: Daemon) -> tuple[bool, list[str]]:
 class ProbeServer:
     """Serves ``/metrics`` (when ``metrics`` is given), ``/healthz`` and ``/readyz``."""
 
-    def __init__(self, daemon: Daemon, address: str, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        daemon: Daemon,
+        address: str,
+        metrics: Metrics | None = None,
+        *,
+        wait_for_port: bool = False,
+    ) -> None:
         self.daemon = daemon
         self.address = address
         self.host, self._port = parse_address(address)
         self.metrics = metrics
+        self.wait_for_port = wait_for_port
         self._server: asyncio.base_events.Server | None = None
+        self._waiting: asyncio.Task[None] | None = None
         self._routes: dict[str, Handler] = {"/healthz": self._healthz, "/readyz": self._readyz}
         if metrics is not None:
             self._routes["/metrics"] = self._metrics
@@ -72,16 +84,50 @@ class ProbeServer:
             return int(self._server.sockets[0].getsockname()[1])
         return self._port
 
+    @property
+    def serving(self) -> bool:
+        """Listening (False while waiting for a port another process holds)."""
+        return self._server is not None
+
     async def start(self) -> None:
+        """Listen; with ``wait_for_port``, a port another process holds (the old pod of
+        a surge rollout in the host network) is taken in the background once free."""
         try:
-            self._server = await asyncio.start_server(self._handle, self.host, self._port)
+            await self._listen()
         except OSError as e:
-            raise ConfigError(
-                f"cannot listen on {self.address}: {e.strerror}", field="metrics.address"
-            ) from e
+            if not (self.wait_for_port and e.errno == errno.EADDRINUSE):
+                raise ConfigError(
+                    f"cannot listen on {self.address}: {e.strerror}", field="metrics.address"
+                ) from e
+            log.warning(
+                "%s is taken (another instance, e.g. the pod this one replaces); "
+                "serving /metrics, /healthz and /readyz there once it is free",
+                self.address,
+            )
+            self._waiting = asyncio.get_running_loop().create_task(self._wait_for_port())
+
+    async def _listen(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self.host, self._port)
         log.info("serving /metrics, /healthz and /readyz on %s (port %d)", self.address, self.port)
+        observe.emit("probe_server", address=self.address, port=self.port)
+
+    async def _wait_for_port(self) -> None:
+        while True:
+            await asyncio.sleep(PORT_RETRY)
+            try:
+                await self._listen()
+                return
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE:
+                    log.error("cannot listen on %s: %s; not serving it", self.address, e.strerror)
+                    return
 
     async def stop(self) -> None:
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(Exception):

@@ -217,6 +217,8 @@ def test_config_default_must_name_an_entry_also_with_several(helm: str):
 
 
 def test_manifests_roll_with_surge_and_pass_the_pod_uid(helm: str, tmp_path: Path):
+    """The chart, every static manifest under deploy/ and the scaffold's roll with
+    surge, name their sockets after the pod, and probe the pod's own readiness."""
     from hetero_dp.cli import scaffold
 
     project, _ = scaffold.generate(
@@ -225,13 +227,18 @@ def test_manifests_roll_with_surge_and_pass_the_pod_uid(helm: str, tmp_path: Pat
     )
     sources = {
         "chart": rendered(template(helm)),
-        "static": list(
-            yaml.safe_load_all((DEPLOY / "nvidia/nvidia-device-plugin.yml").read_text())
-        ),
         "scaffold": list(yaml.safe_load_all((project / "deploy/daemonset.yaml").read_text())),
     }
+    for path in sorted(DEPLOY.rglob("*.y*ml")):
+        if "helm" not in path.relative_to(DEPLOY).parts:
+            docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+            if any(d.get("kind") == "DaemonSet" for d in docs):
+                sources[str(path.relative_to(DEPLOY))] = docs
+    # before: the udev DaemonSet stopped the old pod first (maxUnavailable: 1)
+    assert {"nvidia/nvidia-device-plugin.yml", "udev/daemonset.yaml"} <= set(sources)
     for name, docs in sources.items():
-        ds = daemonset([d for d in docs if d])
+        docs = [d for d in docs if d]
+        ds = daemonset(docs)
         assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {
             "maxSurge": 1,
             "maxUnavailable": 0,
@@ -240,8 +247,31 @@ def test_manifests_roll_with_surge_and_pass_the_pod_uid(helm: str, tmp_path: Pat
         env = {e["name"]: e.get("valueFrom") for e in c["env"]}
         assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}, name
         assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}, name
-        assert c["readinessProbe"]["httpGet"]["path"] == "/readyz", name
-    # the udev DaemonSet runs in the host network: a second pod could not bind the
-    # metrics port, so it stops the old pod first, and says why
-    udev = (DEPLOY / "udev/daemonset.yaml").read_text()
-    assert "maxUnavailable: 1" in udev and "host network" in udev
+        own_readiness(name, ds, docs)
+
+
+def own_readiness(name: str, ds: dict[str, Any], docs: list[dict[str, Any]]) -> None:
+    """The readiness probe asks this pod's instance whether it is registered and
+    advertising: /readyz over the pod's IP, or in the host network (where a surge
+    pod shares the node's ports with the old pod) the ready file it keeps."""
+    pod = ds["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    probe = c["readinessProbe"]
+    if not pod.get("hostNetwork"):
+        assert probe["httpGet"]["path"] == "/readyz", name
+        return
+    # a declared port is a host port there: the scheduler would not place the surge pod
+    assert "ports" not in c, name
+    [ready_file] = probe["exec"]["command"][1:]
+    assert probe["exec"]["command"][0] == "cat", name
+    # the daemon's config (--config FILE, from a ConfigMap) keeps that file and waits
+    # for the port the old pod holds instead of refusing to start
+    config_path = Path(c["args"][c["args"].index("--config") + 1])
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    cm_name = volumes[mounts[str(config_path.parent)]]["configMap"]["name"]
+    [cm] = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == cm_name]
+    metrics = yaml.safe_load(cm["data"][config_path.name])["metrics"]
+    assert metrics == {"waitForPort": True, "readyFile": ready_file}, name
+    # on the pod's own writable volume (the root filesystem is read-only)
+    assert "emptyDir" in volumes[mounts[str(Path(ready_file).parent)]], name

@@ -11,12 +11,26 @@ from hetero_dp.model.errors import ConfigError
 def test_flag_overrides_the_files_metrics_address(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("metrics: {address: ':9000'}\nlabels: {enabled: true}\n")
-    assert load_config(path, env={}).metrics == {"address": ":9000"}
+    defaults = {"waitForPort": False, "readyFile": ""}
+    assert load_config(path, env={}).metrics == {"address": ":9000", **defaults}
     cfg = load_config(path, env={}, overrides={"metrics": {"address": "127.0.0.1:9435"}})
-    assert cfg.metrics == {"address": "127.0.0.1:9435"}
+    assert cfg.metrics == {"address": "127.0.0.1:9435", **defaults}
     assert cfg.labels["enabled"] is True  # other sections untouched
     cfg = load_config(path, env={}, overrides={"metrics": {"address": None}})
-    assert cfg.metrics == {"address": ":9000"}  # an unset flag leaves the file's value
+    assert cfg.metrics == {"address": ":9000", **defaults}  # an unset flag leaves the file's
+
+
+def test_the_flag_keeps_the_files_other_metrics_keys(tmp_path):
+    """The udev DaemonSet: the address from HETERO_DP_METRICS_ADDRESS (the flag), the
+    ready file and the port wait from its config file."""
+    path = tmp_path / "c.yaml"
+    path.write_text("metrics: {waitForPort: true, readyFile: /run/hetero-dp/ready}\n")
+    cfg = load_config(path, env={}, overrides={"metrics": {"address": "10.0.0.7:9435"}})
+    assert cfg.metrics == {
+        "address": "10.0.0.7:9435",
+        "waitForPort": True,
+        "readyFile": "/run/hetero-dp/ready",
+    }
 
 
 def test_bad_flag_value_names_the_flag():

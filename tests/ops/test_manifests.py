@@ -1,5 +1,5 @@
 """Every DaemonSet we ship (NVIDIA, udev, the `hetero-dp new` template) wires the
-operations side the same way: the probes ask the port the daemon serves on (from
+operations side the same way: the HTTP probes ask the port the daemon serves on (from
 HETERO_DP_METRICS_ADDRESS), and the label dir (HETERO_DP_LABELS_DIR) is a writable hostPath
 mount of the same path on the host."""
 
@@ -44,9 +44,18 @@ def test_probes_port_and_label_dir_agree(which, tmp_path):
         assert c["env"].index(node_ip) < list(env).index("HETERO_DP_METRICS_ADDRESS")
     else:
         assert host is None, "the kubelet probes the pod's IP: listen on all interfaces"
-    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports["metrics"] == port
-    for probe, target in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+    # in the host network a declared port is a host port, which would keep a surge
+    # rollout's new pod off the node: no ports there, and readiness is the pod's own
+    # ready file (tests/deploy/test_nvidia_values.py checks it), not /readyz
+    ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+    probes = (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz"))
+    if pod.get("hostNetwork"):
+        assert not ports
+        probes = probes[:1]
+        assert "exec" in c["readinessProbe"]
+    else:
+        assert ports["metrics"] == port
+    for probe, target in probes:
         get = c[probe]["httpGet"]
         assert get["path"] == target
         assert ports.get(get["port"], get["port"]) == port

@@ -7,10 +7,11 @@ import asyncio
 import pytest
 
 from hetero_dp.model.errors import ConfigError
+from hetero_dp.ops import operations
 from hetero_dp.ops.probes import parse_address
 from tests.core.scripted import Scripted, make_devices
 
-from .helpers import expect_event, http_get, port_of, wait_ready
+from .helpers import expect_event, http_get, port_of, wait_ready, wait_until
 
 A = "example.com/a"
 B = "example.com/b"
@@ -126,3 +127,52 @@ async def test_malformed_and_silent_clients_do_not_hurt_the_server(fake_kubelet,
     await reader.read()  # an over-long header line: dropped, whatever it answers
     writer.close()
     assert await http_get(port, "/healthz") == (200, "ok\n")
+
+
+async def test_with_wait_for_port_a_taken_port_is_served_once_free(fake_kubelet, plugin_runner):
+    """The new pod of a surge rollout in the host network: the old pod holds the port."""
+    import socket
+
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        # before: exit 2, 'cannot listen on', so a surge pod in the host network crash-looped
+        daemon = await plugin_runner.start(
+            Scripted(make_devices(A, 1)),
+            config={"metrics": {"address": f"127.0.0.1:{port}", "waitForPort": True}},
+        )
+        server = operations.of(daemon).server
+        assert server is not None and not server.serving
+        await fake_kubelet.wait_registered(A)  # the device plugin serves meanwhile
+    finally:
+        holder.close()  # the old pod exits
+    await wait_until(daemon, lambda: server.serving, timeout=10)
+    assert await http_get(port, "/healthz") == (200, "ok\n")
+    await plugin_runner.stop(daemon)
+    assert not server.serving
+
+
+async def test_the_ready_file_follows_readyz(fake_kubelet, plugin_runner, tmp_path):
+    ready_file = tmp_path / "run" / "ready"
+    ready_file.parent.mkdir()
+    ready_file.write_text("left by an earlier run\n")
+    await fake_kubelet.stop()  # no kubelet yet: not registered, not ready
+    daemon = await plugin_runner.start(
+        Scripted(make_devices(A, 2)),
+        config={"metrics": {"readyFile": str(ready_file)}, "streamTimeout": 2.0},
+    )
+    assert not ready_file.exists()  # an earlier run's file is not this instance's readiness
+    await fake_kubelet.start()
+    await wait_until(daemon, ready_file.exists)
+    assert daemon.readiness()[0]
+    assert f"{A}: ready (2 devices)" in ready_file.read_text()
+
+    await fake_kubelet.drop_stream(A)  # not advertising: not ready
+    await wait_until(daemon, lambda: not ready_file.exists())
+    await fake_kubelet.wait_registered(A, after=1, timeout=15)
+    await wait_until(daemon, ready_file.exists)
+
+    await plugin_runner.stop(daemon)
+    assert not ready_file.exists()

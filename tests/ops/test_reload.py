@@ -400,3 +400,24 @@ async def test_counters_survive_a_reload_that_removes_and_readds_metrics(
     await daemon.apply_config(load_config(raw=doc, env={}))
     after = value(await scrape(daemon), "hetero_dp_allocations_total", resource=A, code="OK")
     assert after == 2
+
+
+async def test_reload_of_the_ready_file_moves_it_and_keeps_the_server(
+    fake_kubelet, plugin_runner, tmp_path
+):
+    from .helpers import http_get, port_of, wait_until
+
+    first, second = tmp_path / "a" / "ready", tmp_path / "b" / "ready"
+    doc = base_doc(fake_kubelet, metrics={"address": "127.0.0.1:0", "readyFile": str(first)})
+    _, daemon = await start_two(fake_kubelet, plugin_runner, doc)
+    port = port_of(daemon)
+    server = operations.of(daemon).server
+    await wait_until(daemon, first.exists)
+    doc["metrics"] = {"address": "127.0.0.1:0", "readyFile": str(second)}
+    # before: any change under metrics bound the address again (a taken port 0 is
+    # another free port, a fixed one would be refused as busy by the running server)
+    await daemon.apply_config(load_config(raw=doc, env={}))
+    assert operations.of(daemon).server is server and port_of(daemon) == port
+    assert not first.exists()
+    await wait_until(daemon, second.exists)
+    assert (await http_get(port, "/readyz"))[0] == 200

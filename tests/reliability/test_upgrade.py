@@ -16,7 +16,7 @@ from hetero_dp_nvidia.backend import NvidiaBackend
 from hetero_dp import ContainerResponse, Device, hookimpl
 
 from .conftest import SIM, devices, simulated
-from .upgrade import ORDERS, check, roll
+from .upgrade import ORDERS, HostNetwork, check, roll
 
 
 @pytest.mark.parametrize("order", ORDERS)
@@ -32,6 +32,23 @@ async def test_upgrade_simulated(fake_kubelet, plugin_runner, tmp_path, order):
     check(rollout, fake_kubelet, SIM, 3)
     # the node label file the new pod wrote outlives the old pod's exit
     assert [p.name for p in (tmp_path / "features.d").iterdir()] == ["hetero-dp-simulated"]
+
+
+@pytest.mark.parametrize("order", ORDERS)
+async def test_upgrade_in_the_host_network(fake_kubelet, plugin_runner, tmp_path, order):
+    """Pods in the host network (the udev DaemonSet): the new pod starts although the
+    old one holds the metrics port (before: 'cannot listen on', exit 2, so a surge
+    rollout crash-looped), and the rollout waits for the new pod's own ready file."""
+    net = HostNetwork(tmp_path)
+
+    async def start():
+        return await plugin_runner.start(
+            simulated(), config=net.config(), options={"simulated": {"count": 2}}
+        )
+
+    rollout = await roll(fake_kubelet, plugin_runner, start, SIM, 2, order, ready=net.ready)
+    check(rollout, fake_kubelet, SIM, 2)
+    await net.check(rollout)
 
 
 @pytest.mark.parametrize("order", ORDERS)

@@ -18,6 +18,7 @@ benchmarks/bench_upgrade.py, not here.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -25,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from hetero_dp.kits import observe
+from hetero_dp.ops import operations
 from hetero_dp.testing import AdmissionError, FakeKubelet, PluginRunner
+from tests.ops.helpers import wait_until
 
 ORDERS = ("default", "surge")
 
@@ -39,6 +42,8 @@ class Rollout:
     capacities: list[int]
     failed_admissions: list[str]
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    old: Any = None  # the daemons
+    new: Any = None
 
     def registered(self, socket: Path) -> list[dict[str, Any]]:
         """The ``registered`` events of the instance serving ``socket``."""
@@ -64,9 +69,11 @@ async def roll(
     resource: str,
     count: int,
     order: str,
+    ready: Callable[[Any], bool] | None = None,
 ) -> Rollout:
     """Start an old instance, roll it to a new one in ``order``, and report what the
-    kubelet saw. Pods are admitted before, between and after the steps."""
+    kubelet saw. Pods are admitted before, between and after the steps. ``ready`` is
+    the new pod's readiness probe (default: its /readyz, ``daemon.readiness()``)."""
     events: list[tuple[str, dict[str, Any]]] = []
     unsubscribe = observe.subscribe(lambda e, f: events.append((e, dict(f))))
     failed: list[str] = []
@@ -89,10 +96,13 @@ async def roll(
             new = await start()  # beside the old one
             new_socket = new.front_end.endpoints[resource].socket_path
             await kubelet.wait_for(lambda: _serving(kubelet, resource, new_socket, count), 30)
-            # /readyz of the new pod passes (registered and advertising): only now does
-            # a surge rollout stop the old one
-            ready, lines = new.readiness()
-            assert ready, lines
+            # the new pod's readiness probe passes (registered and advertising): only
+            # now does a surge rollout stop the old one
+            if ready is None:
+                passed, lines = new.readiness()
+                assert passed, lines
+            else:
+                await wait_until(new, lambda: ready(new), timeout=10)
             await admit()
             capacities.append(kubelet.resources[resource].capacity)
             await runner.stop(old)
@@ -112,6 +122,8 @@ async def roll(
             capacities,
             failed,
             events,
+            old,
+            new,
         )
     finally:
         unsubscribe()
@@ -143,3 +155,41 @@ def check(rollout: Rollout, kubelet: FakeKubelet, resource: str, count: int) -> 
         # the old stream's end takes the resource to zero until the new one registers
         assert len(zeros) == 1, rollout.counts
         assert [f["reason"] for f in rollout.registered(rollout.new_socket)] == ["start"]
+
+
+class HostNetwork:
+    """Pods in the host network, as the udev DaemonSet runs them: every instance binds
+    the same metrics port (``waitForPort``: the new pod's is held by the old one until
+    it exits), and a pod's readiness probe reads its own ready file (an exec probe),
+    since /readyz on the shared port answers for whichever instance holds it."""
+
+    def __init__(self, tmp: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.tmp = tmp
+        self.pods = 0
+
+    def config(self) -> dict[str, Any]:
+        """The config of the next pod (its own emptyDir for the ready file)."""
+        self.pods += 1
+        ready = self.tmp / f"pod-{self.pods}" / "ready"
+        address = f"127.0.0.1:{self.port}"
+        return {"metrics": {"address": address, "waitForPort": True, "readyFile": str(ready)}}
+
+    @staticmethod
+    def ready_file(daemon: Any) -> Path:
+        return Path(daemon.config.metrics["readyFile"])
+
+    def ready(self, daemon: Any) -> bool:
+        return self.ready_file(daemon).exists()
+
+    async def check(self, rollout: Rollout) -> None:
+        """The new instance serves the shared port once the old one is gone, and only
+        its ready file is left."""
+        server = operations.of(rollout.new).server
+        assert server is not None
+        await wait_until(rollout.new, lambda: server.serving, timeout=10)
+        assert server.port == self.port
+        assert self.ready(rollout.new)
+        assert not self.ready(rollout.old)
