@@ -26,6 +26,19 @@ def test_docs_have_the_promised_examples():
     assert kinds.count("DeviceClass") >= 2 and kinds.count("ResourceClaimTemplate") >= 2
 
 
+def test_the_daemonset_example_rolls_with_surge_and_a_readiness_probe():
+    """Surge with a probe of the new pod's own readiness: without one, the new pod
+    counts as ready the moment it starts and the old one is stopped at once."""
+    [ds] = [d for d in examples() if d["kind"] == "DaemonSet"]
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    [c] = ds["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("valueFrom") or e.get("value") for e in c["env"]}
+    assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert env["HETERO_DP_METRICS_ADDRESS"] == f":{ports['metrics']}"
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+
+
 @pytest.mark.parametrize("k8s", ["1.34", "1.35", "1.36", "1.37"])
 def test_doc_examples_validate(k8s):
     for obj in examples():
