@@ -14,7 +14,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hetero_dp.engine.hookrunner import WORKERS, HookRunner, hook_raised, runs_on_loop
+from hetero_dp.engine.hookrunner import (
+    WORKERS,
+    HookRunner,
+    hook_raised,
+    hook_timed_out,
+    runs_on_loop,
+)
 from hetero_dp.engine.workers import PoolExhausted
 from hetero_dp.model.device import Device
 from hetero_dp.model.errors import BackendError
@@ -114,12 +120,7 @@ async def _check_chunk(
             key = batch.devices[index].id
             batch.abandoned = True
             runner.give_up(runner.pool, cf, "check_health", key, started)
-            failed(
-                key,
-                BackendError(
-                    f"backend {name!r} hook check_health for {key} timed out after {limit:g}s"
-                ),
-            )
+            failed(key, BackendError(hook_timed_out(name, "check_health", limit, function, key)))
             devices = batch.devices[index + 1 :]  # the rest go on in another thread
             break
         for device_id, verdict in list(batch.results.items()):

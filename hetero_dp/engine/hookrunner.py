@@ -149,6 +149,15 @@ def defined_at(function: Any) -> str:
         return ""
 
 
+def hook_timed_out(name: str, hook: str, limit: float, function: Any, key: str = "") -> str:
+    """What a hook that passed its timeout is said with: nothing raised, so the place
+    named is where the hook is defined."""
+    where = defined_at(function)
+    at = f" (hook {hook} defined at {where})" if where else ""
+    on = f" for {key}" if key else ""
+    return f"backend {name!r} hook {hook}{on} timed out after {limit:g}s{at}"
+
+
 class HookRunner:
     """Safe calls of one backend's hooks: the worker pools, the timeout, the calls
     given up on (stuck) and the errors a caller can rely on."""
@@ -223,10 +232,11 @@ class HookRunner:
         entry = self._stuck.get((hook, key))
         if entry is None:
             return None
+        where = defined_at(self.hook_function(hook))
         return BackendError(
             f"backend {self.name!r} hook {hook} for {key} has not returned for "
             f"{time.monotonic() - entry[1]:.0f}s (stuck; hookTimeout is {limit:g}s); "
-            "not called again until it returns"
+            "not called again until it returns" + (f" (defined at {where})" if where else "")
         )
 
     def give_up(
@@ -300,9 +310,7 @@ class HookRunner:
                 return await with_timeout(collect(), limit)
             return await self._in_thread(hook, key, limit, kwargs)
         except asyncio.TimeoutError as e:
-            raise BackendError(
-                f"backend {self.name!r} hook {hook} timed out after {limit:g}s"
-            ) from e
+            raise BackendError(hook_timed_out(self.name, hook, limit, function, key or "")) from e
         except (asyncio.CancelledError, BackendError):
             raise
         except AllocationError as e:

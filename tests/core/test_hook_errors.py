@@ -4,12 +4,16 @@ failure that repeats on every poll is logged once, then ever more rarely."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
+from hetero_dp import Device, hookimpl
 from hetero_dp.engine.loading import load_backends
 from hetero_dp.kits.logs import Repeats
 from hetero_dp.model.errors import BackendError
@@ -149,3 +153,51 @@ async def test_a_health_check_failing_on_every_poll_logs_one_error(
         "acme.example.com/npu", lambda d: "npu0" in d and d["npu0"].health == "Unhealthy"
     )
     assert "health register unreadable" in str(daemon.devices("acme.example.com/npu")[0].reason)
+
+
+class HungHealth:
+    """check_health never returns until released: in a worker thread, or on the loop."""
+
+    hetero_dp_name = "hung"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    @hookimpl
+    def discover(self):
+        return [Device("npu0", "acme.example.com/npu")]
+
+    @hookimpl
+    def check_health(self, device):
+        self.release.wait()  # the register read never returns
+        return True
+
+
+class HungAsyncHealth(HungHealth):
+    @hookimpl
+    async def check_health(self, device):
+        await asyncio.Event().wait()
+
+
+@pytest.mark.parametrize("kind", [HungHealth, HungAsyncHealth])
+async def test_a_health_check_hanging_on_every_poll_logs_one_error_naming_the_hook(
+    fake_kubelet, plugin_runner, caplog, kind
+):
+    backend = kind()
+    daemon = await plugin_runner.start(backend, config={"hookTimeout": 0.05})
+    try:
+        with caplog.at_level(logging.DEBUG, logger="hetero_dp"):
+            for _ in range(4):
+                await daemon.poll_health()
+    finally:
+        backend.release.set()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, errors
+    line = inspect.getsourcelines(kind.check_health)[1]
+    assert errors[0] == (
+        "backend 'hung' hook check_health for npu0 timed out after 0.05s "
+        f"(hook check_health defined at {__file__}:{line})"
+    )
+    await fake_kubelet.wait_devices(
+        "acme.example.com/npu", lambda d: "npu0" in d and d["npu0"].health == "Unhealthy"
+    )
