@@ -12,6 +12,8 @@ starts under its securityContext, answers its probes and stops cleanly.
 
 from __future__ import annotations
 
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -76,9 +78,33 @@ def test_udev_pod_starts_answers_its_probes_and_stops_cleanly(
     name = template["spec"]["containers"][0]["name"]
     try:
         wait_http("http://127.0.0.1:9435/healthz")
+        # the readiness probe as the kubelet runs it: its exec command in the container
+        # (the ready file on the pod's emptyDir; no devices here is ready too)
+        probe = template["spec"]["containers"][0]["readinessProbe"]["exec"]["command"]
+        out = exec_until_ok(pod, name, probe)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert out.stdout.strip(), "the ready file holds /readyz's lines"
     except BaseException:
         print(pod.logs(name))
         raise
     took, code = pod.stop(name)
     assert code == 0 and took < pod.grace, (took, code, pod.logs(name))
     assert kubelet.plugin_sockets() == []
+
+
+def exec_until_ok(
+    pod: Pod, container: str, command: list[str], timeout: float = 30.0
+) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` in the container as an exec probe does, every 0.5 s (the probe's
+    own period is 2 s) until it succeeds or ``timeout`` passes; the last result."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = subprocess.run(
+            pod.engine.cmd("exec", pod.container_name(container), *command),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if out.returncode == 0 or time.monotonic() > deadline:
+            return out
+        time.sleep(0.5)  # the probe period (shortened), not a synchronisation
