@@ -42,6 +42,16 @@ def test_project_has_every_file_and_no_template_tags_left(project: Path):
         assert "{{" not in text and "cookiecutter" not in text, name
 
 
+def test_readme_says_how_to_get_hetero_dp_where_no_index_serves_it(project: Path):
+    """The README's "Try it" installs from wheels/ or an index; where neither has
+    hetero-dp (generated from a checkout, no --wheels) it names the step that was
+    printed for that case."""
+    readme = " ".join((project / "README.md").read_text().split())
+    origin = scaffold.Origin("source", Path("PATH/TO/hetero-dp"))
+    printed = [s for s in scaffold.next_steps(project, origin, False) if "pip wheel" in s]
+    assert printed and f"`{printed[0]}`" in readme
+
+
 def test_pyproject_declares_the_entry_point_and_module(project: Path):
     meta = tomllib.loads((project / "pyproject.toml").read_text())
     assert meta["project"]["name"] == "acme-npu-device-plugin"
