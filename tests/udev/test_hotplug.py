@@ -357,3 +357,56 @@ async def test_gaudi_control_node_arriving_late_is_paired(testbed: Testbed, data
             "/dev/accel/accel1",
             "/dev/accel/accel_controlD1",
         ]
+
+
+def _boom(*args: object, **kwargs: object) -> bool:
+    raise RuntimeError("boom")
+
+
+async def test_a_failure_handling_events_is_one_line_and_a_rediscovery(
+    testbed: Testbed,
+    amd: tuple[UdevBackend, Recorder],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue #29: an exception while handling a batch of uevents was asyncio's
+    multi-line traceback per batch and no rediscovery (the hotplug went unseen until the next
+    rediscoverInterval). Now it is one line and a full rediscovery, and the monitor
+    stays on the loop for the next events."""
+    backend, recorder = amd
+    monkeypatch.setattr(backend, "_new_batch", _boom)
+    testbed.add(NEW_GPU)
+    await recorder.next("rediscover")
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert errors  # one line per batch of events (umockdev sends the GPU's in several)
+    for r in errors:
+        assert r.exc_info is None
+        assert r.getMessage() == (
+            "udev monitor: handling events failed (RuntimeError('boom')); rediscovering all"
+        )
+    assert "0000:83:00.0" in {d.id for d in backend.discover()}
+    monkeypatch.undo()
+    recorder.drain()
+    testbed.remove("/sys/devices/pci0000:80/0000:80:01.1/0000:83:00.0")
+    await recorder.next("rediscover")  # still watching
+    assert "0000:83:00.0" not in {d.id for d in backend.discover()}
+
+
+async def test_a_health_check_that_raises_does_not_end_the_rules_timer(
+    testbed: Testbed,
+    gaudi: tuple[UdevBackend, Recorder],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue #29: a health check that raised ended the rule's interval timer in
+    silence (a flip without a uevent was never seen again). Now it logs, asks for a
+    rediscovery and keeps checking."""
+    _, recorder = gaudi
+    monkeypatch.setattr(gaudi[0], "_report", _boom)
+    await recorder.next("rediscover")
+    assert any("health check failed" in r.getMessage() for r in caplog.records)
+    monkeypatch.undo()
+    recorder.drain()
+    testbed.set_attribute(GAUDI_33, "status", "needs reset", event=False)
+    event = await recorder.next("health")  # the timer still runs
+    assert event[1:3] == ("0000:33:00.0", False)
