@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from hetero_dp.allocation.cdi import spec_device_problems
@@ -86,6 +87,7 @@ class Advertiser:
             settings=self.engine.settings_for(name),
             sharing=self.engine.config.sharing,
             cdi_off=self.engine.cdi_off,
+            undefined_cdi=self.undefined_cdi,
         )
         try:
             self.engine.front_end.add_resource(res)
@@ -101,7 +103,7 @@ class Advertiser:
             raise ConfigError(msg, field="resource", source=f"backend {rt.backend.name}")
         log.error(msg)
 
-    async def publish(self, rt: BackendRuntime) -> None:
+    async def publish(self, rt: BackendRuntime, again: bool = True) -> None:
         """Push the backend's effective devices to its resources."""
         # Load new resources' defaults first, then read the devices and update every
         # resource without awaiting: a publish that read them before an await could
@@ -159,11 +161,26 @@ class Advertiser:
                     await result
             except Exception:
                 log.exception("publisher %r failed", publish)
+        cdi = self._cdi()
+        if again and cdi is not None and cdi.failures_changed():
+            # a spec that could not be written (or now could): its devices outside the
+            # file turn Unhealthy (or serve again) at once, not at the next change
+            await self.publish(rt, again=False)
+
+    def _cdi(self) -> CDIPublisher | None:
+        return next((p for p in self.engine.publishers if isinstance(p, CDIPublisher)), None)
+
+    def undefined_cdi(self, names: Sequence[str]) -> list[str]:
+        """The names among ``names`` of a kind whose spec this daemon writes that the
+        spec written does not define (an allocate hook's additions are judged)."""
+        cdi = self._cdi()
+        return cdi.undefined(names) if cdi is not None else []
 
     def _cdi_refusals(self, planned: Plan) -> dict[str, Device]:
         """Devices that cannot be in the CDI spec of a kind their resource delivers by,
-        made Unhealthy with the reason (the spec is written for the others)."""
-        cdi = next((p for p in self.engine.publishers if isinstance(p, CDIPublisher)), None)
+        made Unhealthy with the reason (the spec is written for the others), and those
+        a spec that could not be written leaves without a CDI name."""
+        cdi = self._cdi()
         if cdi is None:
             return {}
         out: dict[str, Device] = {}
@@ -179,6 +196,10 @@ class Advertiser:
                     problems = spec_device_problems(kind, d)
                     if problems:
                         out[d.id] = d.with_health(False, refusal(problems))
+                        continue
+                    unwritten = cdi.unwritten(kind, d.id)
+                    if unwritten and d.healthy:
+                        out[d.id] = d.with_health(False, unwritten)
         return out
 
     async def _refresh_links(self, rt: BackendRuntime) -> None:

@@ -292,7 +292,37 @@ class CDIPublisher:
         self._backends: dict[str, _Backend] = {}  # physical resource -> its backend
         self._edits: dict[str, dict[str, Any]] = {}  # kind -> backends' edits last written
         self._discoveries: dict[str, int] = {}  # backend -> its discovery count last seen
+        # kind -> the device IDs its spec file defines (the last one written), and
+        # kind -> why its newest spec could not be written (retried at every publish):
+        # a device not in the file then has a CDI name that resolves to nothing, and
+        # the daemon makes it Unhealthy (advertising.py) until a write succeeds.
+        self.written: dict[str, frozenset[str]] = {}
+        self.failed: dict[str, str] = {}
+        self._failed_seen: frozenset[str] = frozenset()
         self._lock = asyncio.Lock()
+
+    def unwritten(self, kind: str, device_id: str) -> str | None:
+        """Why ``device_id`` has no CDI name of ``kind`` although it should, or None."""
+        why = self.failed.get(kind)
+        if why is None or device_id in self.written.get(kind, ()):
+            return None
+        return f"CDI spec of {kind} not written: {why}"
+
+    def undefined(self, names: Sequence[str]) -> list[str]:
+        """The CDI names among ``names`` of a kind this daemon writes that its spec
+        does not define (names of other kinds come from other specs: not judged)."""
+        out = []
+        for name in names:
+            kind, _, device = name.partition("=")
+            if kind in self._devices and device not in self.written.get(kind, ()):
+                out.append(name)
+        return out
+
+    def failures_changed(self) -> bool:
+        """Whether the kinds whose spec could not be written changed since last asked."""
+        now = frozenset(self.failed)
+        changed, self._failed_seen = now != self._failed_seen, now
+        return changed
 
     def remove_specs(self) -> None:
         """Remove every spec this publisher wrote (it is being replaced)."""
@@ -345,6 +375,7 @@ class CDIPublisher:
             touched = {k for k, per in self._devices.items() if ours & set(per)}
         else:
             touched = set()
+        changed |= set(self.failed) & set(self._devices)  # tried again
         async with self._lock:
             if (changed or touched) and self.check_first:
                 try:
@@ -352,6 +383,8 @@ class CDIPublisher:
                 except ConfigError as e:
                     self.unusable = e  # at start-up the daemon exits with it (exit 2)
                     log.error("CDI specs not written: %s", e)
+                    for kind in changed | touched:
+                        self.failed[kind] = e.reason
                     return  # checked again at the next change
                 self.unusable = None
                 self.check_first = False
@@ -359,8 +392,9 @@ class CDIPublisher:
                 per_resource = self._devices.get(kind, {})
                 devices = [d for ds in per_resource.values() for d in ds]
                 extra = await self._extra_edits(kind, per_resource) if devices else {}
-                if extra is None:
-                    continue  # a backend failed: the previous spec stays
+                if extra is None:  # a backend failed: the previous spec stays
+                    self.failed[kind] = "a backend's cdi_spec_edits failed (see the log)"
+                    continue
                 if kind not in changed and self._edits.get(kind) == extra:
                     continue
                 self._edits[kind] = extra
@@ -404,7 +438,10 @@ class CDIPublisher:
                 e,
                 extra={"kind": kind, "devices": [d.id for d in devices]},
             )
+            self.failed[kind] = str(e)
             return
+        self.written[kind] = frozenset(d.id for d in devices)
+        self.failed.pop(kind, None)
         log.info(
             "CDI spec of %s: %s",
             kind,

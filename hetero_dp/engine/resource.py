@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hetero_dp.allocation.allocate import build_response, show_ids, validate_ids
@@ -35,8 +35,11 @@ class Resource:
         settings: Mapping[str, Any] | None = None,
         sharing: SharingConfig | None = None,
         cdi_off: str | None = None,
+        undefined_cdi: Callable[[Sequence[str]], list[str]] | None = None,
     ) -> None:
         self.name = name
+        # the CDI names of the daemon's own kinds no spec written defines
+        self.undefined_cdi = undefined_cdi
         self.backend = backend  # (whether it has an allocate hook: known from here on)
         # why the node's container runtime cannot consume CDI (None: it can, or unknown)
         self.cdi_off = cdi_off
@@ -189,6 +192,12 @@ class Resource:
         # Nodes the default holds were judged (lstat/realpath) when it was built, once
         # per state generation, not on every call.
         problems = response_problems(response, passed=default if clean else None)
+        if self.undefined_cdi is not None and response.cdi_devices != default.cdi_devices:
+            added = [n for n in response.cdi_devices if n not in default.cdi_devices]
+            problems += [
+                f"cdiDevices: {n!r} is defined by no CDI spec written"
+                for n in self.undefined_cdi(added)
+            ]
         if problems:
             log.error(
                 "Allocate of %s refused by the container gate: %s",

@@ -245,6 +245,74 @@ async def test_one_device_unfit_for_cdi_leaves_the_spec_to_the_others(
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
+async def test_devices_a_failed_spec_write_leaves_without_a_name_are_unhealthy_until_it_works(
+    fake_kubelet, plugin_runner, cdi_dir, monkeypatch
+):
+    """Issue #29, 'no Allocate ever returns a CDI name that no spec defines': a spec
+    write that failed after start-up (a full disk, a dir made read-only) kept the
+    previous file while a new device served Healthy under a CDI name that file does
+    not define. Now that device is Unhealthy with the reason, the others (in the
+    file) serve, and the write is tried again at each publish."""
+    import grpc
+
+    from hetero_dp.engine.cdi_publisher import CDIPublisher
+
+    backend = Acme(2)
+    daemon = await start(plugin_runner, backend, cdi_dir, {"deliver": ["cdi-cri"]})
+    await fake_kubelet.wait_devices(RES, lambda d: len(d) == 2)
+    (cdi,) = [p for p in daemon.publishers if isinstance(p, CDIPublisher)]
+
+    def full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cdi.writer, "write_spec", full)
+    backend.devices = make_devices(3)
+    await daemon.rediscover()
+    # (advertised first, then made Unhealthy once the write failed)
+    devices = await fake_kubelet.wait_devices(
+        RES, lambda d: "accel2" in d and not d["accel2"].healthy
+    )
+    assert devices["accel0"].healthy and devices["accel1"].healthy
+    reason = daemon.resources[RES].state.get("accel2").reason
+    assert "CDI spec of acme.com/accel not written" in reason and "No space" in reason
+    assert spec_names(cdi_dir) == ["accel0", "accel1"]
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await fake_kubelet.allocate(RES, ["accel2"])
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    resolve(cdi_dir, (await fake_kubelet.allocate(RES, ["accel1"])).cdi_devices[0].name)
+    monkeypatch.undo()
+    await daemon.rediscover()  # any publish tries the write again
+    devices = await fake_kubelet.wait_devices(RES, lambda d: d["accel2"].healthy)
+    assert spec_names(cdi_dir) == ["accel0", "accel1", "accel2"]
+    resolve(cdi_dir, (await fake_kubelet.allocate(RES, ["accel2"])).cdi_devices[0].name)
+
+
+async def test_cdi_names_an_allocate_hook_adds_of_our_kinds_must_be_in_our_spec(
+    fake_kubelet, plugin_runner, cdi_dir
+):
+    """What an allocate hook adds to cdiDevices under a kind this daemon writes must
+    be a device of that spec; names of other kinds (another tool's spec, such as a
+    vendor's own `vendor.com/gpu=all`) are not the daemon's to judge."""
+    import grpc
+
+    class Adding(Acme):
+        @hookimpl
+        def allocate(self, devices: list[Device], response: Any) -> None:
+            if devices[0].id == "accel0":
+                response.cdi_devices.append(f"{RES}=ghost")
+            else:
+                response.cdi_devices.append("other.example.com/x=all")
+
+    await start(plugin_runner, Adding(2), cdi_dir, {"deliver": ["cdi-cri"]})
+    await fake_kubelet.wait_devices(RES, lambda d: len(d) == 2)
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await fake_kubelet.allocate(RES, ["accel0"])
+    assert e.value.code() == grpc.StatusCode.INTERNAL
+    assert "'acme.com/accel=ghost' is defined by no CDI spec written" in (e.value.details() or "")
+    r = await fake_kubelet.allocate(RES, ["accel1"])
+    assert [c.name for c in r.cdi_devices] == [f"{RES}=accel1", "other.example.com/x=all"]
+
+
 @pytest.mark.parametrize("where", ["file", "proc"])
 async def test_an_unusable_cdi_dir_is_a_start_up_error_when_specs_are_needed(
     plugin_runner, tmp_path, where
