@@ -9,8 +9,10 @@ a line of a million characters.
 
 The text format escapes control characters (``\\n``, ``\\x00``, ``\\x1b``) in the
 message and in every field: a device ID with a newline in a request must not forge
-a log line, nor an escape sequence drive the reader's terminal. JSON escapes them
-by its own rules.
+a log line, nor an escape sequence drive the reader's terminal. A traceback keeps
+its lines, each indented (a log line starts at column 0 with its time, so an
+exception's message that holds a line break cannot pass for one) and escaped. JSON
+escapes them by its own rules.
 """
 
 from __future__ import annotations
@@ -132,7 +134,8 @@ class TextFormatter(logging.Formatter):
         )
         line = f"{base}  [{extras}]" if extras else base
         if record.exc_info:
-            line += "\n" + clip_traceback(self.formatException(record.exc_info))
+            text = clip_traceback(self.formatException(record.exc_info))
+            line += "".join(f"\n  {escape(part)}" for part in text.split("\n"))
         return line
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 
+import pytest
+
 from hetero_dp.kits.logs import JsonFormatter, TextFormatter
 from tests.core.scripted import Scripted, make_devices
 
@@ -99,3 +101,25 @@ def test_a_long_message_field_and_traceback_are_clipped():
         assert "more characters" in line
     assert "devices=a,b" in TextFormatter().format(record)  # a short list shown whole
     assert "ValueError" in TextFormatter().format(record)  # the traceback's end is kept
+
+
+@pytest.mark.parametrize("sep", ["\n", "\r\n", "\u2028", "\x85"])
+def test_an_exception_message_with_a_line_break_cannot_forge_a_log_line(sep):
+    """Issue #29: the text log escapes the message and fields, but a traceback kept
+    its lines raw, so an exception whose text holds a requested ID such as
+    'dev0<newline>12:00:00 INFO forged' wrote a line of its own at column 0 (a Unicode
+    line separator too: the traceback's lines were split with splitlines). Every
+    traceback line is now indented and escaped."""
+    try:
+        raise ValueError(f"dev0{sep}12:00:00 INFO    forged\x1b[2J")
+    except ValueError:
+        import sys
+
+        exc = sys.exc_info()
+    record = logging.LogRecord("t", logging.ERROR, __file__, 1, "Allocate failed", (), exc)
+    text = TextFormatter().format(record)
+    first, *rest = text.split("\n")
+    assert first.endswith("Allocate failed") and rest
+    assert all(line.startswith("  ") for line in rest), rest
+    assert "\x1b" not in text and "\r" not in text and "\u2028" not in text
+    assert "ValueError: dev0" in text and "forged" in text  # nothing of it is lost
