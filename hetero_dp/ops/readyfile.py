@@ -52,7 +52,7 @@ class ReadyFile:
         wake = self._wake = asyncio.Event()
 
         def on_event(event: str, fields: dict[str, Any]) -> None:
-            if event in EVENTS:
+            if event in EVENTS and not loop.is_closed():  # a loop gone without stop()
                 loop.call_soon_threadsafe(wake.set)
 
         self._unsubscribe = observe.subscribe(on_event)
