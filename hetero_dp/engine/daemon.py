@@ -25,6 +25,7 @@ import contextlib
 import functools
 import logging
 import signal
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -205,12 +206,26 @@ class Daemon:
         while True:
             await wait_event(rt.rediscover_wanted, interval)
             rt.rediscover_wanted.clear()
-            await self.rediscover(rt.backend.name)
+            await self._surviving(
+                f"rediscovery of {rt.backend.name}", self.rediscover(rt.backend.name)
+            )
 
     async def _health_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.health_interval)  # the poll period, not a sync
-            await self.poll_health()
+            await self._surviving("health poll", self.poll_health())
+
+    async def _surviving(self, what: str, work: Coroutine[Any, Any, None]) -> None:
+        """Run one round of a loop; an exception is logged (as a failing hook is, not
+        on every round) and the loop goes on: a loop that ended would leave devices
+        unpolled, or the device set unfollowed, in silence."""
+        try:
+            await work
+        except Exception as e:
+            show, left_out = self._repeats.check(("loop", what, repr(e)))
+            if show:
+                more = f" ({left_out} repeats not logged)" if left_out else ""
+                log.error("%s failed, tried again next round%s", what, more, exc_info=e)
 
     async def poll_health(self) -> None:
         """Run every backend's check_health over its devices once, concurrently."""
