@@ -86,7 +86,7 @@ demo: $(DEMO)
 # The whole suite: about 14 minutes on a 2-core machine. -rs names each skipped test's
 # reason (a missing umockdev, helm, container engine); the coverage table comes whole.
 test: system-deps $(DEV)
-	@echo "make: the whole suite takes about 14 minutes; one directory: $(PYTHON) -m pytest -q tests/core"
+	@echo "make: the whole suite takes about 14 minutes; one directory: $(PYTHON) -m pytest -q -rs tests/core"
 	$(PYTHON) -m coverage run --source=hetero_dp -m pytest -q -rs
 	$(PYTHON) -m coverage report --skip-covered --omit='hetero_dp/api/*'
 
@@ -136,7 +136,7 @@ tools: $(NEED_VENV)
 
 # Lint every Dockerfile; lint, render and validate every chart and manifest.
 deploy-check: $(DEV)
-	$(PYTHON) -m pytest -q tests/deploy
+	$(PYTHON) -m pytest -q -rs tests/deploy
 
 # Debian's podman, buildah, runc and mmdebstrap (the stand-in base image): what
 # `make images` and the deployment suite run. Installed as root where apt is, else named.

@@ -131,6 +131,15 @@ def test_make_test_names_skip_reasons_and_shows_the_whole_coverage_table():
     assert "about 14 minutes" in out
 
 
+def test_every_target_that_runs_pytest_names_skip_reasons():
+    """A skipped test says why (a missing helm, umockdev, container engine) wherever
+    make runs pytest, not only in `make test`."""
+    text = (ROOT / "Makefile").read_text()
+    runs = [ln for ln in text.splitlines() if "-m pytest" in ln and not ln.startswith("#")]
+    assert len(runs) >= 3, runs
+    assert [ln for ln in runs if " -rs" not in ln] == []
+
+
 def test_the_docs_say_what_each_target_installs():
     table = (ROOT / "docs" / "install.md").read_text().split("## Make targets", 1)[1]
     for target in phony_targets():
