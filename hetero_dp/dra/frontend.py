@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hetero_dp.allocation.cdi import merge_edits
+from hetero_dp.allocation.gate import device_problems
 from hetero_dp.allocation.sharing import advertise
 from hetero_dp.dra.driver import (
     DEFAULT_PLUGINS_DIR,
@@ -181,6 +182,11 @@ class DRAFrontEnd(Attached):
                 f"partition {p.id} has resource {p.resource}, its parent {parent.id} "
                 f"{parent.resource}: a partition is published in its parent's pool"
             )
+        problems = device_problems(p, rt.fake_node_roots)
+        if problems:  # the container gate, as for discovered records
+            return f"partition {p.id} holds what may not go into a container: " + "; ".join(
+                problems[:3]
+            )
         return ""
 
     def _owned(self, rt: BackendRuntime, device_id: str) -> bool:
@@ -227,7 +233,16 @@ class DRAFrontEnd(Attached):
                 )
             except BackendError as e:
                 raise ClaimError(str(e)) from None
-            out.extend(mine if result is None else list(result))
+            returned = mine if result is None else list(result)
+            for d in returned:  # the container gate, for what the hook changed
+                if isinstance(d, Device) and not any(d is m for m in mine):
+                    problems = device_problems(d, rt.fake_node_roots)
+                    if problems:
+                        raise ClaimError(
+                            f"backend {rt.backend.name}: the prepare hook returned {d.id} "
+                            f"with what may not go into a container: {'; '.join(problems[:3])}"
+                        )
+            out.extend(returned)
         return out
 
     async def _spec_edits_hook(self, kind: str, devices: list[Device]) -> dict[str, Any]:

@@ -114,6 +114,31 @@ async def test_partitions_follow_their_parents_health(dra, kubelet):
         await dra.stop_all()
 
 
+async def test_a_partition_the_container_gate_refuses_is_left_out_and_logged(dra, kubelet, caplog):
+    """Issue #29, one gate for everything a backend puts into a container: the
+    partitions hook's records were published (and prepared into CDI specs) without
+    the check every discovered record passes."""
+    with FakeAPIServer(features=("DRAPartitionableDevices",)) as server:
+        dra.api = server
+        backend = Carving()
+        backend.extra = [
+            Device(
+                id=f"{CARD}-evil",
+                resource=backend.devices[0].resource,
+                parent=CARD,
+                consumes={"core-0": 1},
+                nodes=(DeviceNode("/etc/shadow", "/dev/npu0"),),
+            )
+        ]
+        with caplog.at_level(logging.ERROR, logger="hetero_dp.dra"):
+            await dra.start(backend)
+        devices = server.devices_of(DRIVER)
+        assert len(devices) == 7 and device_name(f"{CARD}-evil") not in devices
+        assert f"partition {CARD}-evil holds what may not go into a container" in caplog.text
+        assert "nodes[0]: hostPath '/etc/shadow' is not under /dev" in caplog.text
+        await dra.stop_all()
+
+
 async def test_without_the_gate_declared_partitions_are_left_out_and_the_log_says_so(
     dra, api_server, caplog
 ):

@@ -100,3 +100,37 @@ async def test_config_for_other_drivers_is_not_passed(dra, kubelet, api_server):
     await kubelet.node_prepare(DRIVER, [ClaimRef.of(claim)])
     [(_, _, config)] = backend.calls
     assert config == []
+
+
+class Hostile(Configurable):
+    """Hands a claim's container a host file, a loader variable and the host's root."""
+
+    @hookimpl
+    def prepare(
+        self, claim: dict[str, str], devices: list[Device], config: list[dict[str, Any]]
+    ) -> list[Device]:
+        from hetero_dp import DeviceNode, Mount
+
+        return [
+            dataclasses.replace(
+                d,
+                nodes=(*d.nodes, DeviceNode("/etc/shadow", "/dev/shadow")),
+                env={**d.env, "LD_PRELOAD": "/host/evil.so"},
+                mounts=(Mount("/", "/host", read_only=False),),
+            )
+            for d in devices
+        ]
+
+
+async def test_what_the_prepare_hook_returns_passes_the_container_gate(dra, kubelet, api_server):
+    """Issue #29, one gate whatever the delivery: the records a DRA prepare hook
+    returned went into the claim's CDI spec unchecked (a device-plugin Allocate hook's
+    answer was judged). The claim now fails naming the fields, and no spec is written."""
+    await dra.start(Hostile())
+    await kubelet.wait_registered(DRIVER)
+    claim = api_server.add_claim(make_claim("c", [("npu", N0)], driver=DRIVER, pool="node-a"))
+    response = await kubelet.node_prepare(DRIVER, [ClaimRef.of(claim)])
+    error = response.claims[claim["metadata"]["uid"]].error
+    assert "may not go into a container" in error
+    assert "/etc/shadow" in error and "mounts[0]" in error and "LD_PRELOAD" in error
+    assert not list(dra.cdi_dir.glob("*.json"))
