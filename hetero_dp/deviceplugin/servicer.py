@@ -96,14 +96,12 @@ def _counted(method: _Call) -> _Call:
     would cancel them)."""
 
     async def counted(self: DevicePluginServicer, request: Any, context: Any) -> Any:
-        self.calls_in_flight += 1
-        self.idle.clear()
+        tracked = self.call_started(context)
         try:
             return await method(self, request, context)
         finally:
-            self.calls_in_flight -= 1
-            if self.calls_in_flight == 0:
-                self.idle.set()
+            if not tracked:
+                self.call_ended()
 
     counted.__name__ = method.__name__
     counted.__doc__ = method.__doc__
@@ -202,16 +200,34 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         # _answer or closure: two coroutine frames per call, not four); it counts itself
         # as _counted does and _allocate answers as _answer does.
         res = self.resource
-        self.calls_in_flight += 1
-        self.idle.clear()
+        tracked = self.call_started(context)
         try:
             if isinstance(request, Undecodable):
                 await refuse_undecodable(request, "Allocate", res.name, context)
             return await self._allocate(request, context)
         finally:
-            self.calls_in_flight -= 1
-            if self.calls_in_flight == 0:
-                self.idle.set()
+            if not tracked:
+                self.call_ended()
+
+    def call_started(self, context: Any) -> bool:
+        """Count a call in flight until its RPC has ended, its answer sent (gRPC's done
+        callback: after the status went out, also on abort, error or cancel), not only
+        until the handler returned: a stop that ended the streams in between had
+        kubelet 1.32 close the connection under an answer not yet written (the call
+        cancelled, seen under load). True when the context tracks it; else (a context
+        without callbacks, e.g. a benchmark's direct call) the caller ends it."""
+        self.calls_in_flight += 1
+        self.idle.clear()
+        add = getattr(context, "add_done_callback", None)
+        if add is None:
+            return False
+        add(lambda _ctx: self.call_ended())
+        return True
+
+    def call_ended(self) -> None:
+        self.calls_in_flight -= 1
+        if self.calls_in_flight == 0:
+            self.idle.set()
 
     async def _allocate(
         self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext

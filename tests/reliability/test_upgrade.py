@@ -155,3 +155,44 @@ async def test_a_stop_lets_an_allocate_in_flight_finish_before_ending_the_stream
     # the kubelet's side reads the stream's end after the plugin's stop returns
     res = fake_kubelet.resources["example.com/slow"]
     await fake_kubelet.wait_for(lambda: not res.stream_open, 10)
+
+
+class Context:
+    """A servicer context that ends its RPC when told (gRPC calls the done callbacks
+    once the status is sent, also after an abort, an error or a cancel)."""
+
+    def __init__(self) -> None:
+        self.callbacks: list = []
+
+    def add_done_callback(self, callback) -> None:
+        self.callbacks.append(callback)
+
+    def end(self) -> None:
+        for callback in self.callbacks:
+            callback(self)
+
+
+async def test_a_call_is_in_flight_until_its_answer_is_sent(fake_kubelet, plugin_runner):
+    """A stop ends the streams once no call is in flight; a call counted only until its
+    handler returned left a window in which the streams ended before the answer was
+    written, and kubelet 1.32, closing its connection at the stream's end, cancelled
+    the call (seen under load in the test above)."""
+    from hetero_dp.api import deviceplugin_v1beta1_pb2 as pb
+    from hetero_dp.deviceplugin.servicer import DevicePluginServicer
+
+    daemon = await plugin_runner.start(simulated(), options={"simulated": {"count": 1}})
+    await fake_kubelet.wait_registered(SIM)
+    servicer = DevicePluginServicer(daemon.front_end.endpoints[SIM].resource)
+    request = pb.AllocateRequest(
+        container_requests=[pb.ContainerAllocateRequest(devices_ids=["sim0"])]
+    )
+    context = Context()
+    answer = await servicer.Allocate(request, context)
+    assert answer.container_responses
+    # the handler has returned; the answer is not out yet
+    assert servicer.calls_in_flight == 1 and not servicer.idle.is_set()
+    context.end()
+    assert servicer.calls_in_flight == 0 and servicer.idle.is_set()
+    # a context that cannot say when its RPC ends (a direct call): done at return
+    await servicer.Allocate(request, None)
+    assert servicer.calls_in_flight == 0 and servicer.idle.is_set()
