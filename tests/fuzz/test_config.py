@@ -122,3 +122,36 @@ async def test_hostile_nvidia_options_name_the_file_and_the_field_as_written(
             await b.configure_from(cfg)
     assert str(path) in str(err.value)
     assert err.value.field.startswith(field), err.value.field
+
+
+CLI_COUNT = 8
+
+
+def test_fuzzed_configs_through_the_cli_exit_0_or_2_naming_the_file(
+    tmp_path: Path, cli_env, hetero_dp_cmd
+):
+    """The same documents through ``hetero-dp list simulated --config FILE``, as a
+    user runs it: exit 0, or exit 2 with one message naming the file; never a
+    traceback or another code; within a bound. A few only (one process each)."""
+    import subprocess
+
+    rng = random.Random(2929)
+    codes = set()
+    for i in range(CLI_COUNT):
+        path = tmp_path / f"config{i}.yaml"
+        path.write_text(yaml.safe_dump(_document(rng)))
+        proc = subprocess.run(
+            [*hetero_dp_cmd, "list", "simulated", "--config", str(path)],
+            capture_output=True,
+            text=True,
+            env=cli_env,
+            timeout=60,
+        )
+        codes.add(proc.returncode)
+        assert proc.returncode in (0, 2), proc.stderr
+        assert "Traceback" not in proc.stderr, proc.stderr
+        if proc.returncode == 2:
+            assert proc.stderr.startswith(f"hetero-dp: configuration error: {path}, field "), (
+                proc.stderr
+            )
+    assert 2 in codes  # the documents are hostile enough to be refused
