@@ -150,3 +150,22 @@ def test_a_write_answered_after_a_later_delete_was_watched_is_not_laid_over_it()
     # an answer that arrives before its event is still laid over the old state
     cache.wrote({"metadata": {"name": "s-1", "resourceVersion": "6"}, "spec": {}})
     assert list(cache.view()) == ["s-1"]
+
+
+async def test_many_waits_on_the_stand_in_do_not_hold_back_the_daemons_syncs(dra, api_server):
+    """FakeAPIServer.wait_for blocks a thread of its own: waits run in the loop's default
+    executor took every worker (``min(32, cores + 4)``) when more nodes than that were
+    waited on at once, and the syncs the waits were for queued behind them (bench_fleet
+    with 8 nodes timed out in its churn phase on a two-core machine)."""
+    daemon = await dra.start(Npus(2))
+    await api_server.wait_for(lambda: api_server.watches >= 1)
+    waits = [
+        asyncio.create_task(
+            api_server.wait_for(lambda: len(api_server.devices_of(DRIVER)) == 1, timeout=10)
+        )
+        for _ in range(40)  # more than any default executor has workers
+    ]
+    await asyncio.sleep(0)  # every wait has started its thread
+    daemon.set_health("npus", "NPU-0000", False, "XID 79")  # the sync runs in the executor
+    await asyncio.gather(*waits)
+    assert len(api_server.devices_of(DRIVER)) == 1

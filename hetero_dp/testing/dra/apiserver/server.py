@@ -1,7 +1,7 @@
 """The stand-in for the API server DRA mode talks to: :class:`FakeAPIServer`.
 
-A **stand-in**, not an API server: a small real HTTP server (so the official
-``kubernetes`` client talks to it over the wire), composed of the pieces in this
+A **stand-in**, not an API server: a small real HTTP server (so the driver's
+client talks to it over the wire), composed of the pieces in this
 package: the routes and handler (:mod:`.transport`), the objects with their
 resourceVersions and watch cache (:mod:`.store`), slice validation and storage form
 (:mod:`.schema`) and the watch streams (:mod:`.watch`). :meth:`FakeAPIServer.serve`
@@ -17,7 +17,6 @@ and reason.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler
@@ -31,6 +30,7 @@ from hetero_dp.testing.dra.apiserver.schema import SCHEMA_VERSION
 from hetero_dp.testing.dra.apiserver.store import ObjectStore
 from hetero_dp.testing.dra.apiserver.transport import HTTPTransport, answer, route
 from hetero_dp.testing.dra.apiserver.watch import Serving, WatchStreams
+from hetero_dp.testing.waiting import wait_on
 
 
 class FakeAPIServer:
@@ -291,13 +291,9 @@ class FakeAPIServer:
         return self.log.verbs(since)
 
     async def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-        """Wait until ``predicate()`` holds, re-checked on every request and change."""
-
-        def wait() -> bool:
-            with self._cond:
-                return self._cond.wait_for(predicate, timeout)
-
-        if not await asyncio.to_thread(wait):
+        """Wait until ``predicate()`` holds, re-checked on every request and change (in a
+        thread of its own: :func:`~hetero_dp.testing.waiting.wait_on`)."""
+        if not await wait_on(self._cond, predicate, timeout):
             raise TimeoutError(f"condition not met within {timeout}s")
 
     # request handling (runs in the HTTP server's threads)
