@@ -44,3 +44,46 @@ async def test_flip_every_set_by_a_reload_flips_and_zero_stops_it_healthy(dra, a
     for _ in range(3):
         await daemon.poll_health()
     assert len(api_server.writes()) == flips
+
+
+async def test_resource_resources_and_numa_nodes_take_effect_on_reload(dra, api_server):
+    """The other options, each set by a reload: ``numaNodes`` re-renders the devices'
+    NUMA attribute, ``resource`` publishes under the new driver (the old pool is left
+    with no devices), ``resources`` publishes ``count`` devices under each name."""
+    from hetero_dp_simulated.backend import SimulatedBackend
+
+    daemon = await dra.start(SimulatedBackend(), options={"simulated": {"count": 4}})
+
+    def numa(driver: str) -> dict[str, int | None]:
+        return {
+            name: (d.get("attributes") or {}).get("numaNode", {}).get("int")
+            for name, d in api_server.devices_of(driver).items()
+        }
+
+    sim2 = device_name("sim2")
+    await api_server.wait_for(lambda: numa(SIM_DRIVER).get(sim2) == 1)  # boards over 2 nodes
+
+    async def reload(options: dict[str, object]) -> None:
+        raw = dict(daemon.config.raw)
+        raw["backends"] = {"simulated": options}
+        summary = await daemon.apply_config(load_config(raw=raw, env={}))
+        assert summary == {"restarted": [], "reconfigured": ["simulated"]}
+
+    await reload({"count": 4, "numaNodes": 1})
+    await api_server.wait_for(lambda: set(numa(SIM_DRIVER).values()) == {0})
+    await reload({"count": 4, "numaNodes": 0})
+    await api_server.wait_for(lambda: set(numa(SIM_DRIVER).values()) == {None})
+
+    await reload({"count": 2, "resource": "example.com/other"})
+    other = "other.example.com"
+    await api_server.wait_for(lambda: len(api_server.devices_of(other)) == 2)
+    await api_server.wait_for(lambda: api_server.devices_of(SIM_DRIVER) == {})
+
+    await reload({"count": 1, "resources": ["example.com/x", "example.com/y"]})
+    await api_server.wait_for(
+        lambda: (
+            len(api_server.devices_of("x.example.com")) == 1
+            and len(api_server.devices_of("y.example.com")) == 1
+            and api_server.devices_of(other) == {}
+        )
+    )

@@ -94,6 +94,27 @@ async def test_reload_with_changed_backend_options_rediscovers_without_restart(
     assert len(fake_kubelet.resources[SIM].devices) == 5
 
 
+async def test_reload_of_the_simulated_resource_and_numa_nodes_takes_effect(
+    fake_kubelet, plugin_runner
+):
+    """Issue 31 point 6 in device-plugin mode: ``numaNodes`` and ``resource`` set by a
+    reload are served without a restart (the old resource is left with no devices)."""
+    doc = base_doc(fake_kubelet, backends={"simulated": {"count": 4}})
+    del doc["resources"]
+    daemon = await plugin_runner.start(SimulatedBackend(), config=doc)
+    await fake_kubelet.wait_devices(SIM, lambda d: d["sim2"].numa_nodes == (1,))
+
+    doc["backends"]["simulated"]["numaNodes"] = 0
+    await daemon.apply_config(load_config(raw=doc, env={}))
+    await fake_kubelet.wait_devices(SIM, lambda d: all(x.numa_nodes == () for x in d.values()))
+
+    doc["backends"]["simulated"]["resource"] = A
+    summary = await daemon.apply_config(load_config(raw=doc, env={}))
+    assert summary == {"restarted": [], "reconfigured": ["simulated"]}
+    await fake_kubelet.wait_devices(A, lambda d: len(d) == 4)
+    await fake_kubelet.wait_devices(SIM, lambda d: len(d) == 0)
+
+
 async def test_socket_settings_cannot_change_while_running(fake_kubelet, plugin_runner):
     doc = base_doc(fake_kubelet)
     _, daemon = await start_two(fake_kubelet, plugin_runner, doc)
