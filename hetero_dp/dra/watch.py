@@ -60,11 +60,35 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT = 30
 EARLY = 0.9  # a stream that ended before this share of its time was ended by the server
 MAX_BACKOFF = 5.0  # the cap also bounds how long after an outage a driver looks again
+# a stream resumed after a failure that brought no ERROR within this many seconds is
+# taken as good, and the pool is compared (see SliceWatch._watch_once)
+SETTLE = 0.2
 
 
 def _meta(obj: dict[str, Any]) -> dict[str, Any]:
     meta = obj.get("metadata")
     return meta if isinstance(meta, dict) else {}
+
+
+class _Once:
+    """Calls ``fn`` the first time it is called (from any thread), never after
+    :meth:`cancel`."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self._fn = fn
+        self._lock = threading.Lock()
+        self._done = False
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._done = True
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        self._fn()
 
 
 class SliceCache:
@@ -236,11 +260,12 @@ class SliceWatch:
                         need_list = True
                     asked = True
                 ask = False
+                listed = need_list
                 if need_list:
                     self._list()
                     need_list = False
                     failed = True  # the cache was replaced: sync against it
-                full = self._watch_once(failed)
+                full = self._watch_once(failed, listed=listed)
                 ask, asked = not full, False
                 failed = False
                 self.backoff.reset()
@@ -284,25 +309,48 @@ class SliceWatch:
                 log.debug("DRA driver %s: watch stream ended: %r", self.driver, e)
                 self._stop.wait(self.backoff.next())
 
-    def _watch_once(self, resync: bool) -> bool:
+    def _watch_once(self, resync: bool, *, listed: bool = False) -> bool:
         """One stream, read to its end; True when it ran its full time (the server
-        ended it at ``timeoutSeconds``), False when it ended early."""
+        ended it at ``timeoutSeconds``), False when it ended early.
+
+        ``resync``: the first stream after a list or a failure, so the pool is
+        compared once. Right after a LIST that is at once. A stream *resumed* after a
+        failure may be refused by its first line (an ``ERROR`` event: 410 after an API
+        server restart), and a sync asked before it would compare with the cache from
+        before the outage or LIST beside the relist that follows the 410 (two LISTs
+        per node as the server comes back): it is asked with the first event, when
+        the stream ends, or after :data:`SETTLE` seconds of quiet, whichever is first."""
         timeout = int(self.timeout_seconds * (1.0 + self.rand()))
         started = time.monotonic()
         stream = self.api.watch_slices(self.driver, self.node, self.cache.resource_version, timeout)
         self._stream = stream
         self.opened += 1
+        ask = _Once(lambda: self.on_change("watch (re)opened"))
+        settle: threading.Timer | None = None
         try:
             if self._stop.is_set():
                 return True
             self.cache.live = True
-            if resync:  # first stream after a list or a failure: compare once
-                self.on_change("watch (re)opened")
+            if resync and listed:  # the cache was just listed: compare once, now
+                ask()
+            elif resync:
+                settle = threading.Timer(SETTLE, ask)
+                settle.daemon = True
+                settle.start()
             for line in stream.lines():
-                self._handle(json.loads(line))
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    ask.cancel()  # the stream is refused: what follows syncs
+                self._handle(event)
+                if resync:
+                    ask()
                 if self._stop.is_set():
                     break
+            if resync and not self._stop.is_set():
+                ask()  # ended with no event: the stream was good
         finally:
+            if settle is not None:
+                settle.cancel()
             self._stream = None
             with contextlib.suppress(Exception):
                 stream.close()

@@ -169,3 +169,35 @@ async def test_many_waits_on_the_stand_in_do_not_hold_back_the_daemons_syncs(dra
     daemon.set_health("npus", "NPU-0000", False, "XID 79")  # the sync runs in the executor
     await asyncio.gather(*waits)
     assert len(api_server.devices_of(DRIVER)) == 1
+
+
+async def test_a_watch_resumed_into_a_410_asks_no_sync_before_it_relists(api_server):
+    """After an API server restart the watch resumes from its old resourceVersion and
+    the server refuses it with an ERROR event (410). A sync asked when that stream
+    opened compared with the cache from before the outage, or LISTed beside the
+    relist that follows (two LISTs per node as the server comes back, measured by
+    bench_fleet): every sync is now asked after the relist."""
+    api = ResourceAPI(api_server.client(), "v1")
+    cache = SliceCache()
+    cache.watched = True
+    asked: list[tuple[str, int]] = []  # (why, LISTs into the cache so far)
+    items, rv = api.list_slices_rv(DRIVER, "node-a")
+    cache.replace(items, rv)
+    watch = SliceWatch(
+        api,
+        DRIVER,
+        "node-a",
+        on_change=lambda why: asked.append((why, cache.lists)),
+        cache=cache,
+    )
+    watch.start()
+    try:
+        await api_server.wait_for(lambda: api_server.watches >= 1)
+        api_server.stop()
+        api_server.start()  # the history starts over: the old resourceVersion is too old
+        await api_server.wait_for(lambda: watch.relists >= 1 and api_server.watches >= 1)
+        await api_server.wait_for(lambda: bool(asked), timeout=5)
+    finally:
+        watch.stop()
+        assert await asyncio.to_thread(watch.join, 5)
+    assert asked and all(lists >= 2 for _, lists in asked), asked
