@@ -7,16 +7,19 @@ request by verb. Before each daemon starts, the per-process caches (served
 version, feature probe) are dropped, so each node counts as its own process.
 
 - **start**: requests per node from start to the pool on the server.
-- **idle**: periodic checks every second (30 s in production) and a rediscovery
-  per node every second (60 s in production): LISTs and writes per node. Goal:
+- **idle**: a periodic check (every 30 s in production) and a rediscovery (every
+  60 s) per node every second, run by the benchmark: LISTs and writes per node. Goal:
   0 LISTs (the watch keeps the cache; its re-opens every 30-60 s, one WATCH
   each, are not in the window).
 - **churn**: health changes on every node, each one write: LISTs per write.
   Goal: at most 0.25.
 - **restart**: the server stops, the nodes' pools are lost (an etcd restore,
-  ``FakeAPIServer.lose``), the server starts again: time until every pool is
-  back (goal: 2 s after the server answers), and connection attempts per try
-  while it is down (goal 1: no library retries under our own).
+  ``FakeAPIServer.lose``), the server starts again, after a short outage and
+  after one long enough for every back-off to reach its cap: time until every
+  pool is back, from the server's start and from each node's first request it
+  answered (goal 2 s), and connection attempts per try while it is down (goal
+  1: no library retries under our own). The periodic check runs every 30 s, as
+  in production, so the watch's back-off decides when a node looks again.
 - **process**: ``hetero-dp run simulated --mode dra`` as a real process, start
   to the pool on the server, and its RSS, beside the device-plugin mode's start
   to registered (fake kubelet) and RSS. Goals: RSS within 10 MiB, start within 1.3x.
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import sys
 import time
@@ -50,10 +54,60 @@ NODES = 3 if QUICK else 8
 IDLE_S = 3.0 if QUICK else 10.0
 CHURN_WRITES = 4 if QUICK else 10  # health changes per node
 OUTAGE_S = 2.0 if QUICK else 5.0
+# long enough for every back-off to reach its 5 s cap (0.5 + 1 + 2 + 4 s at most before)
+LONG_OUTAGE_S = 10.0 if QUICK else 20.0
 STARTS = 3 if QUICK else 5
 FLEET = 5000
 DRIVER = "npu.acme.example.com"
 DEVICES = 8
+
+
+def _first_request(requests: list[Any], node: str) -> float:
+    """When the first of ``requests`` made for ``node`` (its slices, by the field
+    selector or the slice name) was answered; inf when none was."""
+    mine = re.compile(rf"{re.escape(node)}(?![0-9])")
+    return next((r.at for r in requests if mine.search(r.path)), float("inf"))
+
+
+async def _restart(
+    api: Any, nodes: list[str], complete: Any, clients: list[Any], outage: float
+) -> dict[str, Any]:
+    """Stop the server, lose every node's pool (an etcd restore), wait ``outage``
+    seconds, start it again: per node, when its pool was back and when the server
+    answered its first request (seconds after the start), and the tries and
+    connection attempts made while it was down."""
+    c0 = sum(c.connects for c in clients)
+    k0 = sum(c.calls for c in clients)
+    api.stop()
+    for node in nodes:
+        api.lose(node)
+    await asyncio.sleep(outage)  # the server is down this long
+    connects = sum(c.connects for c in clients) - c0
+    calls = sum(c.calls for c in clients) - k0
+    mark = len(api.requests)
+    api.start()
+    t0 = time.monotonic()
+    back: dict[str, float] = {}
+
+    def all_back() -> bool:  # re-checked on every request and change
+        now = time.monotonic()
+        for n in nodes:
+            if n not in back and complete(n):
+                back[n] = now - t0
+        return len(back) == len(nodes)
+
+    await api.wait_for(all_back, timeout=60)
+    # a request is recorded just after the store changed: wait for the last creates
+    await api.wait_for(lambda: api.verbs(mark).get("CREATE", 0) >= len(nodes), timeout=10)
+    # from its first answered request on, the repair is the driver's (relist on 410)
+    first = [_first_request(api.requests[mark:], n) - t0 for n in nodes]
+    return {
+        "repair": [back[n] for n in nodes],
+        "first": first,
+        "after": api.verbs(mark),
+        "connects": connects,
+        "calls": calls,
+    }
 
 
 def _per_node(counts: dict[str, int], nodes: int) -> dict[str, float]:
@@ -87,7 +141,8 @@ async def fleet() -> tuple[list[dict[str, Any]], list[str]]:
                 roots.append(root)
                 runner = DRARunner(root, api, node=node)
                 runners.append(runner)
-                daemons.append(await runner.start(Npus(DEVICES), resync_interval=1.0))
+                # the production interval: the idle phase runs the checks itself, every 1 s
+                daemons.append(await runner.start(Npus(DEVICES), resync_interval=30.0))
             await api.wait_for(lambda: all(complete(n) for n in nodes), timeout=60)
             await api.wait_for(lambda: api.watches >= NODES, timeout=30)
             start = api.verbs(mark)
@@ -108,9 +163,12 @@ async def fleet() -> tuple[list[dict[str, Any]], list[str]]:
             t0 = time.monotonic()
             rounds = 0
             while time.monotonic() - t0 < IDLE_S:
-                await asyncio.gather(*(d.rediscover() for d in daemons))
+                await asyncio.gather(
+                    *(d.rediscover() for d in daemons),
+                    *(d.front_end.drivers[RES].resync() for d in daemons),  # periodic check
+                )
                 rounds += 1
-                await asyncio.sleep(1.0)  # the periodic checks run meanwhile (every 1 s)
+                await asyncio.sleep(1.0)
             idle_s = time.monotonic() - t0
             idle = api.verbs(mark)
             checks = sum(
@@ -169,60 +227,84 @@ async def fleet() -> tuple[list[dict[str, Any]], list[str]]:
                 )
             )
 
-            # --- restart
+            # --- restart, after a short outage and after one long enough for every
+            # back-off to reach its cap
             drivers = [d.front_end.drivers[RES] for d in daemons]
             clients = {id(dr.api.api_client): dr.api.api_client for dr in drivers}.values()
-            c0 = sum(c.connects for c in clients)
-            k0 = sum(c.calls for c in clients)
-            api.stop()
-            for node in nodes:
-                api.lose(node)
-            await asyncio.sleep(OUTAGE_S)  # the server is down this long
-            connects = sum(c.connects for c in clients) - c0
-            calls = sum(c.calls for c in clients) - k0
-            mark = len(api.requests)
-            api.start()
-            t0 = time.monotonic()
-            repair: list[float] = []
-            for node in nodes:
-                await api.wait_for(lambda n=node: complete(n), timeout=60)
-                repair.append(time.monotonic() - t0)
-            after = api.verbs(mark)
-            rows.append(
-                row(
-                    "restart: every pool back after the server started again, max",
-                    max(repair) * 1000,
-                    "ms",
-                    goal="< 2000 ms (before: 20-26 s, up to 30 s)",
-                    ok=max(repair) < 2.0,
-                    note=(
-                        f"median {median(repair) * 1000:.0f} ms (upper bound: nodes checked in "
-                        f"turn); outage {OUTAGE_S:.0f} s; the watch's back-off (0.5 s doubling, "
-                        f"capped at 5 s, jittered) decides when a node looks again; "
-                        f"requests after the restart: {after}"
-                    ),
+            for outage, label in ((OUTAGE_S, "short"), (LONG_OUTAGE_S, "long")):
+                await api.wait_for(lambda: api.watches >= NODES, timeout=30)  # all live
+                r = await _restart(api, nodes, complete, list(clients), outage)
+                repair, first = r["repair"], r["first"]
+                rows.append(
+                    row(
+                        f"restart after a {outage:.0f} s outage: every pool back after the "
+                        "server started again, max",
+                        max(repair) * 1000,
+                        "ms",
+                        goal="< 2000 ms (before: 20-26 s, up to 30 s)",
+                        ok=max(repair) < 2.0,
+                        note=(
+                            "the periodic check every 30 s, as in production; median "
+                            f"{median(repair) * 1000:.0f} ms; each "
+                            "node's first request after the start came "
+                            f"{median(first) * 1000:.0f} ms (median) to "
+                            f"{max(first) * 1000:.0f} ms (max) after it: the watch's "
+                            "back-off (0.5 s doubling, capped at 5 s, jittered down by up "
+                            "to half) decides when a node looks again; requests after the "
+                            f"restart: {r['after']}"
+                        ),
+                    )
                 )
-            )
-            most = max(c.most_connects for c in clients)
-            rows.append(
-                row(
-                    "restart: connection attempts per try, most in one call",
-                    most,
-                    "attempts/try",
-                    goal="1 (before: 4, urllib3's 3 retries under ours)",
-                    ok=most == 1,
-                    note=(
-                        f"while down: {calls} tries, {connects} connection attempts in "
-                        f"{OUTAGE_S:.0f} s (a call started before the stop may connect inside "
-                        f"the window); {connects / NODES / OUTAGE_S:.2f} attempts per node per "
-                        "second"
-                    ),
+                since_first = max(b - f for b, f in zip(repair, first))
+                rows.append(
+                    row(
+                        f"restart after a {outage:.0f} s outage: pool back after the node's "
+                        "first answered request, max",
+                        since_first * 1000,
+                        "ms",
+                        goal="< 2000 ms (relist on 410 at once)",
+                        ok=since_first < 2.0,
+                        note="the part the driver decides once the server answers it",
+                    )
                 )
-            )
+                rate = r["connects"] / NODES / outage
+                if label == "long":
+                    long_rate = rate
+                    continue
+                short_rate = rate
+                most = max(c.most_connects for c in clients)
+                rows.append(
+                    row(
+                        "restart: connection attempts per try, most in one call",
+                        most,
+                        "attempts/try",
+                        goal="1 (before: 4, urllib3's 3 retries under ours)",
+                        ok=most == 1,
+                        note=(
+                            f"while down: {r['calls']} tries, {r['connects']} connection "
+                            f"attempts in {outage:.0f} s (a call started before the stop may "
+                            f"connect inside the window); {rate:.2f} attempts per node per "
+                            "second"
+                        ),
+                    )
+                )
             # a node while the server is down: the watch retries (back-off capped at 5 s,
             # mean 3.75 s with the jitter) and the 30 s periodic check lists once (the
             # cache is stale while the watch is down); one connection attempt each
             steady = 1 / 3.75 + 1 / 30
+            notes.append(
+                "Repair after a restart: once a node's request is answered, its pool is back "
+                "within tens of ms (relist on 410, one CREATE: the 'first answered request' "
+                "rows). Before that a node waits out its back-off: once the back-off has "
+                "reached its cap, tries come 2.5-5 s apart (5 s cap, jittered down by up to "
+                "half), so a node finds the server back 0-5 s after it starts, about 1.9 s "
+                "on average (the long outage's rows). 2 s from the server's start holds "
+                "after short outages only. The cap stays at 5 s on purpose: a 2 s cap would "
+                "send a dead server about 3,300 connection attempts/s at 5,000 nodes (more "
+                "than the ~2,900/s before issue 31) and bring the fleet's relists within "
+                "1-2 s of its return (2,500-5,000 LIST/s), where 5 s spreads them over "
+                "2.5-5 s (1,000-2,000 LIST/s)."
+            )
             notes.append(
                 "Extrapolated to 5,000 nodes (per-node rate x 5,000; not measured at that "
                 f"size): idle {lists / idle_s * FLEET:.0f} LIST/s (before: 250 LIST/s); churn "
@@ -232,8 +314,9 @@ async def fleet() -> tuple[list[dict[str, Any]], list[str]]:
                 "back-offs reach their cap (watch retry every 3.75 s on average plus one "
                 "periodic check per 30 s per node; before: ~2,900/s); in the first seconds "
                 "of an outage more, as the back-offs start at 0.25-0.5 s (here "
-                f"{connects / NODES / OUTAGE_S:.2f} attempts per node per second over a "
-                f"{OUTAGE_S:.0f} s outage, with the periodic check every 1 s instead of 30 s)"
+                f"{short_rate:.2f} attempts per node per second over a {OUTAGE_S:.0f} s "
+                f"outage and {long_rate:.2f} over a {LONG_OUTAGE_S:.0f} s one, the periodic "
+                "check every 30 s)"
             )
         finally:
             for runner in runners:
@@ -241,6 +324,12 @@ async def fleet() -> tuple[list[dict[str, Any]], list[str]]:
             for root in roots:
                 shutil.rmtree(root, ignore_errors=True)
     return rows, notes
+
+
+def _cpu_s(pid: int) -> float:
+    """The CPU time (user + system) a process has used so far, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _rss_mib(pid: int) -> float:
@@ -258,6 +347,8 @@ async def processes() -> tuple[list[dict[str, Any]], list[str]]:
 
     env = subprocess_env()
     dp_start, dp_rss, dra_start, dra_rss = [], [], [], []
+    dp_cpu: list[float] = []
+    dra_cpu: list[float] = []
     root = short_tempdir("hdp-fleetp-")
     (root / "cdi").mkdir()
     (root / "config.yaml").write_text(
@@ -292,6 +383,7 @@ async def processes() -> tuple[list[dict[str, Any]], list[str]]:
                 await kubelet.wait_registered("hetero-dp.io/sim", after=n, timeout=60)
                 await kubelet.wait_devices("hetero-dp.io/sim", lambda d: len(d) == DEVICES)
                 dp_start.append(time.perf_counter() - t)
+                dp_cpu.append(_cpu_s(proc.pid))
                 await asyncio.sleep(0.5)  # settled
                 dp_rss.append(_rss_mib(proc.pid))
             finally:
@@ -324,6 +416,7 @@ async def processes() -> tuple[list[dict[str, Any]], list[str]]:
                         timeout=60,
                     )
                     dra_start.append(time.perf_counter() - t)
+                    dra_cpu.append(_cpu_s(proc.pid))
                     await asyncio.sleep(0.5)
                     dra_rss.append(_rss_mib(proc.pid))
                 finally:
@@ -346,6 +439,20 @@ async def processes() -> tuple[list[dict[str, Any]], list[str]]:
                 f"{STARTS} starts each, 8 simulated devices; floor: device-plugin mode; "
                 f"DRA {', '.join(f'{x * 1000:.0f}' for x in dra_start)} ms, device plugin "
                 f"{', '.join(f'{x * 1000:.0f}' for x in dp_start)} ms"
+            ),
+        ),
+        row(
+            "process: DRA driver CPU time to the pool on the server, median",
+            median(dra_cpu) * 1000,
+            "ms",
+            floor=median(dp_cpu) * 1000,
+            goal="<= 1.3x the device-plugin mode's CPU time to registered",
+            ok=median(dra_cpu) <= 1.3 * median(dp_cpu),
+            note=(
+                "user + system time of the driver process alone (the stand-in's work is "
+                f"not in it); DRA {', '.join(f'{x * 1000:.0f}' for x in dra_cpu)} ms, "
+                f"device plugin {', '.join(f'{x * 1000:.0f}' for x in dp_cpu)} ms; before: "
+                "about 1.5 CPU-s (issue 31)"
             ),
         ),
         row(
@@ -381,13 +488,22 @@ async def processes() -> tuple[list[dict[str, Any]], list[str]]:
         except ValueError:
             costs[name] = (float("nan"), float("nan"))
     notes = [
-        "The DRA start counts until the pool is on the stand-in: 6 requests (discovery, then "
-        "the LIST, the dry-run probe and the Node read side by side, the create, the watch), "
-        "two of them writes the stand-in validates with the 1.34 JSON schema inside this "
-        "benchmark's process (17-65 ms each measured on this machine, after a warm-up), on "
-        "top of what the device-plugin start does. Quick runs of this module at load 2-8 "
-        "gave 1.05x to 1.68x (3 starts each): the 1.3x goal is met in some runs and not in "
-        "others on this shared machine, so it is not settled by them.",
+        "What the DRA start costs and why (issue 31 point 4): it counts until the pool is "
+        "on the stand-in, 6 requests in three round trips one after the other (discovery; "
+        "the LIST, the dry-run probe and the Node read side by side; the create; then the "
+        "watch), answered by a stand-in that runs in this benchmark's process and validates "
+        "each write with the 1.34 JSON schema (8-22 ms per write on this machine, measured "
+        "2026-12-02 after a warm-up); the device-plugin start's two round trips (Register, "
+        "ListAndWatch) go to a fake kubelet that validates nothing. The driver's own work is "
+        "the CPU-time row: DRA mode imports about as much as the device-plugin mode (its "
+        "own modules and http.client in place of the device-plugin ones, about 5 ms more "
+        "import time in one -X importtime run) and needs 1.1-1.2x its CPU time to start. "
+        "The wall-clock ratio on this shared 2-core machine moves with the load: 1.20x-1.59x "
+        "over six runs on 2026-12-02 (load 1.4-3.7), 1.05x-1.68x in earlier runs, so the "
+        "1.3x goal for the wall clock is met in some runs and not in others; what stays is "
+        "the round trips a DRA driver needs (the version to use, the pool's generation and "
+        "the server's optional fields before the first write; the discovery answer and the "
+        "probe are kept per process).",
         "Import cost on top of the engine (CPU s, RSS MiB): "
         + "; ".join(f"{k}: {c:.2f} s, +{r:.1f} MiB" for k, (c, r) in costs.items()),
     ]

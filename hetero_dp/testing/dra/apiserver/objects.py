@@ -9,9 +9,10 @@ audit log would name it by (:func:`verb`).
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,6 +25,7 @@ class Request:
     path: str
     status: int
     auth: str = ""  # the Authorization header, as sent
+    at: float = field(default_factory=time.monotonic)  # when it was recorded (answered)
 
 
 def verb(r: Request) -> str:
