@@ -201,3 +201,24 @@ async def test_a_watch_resumed_into_a_410_asks_no_sync_before_it_relists(api_ser
         watch.stop()
         assert await asyncio.to_thread(watch.join, 5)
     assert asked and all(lists >= 2 for _, lists in asked), asked
+
+
+async def test_two_drivers_of_one_process_probe_the_servers_fields_once(dra, api_server):
+    """Issue 31 point 4: the feature probe (a dry-run create) is kept per process, as
+    the served version is: a daemon with two drivers asks the server once."""
+    from hetero_dp.dra import driver_name_for
+
+    from .backend import npu
+
+    other = "acme.example.com/vpu"
+    backend = Npus(2)
+    backend.devices.append(npu(7, resource=other))
+    await dra.start(backend)
+    await api_server.wait_for(
+        lambda: (
+            len(api_server.devices_of(DRIVER)) == 2
+            and len(api_server.devices_of(driver_name_for(other))) == 1
+        )
+    )
+    counts = api_server.verbs()
+    assert counts.get("DRYRUN") == 1 and counts.get("DISCOVERY") == 1, counts
