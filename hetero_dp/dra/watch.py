@@ -200,8 +200,10 @@ class SliceWatch:
         backoff: Backoff | None = None,
         rediscover: Callable[[], bool] | None = None,
         rand: Callable[[], float] = random.random,
+        settle: float = SETTLE,
     ) -> None:
         self.api = api
+        self.settle = settle  # see _watch_once
         self.driver = driver
         self.node = node
         self.on_change = on_change
@@ -319,14 +321,15 @@ class SliceWatch:
         server restart), and a sync asked before it would compare with the cache from
         before the outage or LIST beside the relist that follows the 410 (two LISTs
         per node as the server comes back): it is asked with the first event, when
-        the stream ends, or after :data:`SETTLE` seconds of quiet, whichever is first."""
+        the stream ends, or after ``settle`` seconds (:data:`SETTLE`) of quiet, whichever
+        is first."""
         timeout = int(self.timeout_seconds * (1.0 + self.rand()))
         started = time.monotonic()
         stream = self.api.watch_slices(self.driver, self.node, self.cache.resource_version, timeout)
         self._stream = stream
         self.opened += 1
         ask = _Once(lambda: self.on_change("watch (re)opened"))
-        settle: threading.Timer | None = None
+        quiet: threading.Timer | None = None
         try:
             if self._stop.is_set():
                 return True
@@ -334,9 +337,9 @@ class SliceWatch:
             if resync and listed:  # the cache was just listed: compare once, now
                 ask()
             elif resync:
-                settle = threading.Timer(SETTLE, ask)
-                settle.daemon = True
-                settle.start()
+                quiet = threading.Timer(self.settle, ask)
+                quiet.daemon = True
+                quiet.start()
             for line in stream.lines():
                 event = json.loads(line)
                 if event.get("type") == "ERROR":
@@ -349,8 +352,8 @@ class SliceWatch:
             if resync and not self._stop.is_set():
                 ask()  # ended with no event: the stream was good
         finally:
-            if settle is not None:
-                settle.cancel()
+            if quiet is not None:
+                quiet.cancel()
             self._stream = None
             with contextlib.suppress(Exception):
                 stream.close()

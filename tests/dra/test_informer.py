@@ -5,11 +5,12 @@ expired watch (410) relists at once, so a pool lost in an outage comes back."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
 
-from hetero_dp.dra.api import ResourceAPI
+from hetero_dp.dra.api import APIError, ResourceAPI
 from hetero_dp.dra.watch import SliceCache, SliceWatch
 from hetero_dp.testing.dra import FakeAPIServer
 
@@ -189,6 +190,7 @@ async def test_a_watch_resumed_into_a_410_asks_no_sync_before_it_relists(api_ser
         "node-a",
         on_change=lambda why: asked.append((why, cache.lists)),
         cache=cache,
+        settle=30,  # a quiet resumed stream asks late: however slow the ERROR, no race
     )
     watch.start()
     try:
@@ -222,3 +224,71 @@ async def test_two_drivers_of_one_process_probe_the_servers_fields_once(dra, api
     )
     counts = api_server.verbs()
     assert counts.get("DRYRUN") == 1 and counts.get("DISCOVERY") == 1, counts
+
+
+class _QuietStream:
+    """A watch stream the server keeps open and sends nothing on, until shut down."""
+
+    def __init__(self) -> None:
+        self.cut = threading.Event()
+
+    def lines(self):
+        self.cut.wait(30)
+        return iter(())
+
+    def shutdown(self) -> None:
+        self.cut.set()
+
+    def close(self) -> None:
+        self.cut.set()
+
+
+class _OnceDownAPI:
+    """A resource API whose first watch finds no server and whose next one is quiet."""
+
+    version = "v1"
+
+    def __init__(self) -> None:
+        self.streams: list[_QuietStream] = []
+
+    def list_slices_rv(self, driver, node):
+        return [], "5"
+
+    def watch_slices(self, driver, node, resource_version, timeout_seconds):
+        if not self.streams:
+            self.streams.append(_QuietStream())
+            raise APIError(0, "Unreachable", "cannot reach the API server")
+        stream = _QuietStream()
+        self.streams.append(stream)
+        return stream
+
+
+async def test_a_quiet_stream_resumed_after_a_failure_still_asks_for_a_sync():
+    """The other side of waiting for the first line: a resumed stream that is good
+    and brings nothing (no change while the driver could not see) still asks for
+    the sync that writes what failed meanwhile, after ``settle`` seconds."""
+    from hetero_dp.dra.client import Backoff
+
+    api = _OnceDownAPI()
+    cache = SliceCache()
+    cache.watched = True
+    cache.replace([], "5")
+    asked = threading.Event()
+    watch = SliceWatch(
+        api,  # type: ignore[arg-type]
+        DRIVER,
+        "node-a",
+        on_change=lambda why: asked.set(),
+        cache=cache,
+        backoff=Backoff(base=0.01),
+        settle=0.05,
+    )
+    watch.start()
+    try:
+        assert await asyncio.to_thread(asked.wait, 10)
+        assert len(api.streams) == 2 and cache.lists == 1  # resumed, not listed again
+    finally:
+        watch.stop()
+        for stream in api.streams:
+            stream.shutdown()
+        assert await asyncio.to_thread(watch.join, 5)
