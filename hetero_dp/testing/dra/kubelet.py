@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import stat
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,10 +25,10 @@ import grpc
 
 from hetero_dp.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from hetero_dp.api import pluginregistration_v1_pb2 as reg_pb
-from hetero_dp.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from hetero_dp.dra.names import is_dns_subdomain
 from hetero_dp.kits.inotify import DirectoryWatcher
 from hetero_dp.testing.dra.apiserver import FakeAPIServer
+from hetero_dp.testing.pluginwatch import NOT_MINE, dial_registration
 from hetero_dp.testing.waiting import ChangeWaiter
 
 DIAL_TIMEOUT = 10.0
@@ -164,55 +164,39 @@ class FakeDRAKubelet(ChangeWaiter):
                 self._spawn(self._notify())
 
     async def _register(self, path: Path) -> None:
-        try:
-            if not stat.S_ISSOCK(path.lstat().st_mode):
-                return
-        except FileNotFoundError:
-            return
-        async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
-            stub = reg_grpc.RegistrationStub(channel)
-            try:
-                info = await stub.GetInfo(
-                    reg_pb.InfoRequest(), timeout=DIAL_TIMEOUT, wait_for_ready=True
-                )
-            except grpc.aio.AioRpcError as e:
-                await self._reject(f"GetInfo on {path} failed: {e.code().name}")
-                return
-            if info.type != "DRAPlugin":
-                return  # another handler's plugin (a device plugin in watcher mode)
-            problem, chosen = None, None
-            offered = list(info.supported_versions)
-            if not offered:
-                problem = "empty list of supported versions"
-            elif not is_dns_subdomain(info.name):
-                problem = f"driver name {info.name!r} is not a DNS subdomain"
-            else:
-                chosen = next((v for v in self.versions if f"{v}.DRAPlugin" in offered), None)
-                if chosen is None:
-                    problem = (
-                        f"none of the versions {offered} is supported (kubelet: {self.versions})"
-                    )
-            if problem is None and not Path(info.endpoint).is_socket():
-                problem = f"endpoint {info.endpoint} is not a socket"
-            if problem is None:
-                assert chosen is not None
-                plugin = DRAPlugin(info.name, info.endpoint, chosen, str(path), offered)
-                same = [
-                    p for p in self.instances.get(info.name, []) if p.registry_socket != str(path)
-                ]
-                self.instances[info.name] = [*same, plugin]
-                self.plugins[info.name] = plugin
-                self.registrations.append((info.name, chosen))
-            else:
-                self.rejections.append(problem)
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                await stub.NotifyRegistrationStatus(
-                    reg_pb.RegistrationStatus(
-                        plugin_registered=problem is None, error=problem or ""
-                    ),
-                    timeout=DIAL_TIMEOUT,
-                )
-        await self._notify()
+        verdict = await dial_registration(
+            path, functools.partial(self._judge, path), self._reject, timeout=DIAL_TIMEOUT
+        )
+        if verdict is not NOT_MINE:
+            await self._notify()  # once the plugin has its verdict
+
+    async def _judge(self, path: Path, info: reg_pb.PluginInfo) -> object:
+        """The DRA handler's verdict on a plugin's ``GetInfo`` (NOT_MINE for another
+        handler's plugin, such as a device plugin in watcher mode)."""
+        if info.type != "DRAPlugin":
+            return NOT_MINE
+        problem, chosen = None, None
+        offered = list(info.supported_versions)
+        if not offered:
+            problem = "empty list of supported versions"
+        elif not is_dns_subdomain(info.name):
+            problem = f"driver name {info.name!r} is not a DNS subdomain"
+        else:
+            chosen = next((v for v in self.versions if f"{v}.DRAPlugin" in offered), None)
+            if chosen is None:
+                problem = f"none of the versions {offered} is supported (kubelet: {self.versions})"
+        if problem is None and not Path(info.endpoint).is_socket():
+            problem = f"endpoint {info.endpoint} is not a socket"
+        if problem is None:
+            assert chosen is not None
+            plugin = DRAPlugin(info.name, info.endpoint, chosen, str(path), offered)
+            same = [p for p in self.instances.get(info.name, []) if p.registry_socket != str(path)]
+            self.instances[info.name] = [*same, plugin]
+            self.plugins[info.name] = plugin
+            self.registrations.append((info.name, chosen))
+        else:
+            self.rejections.append(problem)
+        return problem
 
     async def _reject(self, why: str) -> None:
         self.rejections.append(why)

@@ -11,8 +11,7 @@ plugin watcher (docs/sources.md#device-plugin-api).
 
 from __future__ import annotations
 
-import contextlib
-import stat
+import functools
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -21,11 +20,11 @@ import grpc
 from hetero_dp.api import deviceplugin_v1beta1_pb2 as pb
 from hetero_dp.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from hetero_dp.api import pluginregistration_v1_pb2 as reg_pb
-from hetero_dp.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from hetero_dp.kits.inotify import DirectoryWatcher
 from hetero_dp.model.names import API_VERSION, resource_name_problem
 from hetero_dp.testing.fake_kubelet.clients import CHANNEL_OPTIONS, DIAL_TIMEOUT, PluginClients
 from hetero_dp.testing.fake_kubelet.devices import DeviceManager
+from hetero_dp.testing.pluginwatch import dial_registration
 
 
 def register_problem(req: pb.RegisterRequest) -> str | None:
@@ -89,37 +88,28 @@ class PluginWatcher:
                     self.clients.spawn(self.clients.drop(res))
 
     async def _register(self, path: Path) -> None:
-        try:
-            if not stat.S_ISSOCK(path.lstat().st_mode):
-                return
-        except FileNotFoundError:
-            return
-        async with grpc.aio.insecure_channel(f"unix://{path}", options=CHANNEL_OPTIONS) as channel:
-            stub = reg_grpc.RegistrationStub(channel)
-            try:
-                info = await stub.GetInfo(
-                    reg_pb.InfoRequest(), timeout=DIAL_TIMEOUT, wait_for_ready=True
-                )
-            except grpc.aio.AioRpcError as e:
-                self.devices.reject(f"GetInfo on {path} failed: {e.code().name}")
-                return
-            problem = None
-            if info.type != "DevicePlugin":
-                problem = f"plugin type {info.type!r} is not DevicePlugin"
-            elif API_VERSION not in info.supported_versions:
-                problem = f"no supported version in {list(info.supported_versions)}"
-            else:
-                problem = resource_name_problem(info.name)
-            if problem:
-                self.devices.reject(problem)
-            else:
-                problem = await self.clients.connect(info.name, info.endpoint, None, "watcher")
-                if problem is None:
-                    self.devices.resources[info.name].registry_socket = str(path)
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                await stub.NotifyRegistrationStatus(
-                    reg_pb.RegistrationStatus(
-                        plugin_registered=problem is None, error=problem or ""
-                    ),
-                    timeout=DIAL_TIMEOUT,
-                )
+        await dial_registration(
+            path,
+            functools.partial(self._judge, path),
+            self._reject,
+            timeout=DIAL_TIMEOUT,
+            options=CHANNEL_OPTIONS,
+        )
+
+    async def _reject(self, why: str) -> None:
+        self.devices.reject(why)
+
+    async def _judge(self, path: Path, info: reg_pb.PluginInfo) -> str | None:
+        """The device-plugin handler's verdict on a plugin's ``GetInfo``."""
+        if info.type != "DevicePlugin":
+            problem: str | None = f"plugin type {info.type!r} is not DevicePlugin"
+        elif API_VERSION not in info.supported_versions:
+            problem = f"no supported version in {list(info.supported_versions)}"
+        else:
+            problem = resource_name_problem(info.name)
+        if problem:
+            return self.devices.reject(problem)
+        problem = await self.clients.connect(info.name, info.endpoint, None, "watcher")
+        if problem is None:
+            self.devices.resources[info.name].registry_socket = str(path)
+        return problem
