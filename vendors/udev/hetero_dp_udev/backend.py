@@ -474,6 +474,7 @@ class UdevBackend:
 
     async def _periodic(self, rule: Rule, events: EventSink) -> None:
         assert rule.health is not None and rule.health.interval
+        failing = ""  # the failure last logged at ERROR: its repeats go to debug
         while True:
             await asyncio.sleep(rule.health.interval)  # the rule's check period, not a sync
             try:
@@ -483,8 +484,14 @@ class UdevBackend:
                     if item.rule is rule
                 ]
             except Exception as exc:
-                log.error("%s: health check failed (%r); rediscovering", rule.where, exc)
+                level = logging.DEBUG if repr(exc) == failing else logging.ERROR
+                failing = repr(exc)
+                log.log(level, "%s: health check failed (%r); rediscovering", rule.where, exc)
                 changed = [True]  # the discovery judges health again
+            else:
+                if failing:
+                    log.info("%s: health check works again", rule.where)
+                failing = ""
             if any(changed):  # keep the discovered verdicts in step, as for events
                 self._event_batches += 1
                 events.rediscover()
