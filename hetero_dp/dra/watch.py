@@ -59,7 +59,6 @@ log = logging.getLogger(__name__)
 # bounds how long a draining API server can hold the watch (see the module docstring)
 DEFAULT_TIMEOUT = 30
 EARLY = 0.9  # a stream that ended before this share of its time was ended by the server
-MAX_BACKOFF = 5.0  # the cap also bounds how long after an outage a driver looks again
 # a stream resumed after a failure that brought no ERROR within this many seconds is
 # taken as good, and the pool is compared (see SliceWatch._watch_once)
 SETTLE = 0.2
@@ -209,7 +208,7 @@ class SliceWatch:
         self.on_change = on_change
         self.cache = cache if cache is not None else SliceCache()
         self.timeout_seconds = timeout_seconds
-        self.backoff = backoff or Backoff(cap=MAX_BACKOFF)
+        self.backoff = backoff or Backoff()  # its cap bounds when a driver looks again
         # reads discovery; True when the served version changed (raises APIError)
         self.rediscover = rediscover
         self.rand = rand

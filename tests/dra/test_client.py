@@ -87,6 +87,18 @@ def test_backoff_grows_with_jitter_up_to_a_cap():
     assert b.next() == 0.25
 
 
+def test_the_one_policy_looks_again_within_the_repair_goal():
+    """Issue #31: a pool lost while the server was down must be back within 2 s of
+    the server answering again, however long the outage. A node in back-off looks
+    again at most the cap after its last try, so the cap leaves room under 2 s for
+    the relist and the write (the watch and the publisher both use the default)."""
+    from hetero_dp.dra.client import RETRY_CAP
+
+    worst = Backoff(rand=lambda: 0.0)  # the highest draw every time
+    delays = [worst.next() for _ in range(40)]  # a long outage
+    assert max(delays) == RETRY_CAP <= 1.6
+
+
 def test_in_cluster_config_reads_the_service_account(tmp_path):
     (tmp_path / "token").write_text("tok-1\n")
     (tmp_path / "ca.crt").write_text("not checked here")
