@@ -195,7 +195,7 @@ def parse_options(
     """
     env = os.environ if environ is None else environ
     origins = flagged if isinstance(flagged, Mapping) else dict.fromkeys(flagged, "")
-    return _parse(schema, raw or {}, field, source, env, origins, "")
+    return _parse(schema, {} if raw is None else raw, field, source, env, origins, "")
 
 
 def _parse(

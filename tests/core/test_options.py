@@ -130,6 +130,21 @@ def test_a_bad_option_names_itself_and_what_was_expected(raw, field, words):
     assert words in e.reason, e.reason
 
 
+@pytest.mark.parametrize("raw", [[], "", 0, False])
+def test_an_empty_value_that_is_no_mapping_is_refused_not_taken_as_no_options(raw):
+    """Only None (a key with nothing under it) means 'no options': an empty list,
+    string, 0 or false is a mistake the user should hear about (they were read as
+    no options, so every option silently kept its default)."""
+    with pytest.raises(ConfigError) as caught:
+        parse(raw)
+    assert caught.value.reason.startswith("expected a mapping, got ")
+    assert caught.value.source == "c.yaml"
+
+
+def test_no_options_at_all_means_the_defaults():
+    assert parse(None) == parse({})
+
+
 def test_an_unknown_key_lists_the_options():
     with pytest.raises(ConfigError) as caught:
         parse({"nonsense": 1})
