@@ -35,6 +35,19 @@ def manifests(text: str) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
     return ds["spec"]["template"], maps
 
 
+def scaffold_node(kubelet: KubeletThread, workdir: Path) -> tuple[dict[str, Any], Node, str]:
+    """(the scaffold DaemonSet's pod template, a node whose /dev holds acme0 and acme1,
+    the image the template names)."""
+    project, _ = scaffold.generate(SCAFFOLD, workdir / "acme")
+    template, _ = manifests((project / "deploy/daemonset.yaml").read_text())
+    dev = workdir / "host-dev"
+    dev.mkdir()
+    for name in ("acme0", "acme1"):
+        (dev / name).touch()
+    node = Node(host_paths={"/var/lib/kubelet/device-plugins": kubelet.plugin_dir, "/dev": dev})
+    return template, node, template["spec"]["containers"][0]["image"]
+
+
 def test_scaffold_pod_serves_the_kubelet_and_stops_cleanly(
     image,
     kubelet: KubeletThread,
@@ -43,14 +56,7 @@ def test_scaffold_pod_serves_the_kubelet_and_stops_cleanly(
     pods,
 ):
     tag = image("scaffold")
-    project, _ = scaffold.generate(SCAFFOLD, workdir / "acme")
-    template, _ = manifests((project / "deploy/daemonset.yaml").read_text())
-    dev = workdir / "host-dev"
-    dev.mkdir()
-    for name in ("acme0", "acme1"):
-        (dev / name).touch()
-    node = Node(host_paths={"/var/lib/kubelet/device-plugins": kubelet.plugin_dir, "/dev": dev})
-    rendered = template["spec"]["containers"][0]["image"]
+    template, node, rendered = scaffold_node(kubelet, workdir)
     pod = start_pod(engine, template, node, workdir, pods, images={rendered: tag})
     r = check_serves_and_stops(pod, kubelet, 9435, "acme.example.com/npu", 2)
     assert [d.host_path for d in r.devices] == ["/dev/acme0"]

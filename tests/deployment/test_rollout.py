@@ -20,13 +20,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from hetero_dp.cli import scaffold
 from hetero_dp.testing.fake_kubelet.devices import HealthPoint
 
 from .conftest import KubeletThread, free_port, wait_http
-from .podkit import Node
 from .test_nvidia_pods import start_pod, wait_registered
-from .test_other_pods import SCAFFOLD, manifests
+from .test_other_pods import SCAFFOLD, scaffold_node
 
 RES = f"{SCAFFOLD['vendor_domain']}/{SCAFFOLD['resource']}"
 HANDOVER_BOUND = 0.5  # seconds with no healthy device a hand-over may take (goal: 50 ms)
@@ -71,15 +69,8 @@ def test_scaffold_pods_roll_with_surge_and_the_kubelet_keeps_its_devices(
     image, kubelet: KubeletThread, engine, workdir: Path, pods
 ):
     tag = image("scaffold")
-    project, _ = scaffold.generate(SCAFFOLD, workdir / "acme")
-    template, _ = manifests((project / "deploy/daemonset.yaml").read_text())
+    template, node, rendered = scaffold_node(kubelet, workdir)
     assert template["spec"]["containers"][0]["readinessProbe"]  # what the surge waits on
-    dev = workdir / "host-dev"
-    dev.mkdir()
-    for name in ("acme0", "acme1"):
-        (dev / name).touch()
-    node = Node(host_paths={"/var/lib/kubelet/device-plugins": kubelet.plugin_dir, "/dev": dev})
-    rendered = template["spec"]["containers"][0]["image"]
     container = template["spec"]["containers"][0]["name"]
 
     old = start_pod(engine, template, node, workdir, pods, images={rendered: tag})
