@@ -245,10 +245,15 @@ class Refused(str):
     __slots__ = ()
 
 
+def summary(problems: Sequence[str], shown: int = 3) -> str:
+    """The first ``shown`` problems, joined, saying how many more there were."""
+    more = f" (and {len(problems) - shown} more)" if len(problems) > shown else ""
+    return "; ".join(problems[:shown]) + more
+
+
 def refusal(problems: Sequence[str], shown: int = 3) -> Refused:
     """The Unhealthy reason for a refused record."""
-    more = f" (and {len(problems) - shown} more)" if len(problems) > shown else ""
-    return Refused("refused by the container gate: " + "; ".join(problems[:shown]) + more)
+    return Refused("refused by the container gate: " + summary(problems, shown))
 
 
 def gate_device(device: Device, roots: Sequence[str] = ()) -> Device:

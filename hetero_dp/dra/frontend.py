@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hetero_dp.allocation.cdi import merge_edits
-from hetero_dp.allocation.gate import device_problems
+from hetero_dp.allocation.gate import device_problems, summary
 from hetero_dp.allocation.sharing import advertise
 from hetero_dp.dra.driver import (
     DEFAULT_PLUGINS_DIR,
@@ -184,9 +184,7 @@ class DRAFrontEnd(Attached):
             )
         problems = device_problems(p, rt.fake_node_roots)
         if problems:  # the container gate, as for discovered records
-            return f"partition {p.id} holds what may not go into a container: " + "; ".join(
-                problems[:3]
-            )
+            return f"partition {p.id} holds what may not go into a container: {summary(problems)}"
         return ""
 
     def _owned(self, rt: BackendRuntime, device_id: str) -> bool:
@@ -240,7 +238,7 @@ class DRAFrontEnd(Attached):
                     if problems:
                         raise ClaimError(
                             f"backend {rt.backend.name}: the prepare hook returned {d.id} "
-                            f"with what may not go into a container: {'; '.join(problems[:3])}"
+                            f"with what may not go into a container: {summary(problems)}"
                         )
             out.extend(returned)
         return out
