@@ -54,7 +54,9 @@ def configure(options: Mapping[str, Any]) -> None:
     names the field.
 
     A config reload whose options for this backend changed calls it again while
-    the daemon runs (and while ``watch`` may be running); raising then rejects the
+    the daemon runs (and while ``watch`` may be running), once the new options have
+    been read and every other part of the reload has accepted the new config: a
+    reload refused for any other reason never calls it. Raising then rejects the
     reload and the old options stay in force.
     """
 

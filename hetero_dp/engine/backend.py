@@ -141,6 +141,11 @@ class Backend:
         :func:`.binding.placed`)."""
         await self._configure(self.read_options_from(cfg), cfg)
 
+    async def configure_read(self, value: Any, cfg: Config) -> None:
+        """Run the configure hook with options already read (:meth:`read_options_from`:
+        a reload checks them before it commits, then calls the hook)."""
+        await self._configure(value, cfg)
+
     async def _configure(self, value: Any, cfg: Config | None = None) -> None:
         try:
             await self.call("configure", options=value)

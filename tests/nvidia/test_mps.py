@@ -506,3 +506,49 @@ def test_a_reconcile_that_raises_marks_the_gpus_unhealthy_and_the_monitor_goes_o
     finally:
         manager.stop()
         thread.join(10)
+
+
+async def test_a_refused_reload_that_turns_mps_off_leaves_the_daemon_running(
+    fake_kubelet, plugin_runner, fake_node, mps_root, tmp_path
+):
+    """A file that turns MPS off and carries a probe address the daemon refuses: the
+    reload is rejected before the backend's configure runs. Before, configure ran with
+    the new options (the manager stopped, its daemon told to quit) and then with the
+    old ones (a new manager, a new daemon): a reload that changed nothing flipped MPS."""
+    import yaml
+
+    from hetero_dp.engine.config import load_config
+    from hetero_dp.ops.reload import ConfigReloader
+
+    node = fake_node("v100-2x-pcie.scn")
+    control = install_fake_mps_control(node.root / "driver")
+    doc = {
+        "kubeletDir": str(fake_kubelet.plugin_dir),
+        "pluginsRegistryDir": str(fake_kubelet.registry_dir),
+        "healthInterval": 0,
+        "rediscoverInterval": 0,
+        "flags": {**node.options, "mpsRoot": str(mps_root)},
+        "backends": {"nvidia": {"mps": fast(control)}},
+        "sharing": mps_sharing(4),
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    backend = NvidiaBackend(environ={})
+    daemon = await plugin_runner.start(backend, config=doc)
+    await fake_kubelet.wait_devices(
+        GPU, lambda d: len(d) == 8 and all(x.healthy for x in d.values())
+    )
+    manager = backend.mps
+    assert manager is not None and manager.wait_for(lambda s: s == {GPU: ""}, 10)
+    pid = daemon_pid(mps_root)
+    reloader = ConfigReloader(daemon, path, lambda: load_config(path, env={}))
+    reloader.start()
+    try:
+        off = {k: v for k, v in doc.items() if k != "sharing"}
+        path.write_text(yaml.safe_dump(dict(off, metrics={"address": "no-port-here"})))
+        results = await reloader.wait_results(1)
+        assert results[0].startswith("rejected: ") and "metrics.address" in results[0]
+        assert backend.mps is manager and not manager.stopped
+        assert "quit" not in commands(mps_root) and daemon_pid(mps_root) == pid
+    finally:
+        await reloader.stop()

@@ -7,12 +7,13 @@ import asyncio
 import os
 import signal
 import threading
+from dataclasses import dataclass
 
 import pytest
 import yaml
 from hetero_dp_simulated.backend import SimulatedBackend
 
-from hetero_dp import hookimpl
+from hetero_dp import hookimpl, option
 from hetero_dp.engine.config import load_config
 from hetero_dp.model.errors import ConfigError
 from hetero_dp.ops import operations
@@ -442,3 +443,63 @@ async def test_reload_of_the_ready_file_moves_it_and_keeps_the_server(
     assert not first.exists()
     await wait_until(daemon, second.exists)
     assert (await http_get(port, "/readyz"))[0] == 200
+
+
+# --- reload as a transaction (issue #35) ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class CountedOptions:
+    k: int = option(1, min=0, help="a value configure records")
+
+
+class Configured(Scripted):
+    """Scripted, recording each configure call (a backend with side effects there, as
+    NVIDIA's starts and stops MPS daemons)."""
+
+    def __init__(self, devices):
+        super().__init__(devices)
+        self.configured: list[int] = []
+
+    @hookimpl
+    def configure(self, options: CountedOptions) -> None:
+        self.configured.append(options.k)
+
+
+async def test_a_refused_reload_calls_no_hook_of_the_live_backend(
+    fake_kubelet, plugin_runner, tmp_path
+):
+    """A file that changes a backend option and carries a value the daemon refuses
+    (a metrics address with no port) is rejected before the backend hears of it:
+    configure was called with the new options and again with the old ones before
+    (calls seen 1, 2, 1); prepare now only reads the options, apply configures."""
+    path = tmp_path / "config.yaml"
+    doc = base_doc(fake_kubelet, backends={"scripted": {"k": 1}})
+    path.write_text(yaml.safe_dump(doc))
+    backend = Configured(make_devices(A, 2))
+    daemon = await plugin_runner.start(backend, config=load_config(path, env={}).raw)
+    await fake_kubelet.wait_registered(A)
+    await wait_ready(daemon)
+    assert backend.configured == [1]
+    reloader = ConfigReloader(daemon, path, lambda: load_config(path, env={}))
+    reloader.start()
+    try:
+        doc["backends"]["scripted"]["k"] = 2
+        path.write_text(yaml.safe_dump(dict(doc, metrics={"address": "no-port-here"})))
+        results = await reloader.wait_results(1)
+        assert results[0].startswith("rejected: ") and "metrics.address" in results[0]
+        assert backend.configured == [1]  # the live backend was not touched
+
+        doc["backends"]["scripted"]["k"] = -1  # refused by the options reader itself
+        path.write_text(yaml.safe_dump(doc))
+        results = await reloader.wait_results(2)
+        assert results[1].startswith("rejected: ") and "backends.scripted.k" in results[1]
+        assert backend.configured == [1]
+
+        doc["backends"]["scripted"]["k"] = 2
+        path.write_text(yaml.safe_dump(doc))
+        results = await reloader.wait_results(3)
+        assert results[2].startswith("applied: ") and "scripted" in results[2]
+        assert backend.configured == [1, 2]
+    finally:
+        await reloader.stop()

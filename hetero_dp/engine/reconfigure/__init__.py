@@ -6,10 +6,13 @@ components like the others.
 
 Refused (ConfigError, the old config kept) when it changes where sockets live
 (:mod:`.fixed`), when the new sharing does not fit the devices (:mod:`.resources`),
-when the new CDI dir cannot take specs (:mod:`.cdi`), when a backend refuses its new
-options (:mod:`.backends`; those already re-configured are rolled back), or when an
-extension cannot follow it (a probe address that cannot be bound). Every component
-prepared before the refusal discards what it prepared. Otherwise: only resources
+when the new CDI dir cannot take specs (:mod:`.cdi`), when the options reader refuses
+a backend's new options (:mod:`.backends`), or when an extension cannot follow it (a
+probe address that cannot be bound). Every component prepared before the refusal
+discards what it prepared. Preparing touches no live state: no hook of a running
+backend is called until every component has prepared; then the changed backends'
+``configure`` hooks run (a backend may still refuse there: those re-configured are
+rolled back and every component discards). Otherwise: only resources
 whose settings changed restart (stop, serve, re-register); backends whose options
 changed are re-configured and rediscover; every other ListAndWatch stream stays open.
 """
@@ -55,6 +58,8 @@ async def apply_config(engine: Target, new: Config) -> dict[str, list[str]]:
         for component in components:
             await component.prepare(old, new)
             prepared.append(component)
+        # everything checked: the one step a live backend hears of (it may refuse)
+        await backends.commit(old, new)
     except ConfigError:
         for component in reversed(prepared):
             await component.discard()

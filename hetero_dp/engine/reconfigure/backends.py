@@ -1,10 +1,13 @@
-"""Backends whose options changed are re-configured (all or none: those done are
-rolled back when one refuses), then rediscover; every other backend publishes again
-so CDI specs and labels follow new settings (streams wake only on a change)."""
+"""Backends whose options changed: prepared by reading the new options (the options
+reader checks every value; no hook of the live backend runs), committed by calling
+each one's ``configure`` hook (all or none: those done are given their old options
+back when one refuses), then they rediscover; every other backend publishes again so
+CDI specs and labels follow new settings (streams wake only on a change)."""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from hetero_dp.engine.backend import Backend
 from hetero_dp.engine.config import Config
@@ -26,28 +29,36 @@ class BackendOptions:
     def __init__(self, engine: Target) -> None:
         self.engine = engine
         self.changed: list[Backend] = []
-        self._old: Config | None = None
+        self._read: dict[str, Any] = {}
 
     async def prepare(self, old: Config, new: Config) -> None:
+        """Check only: each changed backend's new options read as its hooks will get
+        them (a refusal names the option). The live backend is not called."""
         changed = [
             b
             for b in self.engine.backends
             if old.backend_options(b.name) != new.backend_options(b.name)
         ]
+        self._read = {b.name: b.read_options_from(new) for b in changed}
+        self.changed = changed
+
+    async def commit(self, old: Config, new: Config) -> None:
+        """After every component prepared: the changed backends' ``configure`` hooks,
+        the one step of a reload a live backend hears of. A backend may still refuse
+        there (a check only it can make, against its devices): those configured before
+        it get their old options back, and the reload is refused."""
         done: list[Backend] = []
-        for b in changed:
+        for b in self.changed:
             try:
-                await b.configure_from(new)
+                await b.configure_read(self._read[b.name], new)
             except ConfigError:
                 await _restore(done, old)
+                self.changed, self._read = [], {}
                 raise
             done.append(b)
-        self.changed, self._old = changed, old
 
     async def discard(self) -> None:
-        if self._old is not None:
-            await _restore(self.changed, self._old)
-        self.changed = []
+        self.changed, self._read = [], {}
 
     async def apply(self, old: Config, new: Config) -> None:
         for b in self.changed:
