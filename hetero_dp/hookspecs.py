@@ -26,9 +26,12 @@ the error as the reason, and the daemon keeps serving everything else.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 import pluggy
+
+from hetero_dp.model.errors import AllocationError, ConfigError
 
 if TYPE_CHECKING:
     from hetero_dp.kits.runtimeconf import RuntimeView
@@ -313,3 +316,64 @@ def parse_args(args: list[str]) -> Mapping[str, Any] | None:
 @hookspec
 def shutdown() -> None:
     """Release what :func:`configure` or :func:`watch` acquired. Called once at exit."""
+
+
+# -- how the framework calls each hook: one row per specification above ----------------
+
+
+@dataclass(frozen=True)
+class HookPolicy:
+    """How the framework calls one hook: the engine's hook runner
+    (``hetero_dp/engine/hookrunner.py``) and the hook reference (``docs/hooks.md``)
+    both read this, so adding a hook is its specification and its row in
+    :data:`POLICY`.
+
+    ``runs``: where a plain (not ``async def``) implementation runs. ``"worker"``:
+    the backend's worker threads; ``"request"``: the threads of the hooks the
+    kubelet waits on, apart from the others, so a hanging health check cannot hold
+    up an Allocate; ``"thread"``: a thread of its own for the daemon's life;
+    ``"loop"``: called on the event loop as it is (it must return at once);
+    ``"start-up"``: called before the event loop starts. An ``async def``
+    implementation always runs on the loop.
+
+    ``timeout``: seconds, ``"hookTimeout"`` (the setting) or ``"none"``.
+    ``passes``: what the hook may raise to refuse, given to the caller as raised;
+    anything else (and a timeout) becomes a ``BackendError`` naming the backend,
+    the hook and the line that raised. ``result``: the name of the check of what
+    the hook returns (a function in ``hetero_dp/engine/results.py``), ``"caller"``
+    where the caller judges it against the call's arguments, ``""`` where it is not
+    read.
+    """
+
+    runs: Literal["worker", "request", "thread", "loop", "start-up"]
+    timeout: float | Literal["hookTimeout", "none"] = "hookTimeout"
+    passes: tuple[type[Exception], ...] = ()
+    result: str = ""
+
+
+#: One row per hook, in the order of the specifications.
+POLICY: dict[str, HookPolicy] = {
+    "configure": HookPolicy("worker", passes=(ConfigError, ValueError)),
+    "discover": HookPolicy("worker", result="devices"),
+    "check_health": HookPolicy("worker", result="health_verdict"),
+    "watch": HookPolicy("thread", timeout="none"),
+    "allocate": HookPolicy("request", passes=(AllocationError, ConfigError, ValueError)),
+    "allocate_key": HookPolicy("loop", timeout="none", result="caller"),
+    "pre_start_container": HookPolicy("request", timeout=30, passes=(AllocationError,)),
+    "preferred_allocation": HookPolicy("request", passes=(AllocationError,), result="caller"),
+    "prepare": HookPolicy("worker", result="caller"),
+    "partitions": HookPolicy("worker", result="caller"),
+    "unprepare": HookPolicy("worker"),
+    "links": HookPolicy("worker", result="links"),
+    "labels": HookPolicy("worker", result="labels"),
+    "metrics": HookPolicy("worker", result="samples"),
+    "doctor": HookPolicy("worker", result="checks"),
+    "runtime_advice": HookPolicy("worker", result="check"),
+    "resource_defaults": HookPolicy("worker", result="mapping"),
+    "cdi_spec_edits": HookPolicy("worker", result="mapping"),
+    "config_sections": HookPolicy("start-up", timeout="none", result="sections"),
+    "parse_args": HookPolicy(
+        "start-up", timeout="none", passes=(ConfigError,), result="parsed_args"
+    ),
+    "shutdown": HookPolicy("worker", timeout=5),
+}

@@ -70,6 +70,34 @@ def _signature(name: str, fn: object) -> str:
     return f"def {name}({params}) -> {ret}" if ret is not inspect.Signature.empty else name
 
 
+# where a plain hook function runs, as the policy table's ``runs`` says it
+RUNS = {
+    "worker": "worker thread",
+    "request": "request thread",
+    "thread": "its own thread",
+    "loop": "the event loop",
+    "start-up": "before the loop",
+}
+
+
+def _policy_cells(name: str) -> list[str]:
+    """The cells of hook ``name``'s row of hookspecs.POLICY: runs, timeout, passes
+    through, result check."""
+    from hetero_dp import hookspecs
+    from hetero_dp.engine.results import CHECKS
+
+    row = hookspecs.POLICY[name]
+    timeout = row.timeout
+    limit = f"{timeout:g} s" if isinstance(timeout, int | float) else f"`{timeout}`"
+    passes = ", ".join(f"`{e.__name__}`" for e in row.passes) or "nothing"
+    if row.result in CHECKS:
+        doc = inspect.getdoc(CHECKS[row.result]) or ""
+        result = _markdown(" ".join(doc.split("\n\n")[0].split()), set())
+    else:
+        result = "judged by its caller" if row.result == "caller" else "not read"
+    return [RUNS[row.runs], limit, passes, result]
+
+
 def render() -> str:
     from hetero_dp import hookspecs
 
@@ -82,11 +110,26 @@ def render() -> str:
         doc = inspect.cleandoc(fn.__doc__ or "")  # type: ignore[attr-defined]
         out.append(f"| [`{name}`](#{name}) | {_markdown(doc.split(chr(10))[0], names)} |")
     out.append("")
+    out.append("## How each hook is called\n")
+    policy_doc = inspect.getdoc(hookspecs.HookPolicy) or ""
+    out.append(_markdown(policy_doc, names) + "\n")
+    out.append(
+        "| hook | a plain function runs in | timeout | passes through | result |\n"
+        "|---|---|---|---|---|"
+    )
+    for name, _fn, _first in hooks:
+        out.append(f"| [`{name}`](#{name}) | " + " | ".join(_policy_cells(name)) + " |")
+    out.append("")
     for name, fn, _first in hooks:
         out.append(f"## {name}\n")
         # the marker: tests/kit/test_doc_blocks.py loads the signature as a backend
         out.append(f"<!-- run: hook -->\n```python\n@hookimpl\n{_signature(name, fn)}: ...\n```\n")
         out.append(_markdown(inspect.cleandoc(fn.__doc__ or ""), names) + "\n")  # type: ignore[attr-defined]
+        runs, limit, passes, result = _policy_cells(name)
+        out.append(
+            f"Called in: {runs} (an `async def` one on the loop); timeout: {limit}; "
+            f"passes through: {passes}; result: {result}.\n"
+        )
         extra = EXTRA / f"{name}.md"
         if extra.is_file():  # Markdown too long for a docstring (tables, links)
             out.append(extra.read_text().rstrip() + "\n")

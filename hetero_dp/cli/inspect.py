@@ -35,7 +35,7 @@ async def configured_backend(spec: str | Backend, cfg: Config) -> AsyncIterator[
         yield backend
     finally:
         with contextlib.suppress(BackendError):
-            await backend.call("shutdown", timeout=5)
+            await backend.call("shutdown")
         backend.close()
 
 
@@ -66,7 +66,7 @@ async def discover_once(spec: str | Backend, cfg: Config, *, health: bool = True
     and ConfigError when nothing is left), and (unless ``health`` is False) run its
     health check over the rest (:func:`judged`). A failing hook raises BackendError."""
     async with configured_backend(spec, cfg) as backend:
-        devices = await backend.discover()
+        devices = await backend.call("discover")
         refused = check_names({backend.name: devices}, cfg.sharing)
         if health:
             devices = await judged(backend, devices)

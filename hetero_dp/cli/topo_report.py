@@ -271,10 +271,10 @@ async def backend_topology(spec: str | Backend, cfg: Config) -> tuple[list[Devic
     from hetero_dp.cli.inspect import configured_backend, judged
 
     async with configured_backend(spec, cfg) as backend:
-        found = await backend.discover()
+        found = await backend.call("discover")
         refused = check_names({backend.name: found}, cfg.sharing)
         devices = await judged(backend, [d for d in found if d.id not in refused])
-        links = await backend.links(devices) if backend.implements("links") else []
+        links = await backend.call("links", devices=devices) if backend.implements("links") else []
     return devices, links
 
 

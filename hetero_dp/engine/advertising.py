@@ -59,7 +59,7 @@ class Advertiser:
         if not self._wants_defaults(name, rt):  # loaded already (by a concurrent publish too)
             return
         try:
-            defaults = await rt.backend.resource_defaults(name)
+            defaults = await rt.backend.call("resource_defaults", resource=name)
             parse_delivery(
                 {**defaults, **self.engine.config.resource_settings(name)},
                 f"resource_defaults({name})",
@@ -204,7 +204,7 @@ class Advertiser:
 
     async def _refresh_links(self, rt: BackendRuntime) -> None:
         try:
-            links = await rt.backend.links(list(rt.discovered.values()))
+            links = await rt.backend.call("links", devices=list(rt.discovered.values()))
         except BackendError as e:
             self.engine.hook_error(rt, "links", e)
             return

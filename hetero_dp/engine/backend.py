@@ -1,33 +1,32 @@
 """One loaded backend: its hooks, called safely, their results checked.
 
-The three jobs live in their own modules, each usable without a daemon:
-:mod:`.hookrunner` runs hooks (threads, timeouts, containment; ``async def`` hooks
-on the loop), :mod:`.results` checks what they return, :mod:`.binding` binds the
-options ``configure`` declares; :mod:`.healthcalls` runs ``check_health`` over many
-devices. :class:`Backend` puts them together for the engine. Finding and loading
-backends is :mod:`hetero_dp.engine.loading`.
+The jobs live in their own modules, each usable without a daemon:
+:mod:`.hookrunner` runs hooks as their rows in :data:`hetero_dp.hookspecs.POLICY`
+say (threads, timeouts, containment, the check of the result from :mod:`.results`;
+``async def`` hooks on the loop), :mod:`.binding` binds the options ``configure``
+declares; :mod:`.healthcalls` runs ``check_health`` over many devices.
+:class:`Backend` puts them together for the engine: ``await backend.call(hook,
+...)`` is every hook's call. Finding and loading backends is
+:mod:`hetero_dp.engine.loading`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-from hetero_dp.engine import results
 from hetero_dp.engine.binding import OptionBinder, configure_error, placed
 from hetero_dp.engine.healthcalls import check_health_many
-from hetero_dp.engine.hookrunner import REQUEST_HOOKS, HookRunner, defined_at, hook_impls
-from hetero_dp.model.device import Check, Device, Link, Sample
+from hetero_dp.engine.hookrunner import HookRunner, hook_impls
+from hetero_dp.model.device import Device
 from hetero_dp.model.errors import BackendError, ConfigError, StartError
 
 if TYPE_CHECKING:
     from hetero_dp.engine.config import Config
 
-__all__ = ["REQUEST_HOOKS", "Backend"]
-
-_T = TypeVar("_T")
+__all__ = ["Backend"]
 
 
 class Backend:
@@ -166,13 +165,13 @@ class Backend:
             return {}
         try:
             result = self.runner.call_sync("parse_args", {"args": list(args)})
-        except ConfigError as e:
+        except ConfigError as e:  # the row's passes: a refusal of the flags
             raise configure_error(self.name, e) from None
         except Exception as e:
             raise ConfigError(
                 f"backend {self.name!r} hook parse_args raised {e!r}", source="command line"
             ) from None
-        return results.parsed_args(self.name, result)
+        return dict(self.runner.checked("parse_args", result))
 
     def config_sections(self) -> dict[str, str]:
         """The config sections this backend claims (its ``config_sections`` hook, run
@@ -185,59 +184,13 @@ class Backend:
             raise ConfigError(
                 f"backend {self.name!r} hook config_sections raised {e!r}", field="backend"
             ) from None
-        return results.sections(self.name, result)
+        return dict(self.runner.checked("config_sections", result))
 
-    # -- typed hooks: each result checked (results) -----------------------------
-
-    def _shaped(self, hook: str, check: Callable[[str, Any], _T], result: Any) -> _T:
-        """``check(name, result)``; a wrong shape names the hook's file and line."""
-        try:
-            return check(self.name, result)
-        except BackendError as e:
-            where = defined_at(self.runner.hook_function(hook))
-            if not where:
-                raise
-            raise BackendError(f"{e} (hook {hook} defined at {where})") from None
-
-    async def discover(self) -> list[Device]:
-        return self._shaped("discover", results.devices, await self.call("discover"))
-
-    def health_verdict(self, result: Any) -> tuple[bool, str]:
-        """A check_health result as (healthy, reason); BackendError for garbage."""
-        return self._shaped("check_health", results.health_verdict, result)
-
-    async def check_health(self, device: Device) -> tuple[bool, str]:
-        result = await self.call("check_health", key=device.id, device=device)
-        return self.health_verdict(result)
+    # -- check_health over many devices (healthcalls) ----------------------------
 
     async def check_health_many(
         self, devices: list[Device], on_error: Callable[[BackendError], None] | None = None
     ) -> dict[str, tuple[bool, str]]:
         """check_health over ``devices``: a verdict per device ID (see
         :mod:`.healthcalls`)."""
-        return await check_health_many(self.runner, self.health_verdict, devices, on_error)
-
-    async def links(self, devices: list[Device]) -> list[Link]:
-        return self._shaped("links", results.links, await self.call("links", devices=devices))
-
-    async def labels(self, devices: list[Device]) -> dict[str, str]:
-        return self._shaped("labels", results.labels, await self.call("labels", devices=devices))
-
-    async def metrics(self, devices: list[Device]) -> list[Sample]:
-        result = await self.call("metrics", devices=devices)
-        return self._shaped("metrics", results.samples, result)
-
-    async def doctor(self, options: Mapping[str, Any]) -> list[Check]:
-        return results.checks(await self.call("doctor", options=options))
-
-    async def runtime_advice(self, runtime: Any, needs_cdi: bool, root: str) -> list[Check]:
-        result = await self.call("runtime_advice", runtime=runtime, needs_cdi=needs_cdi, root=root)
-        return results.checks([result] if isinstance(result, Check) else result)
-
-    async def resource_defaults(self, resource: str) -> dict[str, Any]:
-        result = await self.call("resource_defaults", resource=resource)
-        return results.mapping(self.name, "resource_defaults", result)
-
-    async def cdi_spec_edits(self, kind: str, devices: list[Device]) -> dict[str, Any]:
-        result = await self.call("cdi_spec_edits", kind=kind, devices=devices)
-        return results.mapping(self.name, "cdi_spec_edits", result)
+        return await check_health_many(self.runner, devices, on_error)

@@ -229,7 +229,7 @@ class _Backend(Protocol):
 
     def implements(self, hook: str) -> bool: ...
 
-    async def cdi_spec_edits(self, kind: str, devices: list[Device]) -> dict[str, Any]: ...
+    async def call(self, hook: str, **kwargs: Any) -> Any: ...
 
 
 async def spec_wide_edits(backend: _Backend, kind: str, devices: list[Device]) -> dict[str, Any]:
@@ -237,7 +237,7 @@ async def spec_wide_edits(backend: _Backend, kind: str, devices: list[Device]) -
     to the spec of ``kind`` holding ``devices``, checked by the container gate; raises
     BackendError (the hook failed) or ConfigError (the gate refused what it returned).
     Used for the device-plugin specs here and for DRA claim specs."""
-    edits = await backend.cdi_spec_edits(kind, devices)
+    edits: dict[str, Any] = await backend.call("cdi_spec_edits", kind=kind, devices=devices)
     problems = edits_problems(edits)
     if problems:  # the container gate, for what the spec adds to every device
         raise ConfigError(

@@ -54,7 +54,9 @@ def _claims(name: str) -> tuple[tuple[str, str], ...]:
             pm = pluggy.PluginManager("hetero_dp")
             pm.add_hookspecs(hookspecs)
             pm.register(plugin, name=name)
-            return tuple(results.sections(name, pm.hook.config_sections()).items())
+            return tuple(
+                results.sections(name, "config_sections", pm.hook.config_sections()).items()
+            )
         except Exception:  # one that does not load claims nothing here;
             return ()  # running it names its error
     return ()

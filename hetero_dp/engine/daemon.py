@@ -305,7 +305,7 @@ class Daemon:
             if rt.watch_thread is not None:  # it may still be inside a vendor call
                 await asyncio.get_running_loop().run_in_executor(None, rt.watch_thread.join, 5)
             try:
-                await rt.backend.call("shutdown", timeout=5)
+                await rt.backend.call("shutdown")
             except BackendError as e:
                 self.hook_error(rt, "shutdown", e)
             rt.backend.close()

@@ -29,7 +29,6 @@ HEALTH_CHUNK = 256  # devices per worker call in a health poll
 HEALTH_YIELD_EVERY = 8
 
 Verdict = tuple[bool, str]
-Judge = Callable[[Any], Verdict]  # a check_health result -> verdict (BackendError for garbage)
 
 
 class _HealthBatch:
@@ -45,7 +44,6 @@ class _HealthBatch:
 
 async def check_health_many(
     runner: HookRunner,
-    judge: Judge,
     devices: list[Device],
     on_error: Callable[[BackendError], None] | None = None,
 ) -> dict[str, Verdict]:
@@ -66,13 +64,13 @@ async def check_health_many(
 
         async def one(d: Device) -> None:
             try:
-                out[d.id] = judge(await runner.call("check_health", key=d.id, device=d))
+                out[d.id] = await runner.call("check_health", key=d.id, device=d)
             except BackendError as e:
                 failed(d.id, e)
 
         await asyncio.gather(*(one(d) for d in devices))
         return out
-    limit = runner.timeout
+    limit = runner.limit("check_health")
     todo = []
     for d in devices:
         if (stuck := runner.still_stuck("check_health", d.id, limit)) is not None:
@@ -81,15 +79,12 @@ async def check_health_many(
             todo.append(d)
     size = max(1, min(HEALTH_CHUNK, -(-len(todo) // WORKERS)))
     chunks = [todo[i : i + size] for i in range(0, len(todo), size)]
-    await asyncio.gather(
-        *(_check_chunk(runner, judge, function, c, limit, out, failed) for c in chunks)
-    )
+    await asyncio.gather(*(_check_chunk(runner, function, c, limit, out, failed) for c in chunks))
     return out
 
 
 async def _check_chunk(
     runner: HookRunner,
-    judge: Judge,
     function: Any,
     devices: list[Device],
     limit: float,
@@ -100,7 +95,7 @@ async def _check_chunk(
     while devices:
         batch = _HealthBatch(devices)
         try:
-            cf = runner.pool.submit(_run_batch, name, judge, function, batch)
+            cf = runner.pool.submit(_run_batch, runner, function, batch)
         except PoolExhausted as e:
             for d in devices:
                 failed(d.id, BackendError(f"backend {name!r} hook check_health: {e}"))
@@ -130,8 +125,9 @@ async def _check_chunk(
                 out[device_id] = verdict
 
 
-def _run_batch(name: str, judge: Judge, function: Any, batch: _HealthBatch) -> None:
-    """In a worker thread: check each device in turn, saying which one is at hand."""
+def _run_batch(runner: HookRunner, function: Any, batch: _HealthBatch) -> None:
+    """In a worker thread: check each device in turn, saying which one is at hand; each
+    verdict through the hook's result check (:meth:`HookRunner.checked`)."""
     for i, d in enumerate(batch.devices):
         if batch.abandoned:
             return
@@ -142,11 +138,11 @@ def _run_batch(name: str, judge: Judge, function: Any, batch: _HealthBatch) -> N
             time.sleep(0)
         batch.current = (i, time.monotonic())
         try:
-            verdict: Verdict | BackendError = judge(function(device=d))
+            verdict: Verdict | BackendError = runner.checked("check_health", function(device=d))
         except BackendError as e:
             verdict = e
         except Exception as e:
-            verdict = hook_raised(name, "check_health", e, function)
+            verdict = hook_raised(runner.name, "check_health", e, function)
         if batch.abandoned:  # this call came back after it was given up on
             return
         batch.results[d.id] = verdict

@@ -1,10 +1,12 @@
 """Running one backend's hooks safely: threads, timeouts, containment.
 
-A hook declared ``async def`` (or an async generator) runs on the event loop with
-no thread hop; any other hook runs in a worker thread. Either way it runs under the
-hook timeout, and an exception, a timeout or a call into a pool whose threads are
-all stuck becomes a :class:`~hetero_dp.model.errors.BackendError`. What the hooks
-return is checked by :mod:`.results`; options are bound by :mod:`.binding`.
+How each hook is called is its row in :data:`hetero_dp.hookspecs.POLICY`, read
+here and nowhere else: the threads a plain hook runs in, its timeout, the errors
+that pass through as raised and the check of its result (:mod:`.results`). A hook
+declared ``async def`` (or an async generator) runs on the event loop with no
+thread hop. Either way it runs under its timeout, and an exception, a timeout or a
+call into a pool whose threads are all stuck becomes a
+:class:`~hetero_dp.model.errors.BackendError`. Options are bound by :mod:`.binding`.
 """
 
 from __future__ import annotations
@@ -23,16 +25,18 @@ from typing import Any
 
 import pluggy
 
+from hetero_dp.engine.results import CHECKS
 from hetero_dp.engine.workers import PoolExhausted, WorkerPool
+from hetero_dp.hookspecs import POLICY, HookPolicy
 from hetero_dp.kits.aiotools import with_timeout
-from hetero_dp.model.errors import AllocationError, BackendError, ConfigError
+from hetero_dp.model.errors import BackendError
 
 log = logging.getLogger("hetero_dp.engine.backend")
 _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # hetero_dp/
 _STDLIB = sysconfig.get_paths()["stdlib"]
 
-# Hooks the kubelet is waiting on: they run in their own threads (see HookRunner).
-REQUEST_HOOKS = frozenset({"allocate", "pre_start_container", "preferred_allocation"})
+# the check of each hook's result, from its row
+RESULT_CHECKS = {h: CHECKS[p.result] for h, p in POLICY.items() if p.result in CHECKS}
 WORKERS = 4  # threads for a backend's other blocking hooks (health, discovery...)
 REQUEST_WORKERS = 2
 # Calls given up on (past hookTimeout) whose threads may stay stuck, per pool; past
@@ -168,6 +172,7 @@ class HookRunner:
         self.name = name
         self.timeout = timeout
         self._impls = dict(impls)
+        self._policy: dict[str, HookPolicy] = {h: POLICY[h] for h in self._impls}
         # the hooks declared ``async def`` (inspect per call was a tenth of an Allocate)
         self._coroutines = frozenset(
             h for h, impl in self._impls.items() if inspect.iscoroutinefunction(impl.function)
@@ -205,7 +210,8 @@ class HookRunner:
         """Start the thread of the kubelet's hooks now (when the backend runs any of
         them in threads), so the first Allocate does not pay for starting it."""
         if any(
-            h in self._impls and not runs_on_loop(self._impls[h].function) for h in REQUEST_HOOKS
+            p.runs == "request" and not runs_on_loop(self._impls[h].function)
+            for h, p in self._policy.items()
         ):
             self.request_pool.warm()
 
@@ -262,8 +268,27 @@ class HookRunner:
             if self.on_returned is not None:
                 self.on_returned(hook, key)
 
+    def checked(self, hook: str, result: Any) -> Any:
+        """``result`` through the check of ``hook``'s row (as it is if the row has
+        none); a BackendError for a wrong shape names the hook's file and line."""
+        check = RESULT_CHECKS.get(hook)
+        if check is None:
+            return result
+        try:
+            return check(self.name, hook, result)
+        except BackendError as e:
+            where = defined_at(self.hook_function(hook))
+            if not where:
+                raise
+            raise BackendError(f"{e} (hook {hook} defined at {where})") from None
+
+    def limit(self, hook: str) -> float:
+        """``hook``'s timeout in seconds: its row's, or the ``hookTimeout`` setting."""
+        timeout = POLICY[hook].timeout
+        return timeout if isinstance(timeout, int | float) else self.timeout
+
     async def _in_thread(self, hook: str, key: str | None, limit: float, kwargs: Any) -> Any:
-        pool = self.request_pool if hook in REQUEST_HOOKS else self.pool
+        pool = self.request_pool if self._policy[hook].runs == "request" else self.pool
         if key is not None and (stuck := self.still_stuck(hook, key, limit)) is not None:
             raise stuck
         try:
@@ -280,47 +305,46 @@ class HookRunner:
     async def call(
         self, hook: str, *, timeout: float | None = None, key: str | None = None, **kwargs: Any
     ) -> Any:
-        """Call one hook; BackendError on raise, timeout or a stuck call.
+        """Call one hook as its row says; BackendError on raise, timeout or a stuck call.
 
         An ``async def`` hook runs on the loop with no thread hop; a blocking hook
-        runs in a worker thread, and when it passes its timeout the call is given up
-        on and its thread replaced (see :mod:`.workers`). With ``key`` (a device ID),
-        a call still stuck for that key is not started again: the BackendError says
-        since when it is stuck. The kubelet's hooks may refuse with AllocationError,
-        ``allocate`` and ``configure`` with ConfigError or ValueError: those pass
-        through as raised.
+        runs in the threads its row names, and when it passes its timeout (the row's,
+        or ``timeout`` given here) the call is given up on and its thread replaced
+        (see :mod:`.workers`). With ``key`` (a device ID, a claim's UID), a call still
+        stuck for that key is not started again: the BackendError says since when it
+        is stuck. What the row's ``passes`` names passes through as raised. The
+        result goes through the row's check (:meth:`checked`); a hook the backend
+        does not implement answers as if it returned None.
         """
         impl = self._impls.get(hook)
         if impl is None:
-            return None
+            return self.checked(hook, None)
         function: Any = impl.function
-        limit = self.timeout if timeout is None else timeout
+        limit = self.limit(hook) if timeout is None else timeout
         try:
             if hook in self._coroutines:
                 argnames = impl.argnames
                 # all the arguments given (the kubelet's hooks): no dict to filter them
                 args = kwargs if len(argnames) == len(kwargs) else {k: kwargs[k] for k in argnames}
-                return await run_eagerly(function(**args), limit)
-            if inspect.isasyncgenfunction(function):
+                result = await run_eagerly(function(**args), limit)
+            elif inspect.isasyncgenfunction(function):
                 args = {k: kwargs[k] for k in impl.argnames}
 
                 async def collect() -> list[Any]:
                     return [x async for x in function(**args)]
 
-                return await with_timeout(collect(), limit)
-            return await self._in_thread(hook, key, limit, kwargs)
+                result = await with_timeout(collect(), limit)
+            else:
+                result = await self._in_thread(hook, key, limit, kwargs)
         except asyncio.TimeoutError as e:
             raise BackendError(hook_timed_out(self.name, hook, limit, function, key or "")) from e
         except (asyncio.CancelledError, BackendError):
             raise
-        except AllocationError as e:
-            if hook in REQUEST_HOOKS:  # a documented refusal: its own code and message
-                raise
-            raise hook_raised(self.name, hook, e, function) from e
         except Exception as e:
-            if hook in ("allocate", "configure") and isinstance(e, ConfigError | ValueError):
+            if isinstance(e, self._policy[hook].passes):  # a documented refusal
                 raise
             raise hook_raised(self.name, hook, e, function) from e
+        return result if hook not in RESULT_CHECKS else self.checked(hook, result)
 
     def close(self) -> None:
         self.pool.shutdown()

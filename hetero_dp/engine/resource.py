@@ -216,7 +216,7 @@ class Resource:
         validate_ids(self.state, ids, require_healthy=False)
         physical = self._physical_devices(ids)
         try:
-            await self.backend.call("pre_start_container", devices=physical, timeout=30)
+            await self.backend.call("pre_start_container", devices=physical)
         except BackendError as e:
             raise AllocationError(f"{self.name}: pre-start of {show_ids(ids)}: {e}") from e
 

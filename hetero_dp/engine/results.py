@@ -1,15 +1,19 @@
 """Checking what a backend's hooks return.
 
-Pure functions, one per hook whose result the engine reads: each takes the
-backend's name and the raw result, and returns it in the engine's shape or raises
-a :class:`~hetero_dp.model.errors.BackendError` (a ConfigError for ``parse_args``,
-which runs before start-up) that names the backend, the hook and what came back.
+Pure functions, one per kind of result the engine reads, found by name in
+:data:`CHECKS` from the ``result`` of a hook's row in
+:data:`hetero_dp.hookspecs.POLICY` (the hook runner applies it to every call): each
+takes the backend's name, the hook's name and the raw result, and returns it in the
+engine's shape or raises a :class:`~hetero_dp.model.errors.BackendError` (a
+ConfigError for the hooks run before start-up) that names the backend, the hook and
+what came back. The first line of each docstring is the hook reference's
+description of the check.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from hetero_dp.model.device import Check, Device, Link, Sample
@@ -25,31 +29,31 @@ def _what(result: Any) -> str:
     return f"{type(result).__name__} {result!r}"[:120]
 
 
-def devices(name: str, result: Any) -> list[Device]:
-    """``discover``: Devices with unique IDs (None: none)."""
+def devices(name: str, hook: str, result: Any) -> list[Device]:
+    """An iterable of Device with unique IDs (None: none)."""
     if result is None:
         return []
     if not isinstance(result, Iterable) or isinstance(result, str | bytes):
         raise BackendError(
-            f"backend {name!r} discover returned {_what(result)}; expected an iterable of "
+            f"backend {name!r} {hook} returned {_what(result)}; expected an iterable of "
             "Device (return a list of them, or yield each one)"
         )
     found = list(result)
     bad = [d for d in found if not isinstance(d, Device)]
     if bad:
         raise BackendError(
-            f"backend {name!r} discover returned items that are not Device: "
+            f"backend {name!r} {hook} returned items that are not Device: "
             f"{', '.join(_what(b) for b in bad[:3])}; expected Device(id, resource, ...)"
         )
     dupes = sorted(i for i, n in Counter(d.id for d in found).items() if n > 1)
     if dupes:
-        raise BackendError(f"backend {name!r} discover returned duplicate IDs: {dupes}")
+        raise BackendError(f"backend {name!r} {hook} returned duplicate IDs: {dupes}")
     return found
 
 
-def health_verdict(name: str, result: Any) -> tuple[bool, str]:
-    """``check_health``: (healthy, reason) from True/None, False, a reason string or a
-    (bool, reason) pair."""
+def health_verdict(name: str, hook: str, result: Any) -> tuple[bool, str]:
+    """True/None (healthy), False or a reason string (unhealthy), or a (bool, reason)
+    pair; read as (healthy, reason)."""
     if result is None or result is True:
         return True, ""
     if result is False:
@@ -60,8 +64,7 @@ def health_verdict(name: str, result: Any) -> tuple[bool, str]:
         why = result[1]
         return bool(result[0]), why if isinstance(why, str) else str(why)
     raise BackendError(
-        f"backend {name!r} check_health returned {result!r}; "
-        "expected True/None, False or a reason string"
+        f"backend {name!r} {hook} returned {result!r}; expected True/None, False or a reason string"
     )
 
 
@@ -78,32 +81,40 @@ def _all_of(kind: type[T], name: str, hook: str, result: Any) -> list[T]:
     return found
 
 
-def links(name: str, result: Any) -> list[Link]:
-    return _all_of(Link, name, "links", result)
+def links(name: str, hook: str, result: Any) -> list[Link]:
+    """An iterable of Link (None: none)."""
+    return _all_of(Link, name, hook, result)
 
 
-def labels(name: str, result: Any) -> dict[str, str]:
+def labels(name: str, hook: str, result: Any) -> dict[str, str]:
+    """A mapping of label names to values (None: none), both read as strings."""
     if result is None:
         return {}
     if not isinstance(result, Mapping):
         raise BackendError(
-            f"backend {name!r} labels returned {_what(result)}; expected a mapping of "
+            f"backend {name!r} {hook} returned {_what(result)}; expected a mapping of "
             "label names to values"
         )
     return {str(k): str(v) for k, v in result.items()}
 
 
-def samples(name: str, result: Any) -> list[Sample]:
-    return _all_of(Sample, name, "metrics", result)
+def samples(name: str, hook: str, result: Any) -> list[Sample]:
+    """An iterable of Sample (None: none)."""
+    return _all_of(Sample, name, hook, result)
 
 
-def checks(result: Any) -> list[Check]:
-    """``doctor``: the Checks (anything else is dropped)."""
+def checks(name: str, hook: str, result: Any) -> list[Check]:
+    """An iterable of Check (anything else in it is dropped)."""
     return [c for c in (result or []) if isinstance(c, Check)]
 
 
+def check(name: str, hook: str, result: Any) -> list[Check]:
+    """One Check or None, read as a list of it."""
+    return checks(name, hook, [result] if isinstance(result, Check) else result)
+
+
 def mapping(name: str, hook: str, result: Any) -> dict[str, Any]:
-    """A hook that returns a mapping or None (``cdi_spec_edits``, ``resource_defaults``)."""
+    """A mapping or None (none)."""
     if result is None:
         return {}
     if not isinstance(result, Mapping):
@@ -111,28 +122,46 @@ def mapping(name: str, hook: str, result: Any) -> dict[str, Any]:
     return dict(result)
 
 
-def parsed_args(name: str, result: Any) -> dict[str, Any]:
-    """``parse_args``: options by backend section (None: none)."""
+def parsed_args(name: str, hook: str, result: Any) -> dict[str, Any]:
+    """A mapping of options (None: none); anything else stops start-up."""
     if result is None:
         return {}
     if not isinstance(result, Mapping):
         raise ConfigError(
-            f"backend {name!r} parse_args returned {type(result).__name__}",
+            f"backend {name!r} {hook} returned {type(result).__name__}",
             source="command line",
         )
     return dict(result)
 
 
-def sections(name: str, result: Any) -> dict[str, str]:
-    """``config_sections``: file key (dotted) -> option key ("" = the section's keys)."""
+def sections(name: str, hook: str, result: Any) -> dict[str, str]:
+    """A mapping of config keys (dotted) to option keys, all strings (None: none);
+    anything else stops start-up."""
     if result is None:
         return {}
     if not isinstance(result, Mapping) or not all(
         isinstance(k, str) and k and isinstance(v, str) for k, v in result.items()
     ):
         raise ConfigError(
-            f"backend {name!r} config_sections returned {result!r}; expected a mapping "
+            f"backend {name!r} {hook} returned {result!r}; expected a mapping "
             "of config keys to option keys (strings)",
             field="backend",
         )
     return dict(result)
+
+
+Check_ = Callable[[str, str, Any], Any]
+
+#: The checks by the name a hook's row gives (``HookPolicy.result``).
+CHECKS: dict[str, Check_] = {
+    "devices": devices,
+    "health_verdict": health_verdict,
+    "links": links,
+    "labels": labels,
+    "samples": samples,
+    "checks": checks,
+    "check": check,
+    "mapping": mapping,
+    "parsed_args": parsed_args,
+    "sections": sections,
+}

@@ -62,7 +62,7 @@ class BackendRuntime:
         self.discoveries += 1
         number, started_at = self.discoveries, self.tick()
         try:
-            devices = await self.backend.discover()
+            devices = await self.backend.call("discover")
         except BackendError as e:
             on_error("discover", e)
             if number > self.discovery_applied:

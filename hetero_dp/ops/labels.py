@@ -127,7 +127,7 @@ class LabelWriter:
         if self._keys.get(b.name) == key:
             return
         try:
-            labels = await b.labels(devices)
+            labels = await b.call("labels", devices=devices)
         except BackendError as e:
             log.error("%s", e, extra={"backend": b.name, "hook": "labels"})
             observe.emit("hook_error", backend=b.name, hook="labels", error=str(e))

@@ -92,24 +92,24 @@ async def test_a_stuck_blocking_call_is_not_started_again_for_its_key() -> None:
 
 def test_results_name_the_backend_and_what_came_back() -> None:
     d = Device(id="a", resource="example.com/x")
-    assert results.devices("b", None) == []
+    assert results.devices("b", "discover", None) == []
     with pytest.raises(BackendError, match=r"discover returned duplicate IDs: \['a'\]"):
-        results.devices("b", [d, d])
+        results.devices("b", "discover", [d, d])
     with pytest.raises(BackendError, match="items that are not Device: str 'a'"):
-        results.devices("b", ["a"])
+        results.devices("b", "discover", ["a"])
     with pytest.raises(BackendError, match=r"returned one Device \('a'\); expected an iterable"):
-        results.devices("b", d)
-    assert results.health_verdict("b", (False, 3)) == (False, "3")
-    assert results.health_verdict("b", "gone") == (False, "gone")
+        results.devices("b", "discover", d)
+    assert results.health_verdict("b", "check_health", (False, 3)) == (False, "3")
+    assert results.health_verdict("b", "check_health", "gone") == (False, "gone")
     with pytest.raises(BackendError, match="check_health returned 7"):
-        results.health_verdict("b", 7)
-    assert results.links("b", [Link("a", "b", 1)]) == [Link("a", "b", 1)]
+        results.health_verdict("b", "check_health", 7)
+    assert results.links("b", "links", [Link("a", "b", 1)]) == [Link("a", "b", 1)]
     with pytest.raises(BackendError, match="labels returned list"):
-        results.labels("b", [])
+        results.labels("b", "labels", [])
     with pytest.raises(BackendError, match="cdi_spec_edits returned str"):
         results.mapping("b", "cdi_spec_edits", "x")
     with pytest.raises(ConfigError, match="parse_args returned int"):
-        results.parsed_args("b", 1)
+        results.parsed_args("b", "parse_args", 1)
 
 
 @dataclass(frozen=True)

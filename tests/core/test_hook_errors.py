@@ -86,7 +86,7 @@ async def test_a_library_error_names_the_authors_line_that_called_it(tmp_path):
     path = plugin(tmp_path, "jsonish", LIBRARY)
     (backend,) = load_backends([str(path)])
     with pytest.raises(BackendError) as e:
-        await backend.discover()
+        await backend.call("discover")
     assert "raised JSONDecodeError" in str(e.value)
     assert str(e.value).endswith(f"at {path}:8")  # not json/decoder.py
     backend.close()
@@ -96,7 +96,7 @@ async def test_the_traceback_is_logged_at_debug_level(tmp_path, caplog):
     path = plugin(tmp_path, "sysfs_reader2", RAISES)
     (backend,) = load_backends([str(path)])
     with caplog.at_level(logging.DEBUG, logger="hetero_dp"), pytest.raises(BackendError):
-        await backend.discover()
+        await backend.call("discover")
     backend.close()
     [record] = [r for r in caplog.records if r.levelno == logging.DEBUG and r.exc_info]
     assert "read_sysfs" in caplog.text and "Traceback" in caplog.text
@@ -107,7 +107,7 @@ async def test_a_wrong_shape_says_what_was_expected_and_where_the_hook_is(tmp_pa
     path = plugin(tmp_path, "one_device", SHAPES)
     (backend,) = load_backends([str(path)])
     with pytest.raises(BackendError) as e:
-        await backend.discover()
+        await backend.call("discover")
     backend.close()
     message = str(e.value)
     assert "discover returned one Device ('npu0')" in message

@@ -46,7 +46,7 @@ async def check_devices(
                 )
                 continue
             try:
-                devices = await b.discover()
+                devices = await b.call("discover")
             except BackendError as e:
                 failed = b.name in driver_failed
                 out.append(
@@ -64,13 +64,13 @@ async def check_devices(
                 continue
             for name in sorted({d.resource for d in devices}):
                 try:
-                    defaults = await b.resource_defaults(name)
+                    defaults = await b.call("resource_defaults", resource=name)
                 except BackendError:
                     defaults = {}
                 resources[name] = {**defaults, **config.resource_settings(name)}
         finally:
             with contextlib.suppress(BackendError):
-                await b.call("shutdown", timeout=5)
+                await b.call("shutdown")
         if not devices:
             out.append(
                 Finding(

@@ -41,7 +41,7 @@ async def check_driver(config: Config, backends: Sequence[Backend]) -> list[Find
             )
             continue
         try:
-            checks = await b.doctor(options)
+            checks = await b.call("doctor", options=options)
         except BackendError as e:
             out.append(
                 Finding(

@@ -133,7 +133,9 @@ async def _advice(
         if not b.implements("runtime_advice"):
             continue
         try:
-            out += await b.runtime_advice(view, needs_cdi, str(settings.root))
+            out += await b.call(
+                "runtime_advice", runtime=view, needs_cdi=needs_cdi, root=str(settings.root)
+            )
         except BackendError as e:
             out.append(Check(f"{b.name} advice", "fail", f"the backend's advice crashed: {e}"))
     return out
