@@ -13,6 +13,7 @@
  *   fake_nvml_set_lost(gpu, lost)                   -> mark a GPU lost (or back)
  *   fake_nvml_wait_waiters(n, timeout_ms)           -> 1 once n threads wait in nvmlEventSetWait
  *   fake_nvml_set_value(gpu, name, value)           -> change temp/util/power/memused
+ *   fake_nvml_set_proc_util(gpu, pid, sm, mem)      -> a new utilization sample of a process
  *   fake_nvml_reset()                               -> forget everything (next init reloads)
  *   fake_nvml_call_count(gpu)                       -> device calls so far on a GPU
  *   fake_nvml_release_hangs()                       -> calls blocked by a hang=1 fault return
@@ -151,6 +152,15 @@ typedef struct {
     unsigned int gpuInstanceId, computeInstanceId;
 } nvmlProcessInfo_t;
 
+/* nvml.h nvmlProcessUtilizationSample_t (pynvml's c_nvmlProcessUtilizationSample_t): the
+ * process, the CPU timestamp of the sample in microseconds, and its SM, memory, encoder
+ * and decoder utilization in percent (NVML API reference, nvmlDeviceGetProcessUtilization). */
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+
 /* Sizes the Python side checks against pynvml's ctypes structures. */
 unsigned int fake_nvml_sizeof(const char *name) {
     if (!strcmp(name, "nvmlPciInfo_t")) return sizeof(nvmlPciInfo_t);
@@ -160,6 +170,8 @@ unsigned int fake_nvml_sizeof(const char *name) {
     if (!strcmp(name, "nvmlDeviceAttributes_t")) return sizeof(nvmlDeviceAttributes_t);
     if (!strcmp(name, "nvmlEventData_t")) return sizeof(nvmlEventData_t);
     if (!strcmp(name, "nvmlProcessInfo_t")) return sizeof(nvmlProcessInfo_t);
+    if (!strcmp(name, "nvmlProcessUtilizationSample_t"))
+        return sizeof(nvmlProcessUtilizationSample_t);
     if (!strcmp(name, "nvmlGpuInstanceInfo_t")) return sizeof(nvmlGpuInstanceInfo_t);
     if (!strcmp(name, "nvmlGpuInstanceProfileInfo_t"))
         return sizeof(nvmlGpuInstanceProfileInfo_t);
@@ -203,9 +215,15 @@ struct fdev {
     int max_links;
     int link_remote[MAXLINK]; /* GPU index, -1 (inactive) or -2 (an NVSwitch) */
     unsigned compute_mode; /* nvmlComputeMode_t: 0 DEFAULT ... 3 EXCLUSIVE_PROCESS */
-    int nproc; /* compute processes (scenario "proc gpu=N pid=P used=MiB|-1") */
+    int nproc; /* compute processes (scenario "proc gpu=N pid=P used=MiB|-1 ...") */
     unsigned proc_pid[MAXPROC];
     long long proc_used_mb[MAXPROC]; /* -1: NVML cannot tell */
+    unsigned proc_gi[MAXPROC], proc_ci[MAXPROC]; /* 0xFFFFFFFF: not on a MIG instance */
+    int proc_mps[MAXPROC]; /* an MPS client: listed by the MPS call, not the plain one */
+    /* the process's last utilization sample (percent); ts 0 = none (it never had a
+     * non-zero utilization, so NVML has no sample of it) */
+    unsigned proc_sm[MAXPROC], proc_mem[MAXPROC], proc_enc[MAXPROC], proc_dec[MAXPROC];
+    unsigned long long proc_ts[MAXPROC];
 };
 
 struct fault {
@@ -261,6 +279,19 @@ static void cv_init(void) {
     pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
     pthread_cond_init(&cv, &a);
     pthread_condattr_destroy(&a);
+}
+
+/* A process utilization sample's timestamp: CPU time in microseconds since the epoch
+ * (NVML API reference, nvmlProcessUtilizationSample_t "CPU Timestamp in microseconds"),
+ * strictly increasing here so that a test's new sample is always newer. */
+static unsigned long long last_sample_ts;
+
+static unsigned long long sample_time(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    unsigned long long now = (unsigned long long)ts.tv_sec * 1000000ULL + ts.tv_nsec / 1000ULL;
+    if (now <= last_sample_ts) now = last_sample_ts + 1;
+    return last_sample_ts = now;
 }
 
 /* ---- scenario parsing ---- */
@@ -411,12 +442,25 @@ static int load_scenario(const char *path) {
                     if (gpus[b].link_remote[j] < 0) { gpus[b].link_remote[j] = a; break; }
             }
         } else if (!strcmp(k, "proc")) {
-            /* proc gpu=0 pid=4242 used=1024: a compute process and its framebuffer */
+            /* proc gpu=0 pid=4242 used=1024 [gi=G ci=C] [mps=1] [sm=S memutil=M enc=E dec=D]:
+             * a compute process, its framebuffer, its MIG instance, whether it is an MPS
+             * client, and a utilization sample (taken when the scenario loads) */
             long g = kvl(ntok, toks, "gpu", -1);
             if (g < 0 || g >= ngpu || gpus[g].nproc >= MAXPROC) continue;
             struct fdev *d = &gpus[g];
-            d->proc_pid[d->nproc] = kvl(ntok, toks, "pid", 1000 + d->nproc);
-            d->proc_used_mb[d->nproc++] = kvl(ntok, toks, "used", -1);
+            int i = d->nproc++;
+            d->proc_pid[i] = kvl(ntok, toks, "pid", 1000 + i);
+            d->proc_used_mb[i] = kvl(ntok, toks, "used", -1);
+            d->proc_gi[i] = (unsigned)kvl(ntok, toks, "gi", 0xFFFFFFFFL);
+            d->proc_ci[i] = (unsigned)kvl(ntok, toks, "ci", 0xFFFFFFFFL);
+            d->proc_mps[i] = (int)kvl(ntok, toks, "mps", 0);
+            if (kv(ntok, toks, "sm") || kv(ntok, toks, "memutil")) {
+                d->proc_sm[i] = (unsigned)kvl(ntok, toks, "sm", 0);
+                d->proc_mem[i] = (unsigned)kvl(ntok, toks, "memutil", 0);
+                d->proc_enc[i] = (unsigned)kvl(ntok, toks, "enc", 0);
+                d->proc_dec[i] = (unsigned)kvl(ntok, toks, "dec", 0);
+                d->proc_ts[i] = sample_time();
+            }
         } else if (!strcmp(k, "topo")) {
             long a = kvl(ntok, toks, "a", -1), b = kvl(ntok, toks, "b", -1);
             long lvl = kvl(ntok, toks, "level", 50);
@@ -465,6 +509,7 @@ static int fault_check(const char *fn, struct fdev *d) {
         if (strcmp(ft->fn, "*") && strcmp(ft->fn, fn)) continue;
         if (ft->dev >= 0 && ft->dev != phys) continue;
         if (ft->mig >= 0 && ft->mig != mig) continue;
+        if (ft->mig == -2 && mig != -1) continue; /* migdev=-2: the GPU's own handle only */
         ft->hits++;
         if (ft->hits <= ft->after) continue;
         if (ft->times && ft->fired >= ft->times) continue;
@@ -713,27 +758,117 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
     return NVML_SUCCESS;
 }
 
-/* NVML API reference, nvmlDeviceGetComputeRunningProcesses_v3: with *infoCount too
- * small (or infos NULL) it sets *infoCount to the number of processes and returns
- * NVML_ERROR_INSUFFICIENT_SIZE, NVML_SUCCESS when there are none; pynvml's wrapper
- * calls it first with 0/NULL, then with a larger array. */
+/* The processes of a device as NVML lists them (NVML API reference and nvml.h,
+ * nvmlDeviceGetComputeRunningProcesses_v3 / nvmlDeviceGetMPSComputeRunningProcesses_v3):
+ * - the count in/out protocol: with *infoCount too small (or infos NULL) it sets
+ *   *infoCount to the number of processes and returns INSUFFICIENT_SIZE, SUCCESS when
+ *   there are none; pynvml's wrappers call first with 0/NULL, then with a larger array;
+ * - usedGpuMemory is NVML_VALUE_NOT_AVAILABLE (all ones) when the driver cannot tell;
+ * - "In MIG mode, if device handle is provided, the API returns aggregate information":
+ *   a parent GPU in MIG mode lists every instance's processes, each with its GPU and
+ *   compute instance IDs; "per-instance information can be queried by using specific
+ *   MIG device handles": a MIG handle lists the processes of its own instance;
+ * - the MPS call lists the processes "with a MPS compute context" (MPS clients), the
+ *   plain call the others (scenario key mps=1 says which list a process is on). */
+static nvmlReturn_t list_processes(struct fdev *d, unsigned int *infoCount,
+                                   nvmlProcessInfo_t *infos, int mps) {
+    if (!infoCount) return NVML_ERROR_INVALID_ARGUMENT;
+    struct fdev *g = d->is_mig ? d->parent : d;
+    unsigned idx[MAXPROC], n = 0;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < g->nproc; i++) {
+        if (g->proc_mps[i] != mps) continue;
+        if (d->is_mig && (g->proc_gi[i] != d->gi || g->proc_ci[i] != d->ci)) continue;
+        idx[n++] = (unsigned)i;
+    }
+    if (!infos || *infoCount < n) {
+        *infoCount = n;
+        pthread_mutex_unlock(&mu);
+        return n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    }
+    for (unsigned k = 0; k < n; k++) {
+        unsigned i = idx[k];
+        infos[k].pid = g->proc_pid[i];
+        infos[k].usedGpuMemory =
+            g->proc_used_mb[i] < 0 ? ~0ULL : (unsigned long long)g->proc_used_mb[i] << 20;
+        /* 0xFFFFFFFF without MIG (nvml.h nvmlProcessInfo_t: "If MIG is enabled, stores a
+         * valid GPU instance ID. gpuInstanceId is set to 0xFFFFFFFF otherwise.") */
+        infos[k].gpuInstanceId = g->mig_mode ? g->proc_gi[i] : 0xFFFFFFFFu;
+        infos[k].computeInstanceId = g->mig_mode ? g->proc_ci[i] : 0xFFFFFFFFu;
+    }
+    *infoCount = n;
+    pthread_mutex_unlock(&mu);
+    return NVML_SUCCESS;
+}
+
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *infoCount,
                                                       nvmlProcessInfo_t *infos) {
     ENTER(d);
-    if (!infoCount) return NVML_ERROR_INVALID_ARGUMENT;
-    if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED; /* guessed: we query GPUs only */
-    unsigned n = (unsigned)d->nproc;
-    if (!infos || *infoCount < n) {
-        *infoCount = n;
-        return n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    return list_processes(d, infoCount, infos, 0);
+}
+
+/* nvmlProcessInfo_v2_t has the same layout as v3 (nvml.h; pynvml aliases the two);
+ * pynvml's nvmlDeviceGetComputeRunningProcesses resolves _v3, the _v2 entry points are
+ * for callers that name them. */
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *infoCount,
+                                                      nvmlProcessInfo_t *infos) {
+    ENTER(d);
+    return list_processes(d, infoCount, infos, 0);
+}
+
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *infoCount,
+                                                         nvmlProcessInfo_t *infos) {
+    ENTER(d);
+    return list_processes(d, infoCount, infos, 1);
+}
+
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *infoCount,
+                                                         nvmlProcessInfo_t *infos) {
+    ENTER(d);
+    return list_processes(d, infoCount, infos, 1);
+}
+
+/* nvml.h, nvmlDeviceGetProcessUtilization: "One utilization sample structure is returned
+ * per process running, that had some non-zero utilization during the last sample period",
+ * only samples newer than lastSeenTimeStamp; "If no valid sample entries are found since
+ * the lastSeenTimeStamp, NVML_ERROR_NOT_FOUND is returned"; the buffer is sized by a
+ * first call with utilization NULL, which answers INSUFFICIENT_SIZE with the count (the
+ * protocol pynvml's wrapper follows: it raises on any other answer to that call).
+ * NOT_SUPPORTED on MIG devices and on a GPU in MIG mode: nvml.h says of
+ * nvmlDeviceGetUtilizationRates "On MIG-enabled GPUs, querying device utilization rates
+ * is not currently supported", and NVIDIA's MIG user guide leaves utilization out of
+ * what is reported per MIG device; that the per-process samples follow it is guessed. */
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d,
+                                             nvmlProcessUtilizationSample_t *utilization,
+                                             unsigned int *processSamplesCount,
+                                             unsigned long long lastSeenTimeStamp) {
+    ENTER(d);
+    if (!processSamplesCount) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->is_mig || d->mig_mode) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned idx[MAXPROC], n = 0;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < d->nproc; i++)
+        if (d->proc_ts[i] && d->proc_ts[i] > lastSeenTimeStamp) idx[n++] = (unsigned)i;
+    if (!n) {
+        pthread_mutex_unlock(&mu);
+        return NVML_ERROR_NOT_FOUND;
     }
-    for (unsigned i = 0; i < n; i++) {
-        infos[i].pid = d->proc_pid[i];
-        infos[i].usedGpuMemory =
-            d->proc_used_mb[i] < 0 ? ~0ULL : (unsigned long long)d->proc_used_mb[i] << 20;
-        infos[i].gpuInstanceId = infos[i].computeInstanceId = 0xFFFFFFFFu;
+    if (!utilization || *processSamplesCount < n) {
+        *processSamplesCount = n;
+        pthread_mutex_unlock(&mu);
+        return NVML_ERROR_INSUFFICIENT_SIZE;
     }
-    *infoCount = n;
+    for (unsigned k = 0; k < n; k++) {
+        unsigned i = idx[k];
+        utilization[k].pid = d->proc_pid[i];
+        utilization[k].timeStamp = d->proc_ts[i];
+        utilization[k].smUtil = d->proc_sm[i];
+        utilization[k].memUtil = d->proc_mem[i];
+        utilization[k].encUtil = d->proc_enc[i];
+        utilization[k].decUtil = d->proc_dec[i];
+    }
+    *processSamplesCount = n;
+    pthread_mutex_unlock(&mu);
     return NVML_SUCCESS;
 }
 
@@ -1321,6 +1456,25 @@ int fake_nvml_set_value(unsigned gpu, const char *name, long value) {
     else if (!strcmp(name, "power")) gpus[gpu].power_mw = value;
     else if (!strcmp(name, "used")) gpus[gpu].used_mb = value;
     else ok = 0;
+    pthread_mutex_unlock(&mu);
+    return ok;
+}
+
+/* A new utilization sample of process pid on GPU gpu, taken now (newer than any
+ * before); 0 when the GPU or the process is not there. */
+int fake_nvml_set_proc_util(unsigned gpu, unsigned pid, unsigned sm, unsigned mem) {
+    int ok = 0;
+    pthread_mutex_lock(&mu);
+    if (gpu < (unsigned)ngpu) {
+        struct fdev *d = &gpus[gpu];
+        for (int i = 0; i < d->nproc; i++)
+            if (d->proc_pid[i] == pid) {
+                d->proc_sm[i] = sm;
+                d->proc_mem[i] = mem;
+                d->proc_ts[i] = sample_time();
+                ok = 1;
+            }
+    }
     pthread_mutex_unlock(&mu);
     return ok;
 }

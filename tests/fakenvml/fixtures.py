@@ -66,6 +66,7 @@ def fake_nvml_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     lib.fake_nvml_wait_waiters.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.fake_nvml_wait_hanging.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.fake_nvml_set_value.argtypes = [ctypes.c_uint, ctypes.c_char_p, ctypes.c_long]
+    lib.fake_nvml_set_proc_util.argtypes = [ctypes.c_uint] * 4
     lib.fake_nvml_call_count.argtypes = [ctypes.c_uint]
     lib.fake_nvml_call_count.restype = ctypes.c_long
     lib.fake_nvml_sizeof.argtypes = [ctypes.c_char_p]

@@ -20,6 +20,7 @@ import pytest
         ("nvmlGpuInstanceInfo_t", pynvml.c_nvmlGpuInstanceInfo_t, 24),
         ("nvmlGpuInstanceProfileInfo_t", pynvml.c_nvmlGpuInstanceProfileInfo_t, 48),
         ("nvmlProcessInfo_t", pynvml.c_nvmlProcessInfo_v3_t, 24),
+        ("nvmlProcessUtilizationSample_t", pynvml.c_nvmlProcessUtilizationSample_t, 32),
     ],
 )
 def test_struct_sizes_match_pynvml(fake_nvml_lib, c_name, py_struct, expected):
@@ -90,5 +91,96 @@ def test_event_wait_wakes_on_injection(fake_node, fake_nvml_lib):
         with pytest.raises(pynvml.NVMLError_Timeout):
             pynvml.nvmlEventSetWait(es, 1)
         pynvml.nvmlEventSetFree(es)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _procs(procs):
+    return sorted((p.pid, p.usedGpuMemory, p.gpuInstanceId, p.computeInstanceId) for p in procs)
+
+
+def test_running_processes_plain_mps_and_per_mig_instance(fake_node):
+    node = fake_node(
+        "a100-mig-mixed.scn",
+        "proc gpu=3 pid=10 used=100",
+        "proc gpu=3 pid=11 used=-1 mps=1",
+        "proc gpu=1 pid=20 used=200 gi=1 ci=0",
+        "proc gpu=1 pid=21 used=300 gi=2 ci=0",
+    )
+    mib, none = 1 << 20, 0xFFFFFFFF
+    pynvml.nvmlInit()
+    try:
+        whole = pynvml.nvmlDeviceGetHandleByIndex(3)
+        # not available (all ones) reads as None in pynvml; no MIG: instance IDs all ones
+        assert _procs(pynvml.nvmlDeviceGetComputeRunningProcesses(whole)) == [
+            (10, 100 * mib, none, none)
+        ]
+        assert _procs(pynvml.nvmlDeviceGetMPSComputeRunningProcesses(whole)) == [
+            (11, None, none, none)
+        ]
+        # the v2 entry point answers alike (same layout)
+        assert _procs(pynvml.nvmlDeviceGetComputeRunningProcesses_v2(whole)) == [
+            (10, 100 * mib, none, none)
+        ]
+        mig_gpu = pynvml.nvmlDeviceGetHandleByIndex(1)
+        assert _procs(pynvml.nvmlDeviceGetComputeRunningProcesses(mig_gpu)) == [
+            (20, 200 * mib, 1, 0),
+            (21, 300 * mib, 2, 0),
+        ]
+        second = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(mig_gpu, 1)
+        assert pynvml.nvmlDeviceGetUUID(second) == node.mig_uuids(1)[1]
+        assert _procs(pynvml.nvmlDeviceGetComputeRunningProcesses(second)) == [
+            (21, 300 * mib, 2, 0)
+        ]
+        assert (
+            pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(0)) == []
+        )
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def test_process_utilization_since_a_timestamp(fake_node):
+    node = fake_node(
+        "a100-mig-mixed.scn",
+        "proc gpu=3 pid=10 used=100 sm=40 memutil=7",
+        "proc gpu=3 pid=11 used=100",  # never busy: no sample
+        "proc gpu=1 pid=20 used=200 gi=1 ci=0 sm=50",
+    )
+    pynvml.nvmlInit()
+    try:
+        gpu = pynvml.nvmlDeviceGetHandleByIndex(3)
+        (sample,) = pynvml.nvmlDeviceGetProcessUtilization(gpu, 0)
+        assert (sample.pid, sample.smUtil, sample.memUtil) == (10, 40, 7)
+        assert sample.timeStamp > 1_600_000_000 * 10**6  # microseconds since the epoch
+        with pytest.raises(pynvml.NVMLError_NotFound):  # nothing newer
+            pynvml.nvmlDeviceGetProcessUtilization(gpu, sample.timeStamp)
+        assert node.lib.fake_nvml_set_proc_util(3, 11, 90, 1) == 1
+        (newer,) = pynvml.nvmlDeviceGetProcessUtilization(gpu, sample.timeStamp)
+        assert (newer.pid, newer.smUtil) == (11, 90)
+        assert newer.timeStamp > sample.timeStamp
+        mig_gpu = pynvml.nvmlDeviceGetHandleByIndex(1)
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            pynvml.nvmlDeviceGetProcessUtilization(mig_gpu, 0)
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            pynvml.nvmlDeviceGetProcessUtilization(
+                pynvml.nvmlDeviceGetMigDeviceHandleByIndex(mig_gpu, 0), 0
+            )
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def test_a_fault_on_the_gpu_handle_only_spares_its_mig_devices(fake_node):
+    fake_node(
+        "a100-mig-mixed.scn",
+        "proc gpu=1 pid=20 used=200 gi=1 ci=0",
+        "fault fn=nvmlDeviceGetComputeRunningProcesses_v3 dev=1 migdev=-2 err=4",
+    )
+    pynvml.nvmlInit()
+    try:
+        mig_gpu = pynvml.nvmlDeviceGetHandleByIndex(1)
+        with pytest.raises(pynvml.NVMLError_NoPermission):
+            pynvml.nvmlDeviceGetComputeRunningProcesses(mig_gpu)
+        first = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(mig_gpu, 0)
+        assert [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(first)] == [20]
     finally:
         pynvml.nvmlShutdown()
