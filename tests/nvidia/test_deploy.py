@@ -179,7 +179,9 @@ def test_least_privilege_by_default():
     assert sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert sc["readOnlyRootFilesystem"] is True
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
     pod = ds["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
     assert pod["automountServiceAccountToken"] is False
     assert "hostNetwork" not in pod and "hostPID" not in pod
     mounts = {m["mountPath"]: m.get("readOnly", False) for m in c["volumeMounts"]}
@@ -194,7 +196,11 @@ def test_pass_device_specs_makes_it_privileged():
     docs = render_chart(chart_values(compatWithCPUManager=True))
     validate(docs)
     _, c = container(docs)
-    assert c["securityContext"] == {"privileged": True, "readOnlyRootFilesystem": True}
+    assert c["securityContext"] == {
+        "privileged": True,
+        "readOnlyRootFilesystem": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     assert env(c)["PASS_DEVICE_SPECS"] == "true"
 
 
@@ -343,3 +349,12 @@ def test_mps_values_mount_the_root_and_shm_as_nvidias_chart():
     ds, c = container(render_chart(chart_values(mps=external)))
     assert env(c)["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
     assert "hostPID" not in ds["spec"]["template"]["spec"]
+
+
+def test_pod_security_context_values_keep_seccomp_unless_they_name_a_profile():
+    pod = container(render_chart(chart_values(podSecurityContext={"runAsNonRoot": True})))[0]
+    sc = pod["spec"]["template"]["spec"]["securityContext"]
+    assert sc == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    own = {"type": "Localhost", "localhostProfile": "profiles/hetero-dp.json"}
+    pod = container(render_chart(chart_values(podSecurityContext={"seccompProfile": own})))[0]
+    assert pod["spec"]["template"]["spec"]["securityContext"] == {"seccompProfile": own}

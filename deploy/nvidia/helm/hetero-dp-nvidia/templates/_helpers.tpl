@@ -62,6 +62,8 @@ A config-manager container (init: --oneshot). Only these containers get an API t
       drop:
         - ALL
     readOnlyRootFilesystem: true
+    seccompProfile:
+      type: RuntimeDefault
   volumeMounts:
     - name: available-configs
       mountPath: /available-configs
