@@ -41,8 +41,9 @@ def render_values(helm: str, chart: Path, values: dict[str, Any]) -> list[dict]:
 def chart_renderings(helm: str) -> Iterator[tuple[str, list[dict]]]:
     for case in CASES:
         chart, values = case.values
-        yield f"{chart.name} with {values.name if values else 'default values'}", render(
-            helm, chart, values
+        yield (
+            f"{chart.name} with {values.name if values else 'default values'}",
+            render(helm, chart, values),
         )
         if values is None:
             for name, extra in EXTRA_VALUES.items():
