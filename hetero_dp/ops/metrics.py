@@ -74,13 +74,21 @@ class _StateCollector(Collector):
             "1 while the resource is registered and its ListAndWatch stream is open.",
             labels=["resource"],
         )
+        device_healthy = GaugeMetricFamily(
+            PREFIX + "device_healthy",
+            "1 while an advertised device is healthy, 0 while not (reason: why).",
+            labels=["resource", "device", "reason"],
+        )
         for name, res in sorted(daemon.resources.items()):
+            for d in res.state.devices:
+                reason = "" if d.healthy else str(d.reason or "")[:MAX_REASON]
+                device_healthy.add_metric([name, d.id, reason], 1 if d.healthy else 0)
             total.add_metric([name], len(res.state.devices))
             healthy.add_metric([name], res.state.healthy_count)
             streams.add_metric([name], res.open_streams)
             registered.add_metric([name], 1 if res.registered else 0)
             ready.add_metric([name], 1 if res.ready else 0)
-        yield from (total, healthy, streams, registered, ready)
+        yield from (total, healthy, device_healthy, streams, registered, ready)
         yield from self.metrics.backend_families()
 
 

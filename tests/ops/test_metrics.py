@@ -24,6 +24,8 @@ async def test_metrics_follow_allocations_and_health(fake_kubelet, plugin_runner
     m = await scrape(daemon)
     assert value(m, "hetero_dp_devices", resource=RES) == 3
     assert value(m, "hetero_dp_devices_healthy", resource=RES) == 3
+    for dev in ("dev0", "dev1", "dev2"):  # one series per advertised device
+        assert value(m, "hetero_dp_device_healthy", resource=RES, device=dev, reason="") == 1
     assert value(m, "hetero_dp_list_and_watch_streams", resource=RES) == 1
     assert value(m, "hetero_dp_resource_ready", resource=RES) == 1
     assert value(m, "hetero_dp_registrations_total", resource=RES, mode="classic") == 1
@@ -46,6 +48,10 @@ async def test_metrics_follow_allocations_and_health(fake_kubelet, plugin_runner
     m = await scrape(daemon)
     assert value(m, "hetero_dp_devices", resource=RES) == 3
     assert value(m, "hetero_dp_devices_healthy", resource=RES) == 2
+    per_device = "hetero_dp_device_healthy"
+    assert value(m, per_device, resource=RES, device="dev1", reason="XID 79") == 0
+    assert (per_device, (("device", "dev1"), ("reason", ""), ("resource", RES))) not in m
+    assert value(m, per_device, resource=RES, device="dev0", reason="") == 1
     transitions = "hetero_dp_health_transitions_total"
     assert value(m, transitions, resource=RES, health="unhealthy", reason="XID 79") == 1
 
