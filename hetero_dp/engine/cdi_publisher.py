@@ -474,3 +474,14 @@ def make_cdi_publisher(
     except ConfigError as e:
         raise ConfigError(e.reason, field=e.field, source=source) from None
     return CDIPublisher(writer, settings_for, check_first=enabled is None)
+
+
+async def read_cdi_off(runtime_config: str) -> str | None:
+    """Why the runtime whose config is ``runtime_config`` (``cdi.runtimeConfig``) cannot
+    consume CDI: None when it can, when that cannot be told, or when none is set. Read
+    in a thread, at start and on every reload."""
+    if not runtime_config:
+        return None
+    from hetero_dp.kits.runtimeconf import runtime_cdi_off
+
+    return await asyncio.to_thread(runtime_cdi_off, Path(runtime_config))

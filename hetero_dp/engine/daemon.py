@@ -26,12 +26,11 @@ import functools
 import logging
 import signal
 from collections.abc import Coroutine
-from pathlib import Path
 from typing import Any
 
 from hetero_dp.engine.advertising import Advertiser
 from hetero_dp.engine.backend import Backend
-from hetero_dp.engine.cdi_publisher import make_cdi_publisher
+from hetero_dp.engine.cdi_publisher import make_cdi_publisher, read_cdi_off
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.extension import Extension
 from hetero_dp.engine.frontend import FrontEnd, Publisher
@@ -91,11 +90,8 @@ class Daemon:
         for b in self.backends:
             b.timeout = self.config.hook_timeout
             await b.configure_from(self.config)
-        runtime_config = self.config.cdi.get("runtimeConfig")
-        if runtime_config:  # a CDI delivery the runtime would ignore falls back (resource.py)
-            from hetero_dp.kits.runtimeconf import runtime_cdi_off
-
-            self.cdi_off = runtime_cdi_off(Path(runtime_config))
+        # a CDI delivery the runtime would ignore falls back (resource.py)
+        self.cdi_off = await read_cdi_off(self.config.cdi["runtimeConfig"])
         cdi = make_cdi_publisher(self.config.cdi, self.settings_for, self.config.source)
         if cdi is not None:
             self.publishers.append(cdi)

@@ -42,7 +42,7 @@ class Resource:
         self.undefined_cdi = undefined_cdi
         self.backend = backend  # (whether it has an allocate hook: known from here on)
         # why the node's container runtime cannot consume CDI (None: it can, or unknown)
-        self.cdi_off = cdi_off
+        self._cdi_off = cdi_off
         self.settings = dict(settings or {})
         self.sharing = sharing or SharingConfig()
         self.state = ResourceState(name)
@@ -70,6 +70,19 @@ class Resource:
         self._answer_key_failed = False
 
     @property
+    def cdi_off(self) -> str | None:
+        """Why the node's container runtime cannot consume CDI (None: it can, or it is
+        unknown); set again when a reload reads ``cdi.runtimeConfig`` afresh, which
+        derives the delivery again (a CDI delivery falls back, or no longer does)."""
+        return self._cdi_off
+
+    @cdi_off.setter
+    def cdi_off(self, value: str | None) -> None:
+        if value != self._cdi_off:
+            self._cdi_off = value
+            self.settings = self._settings
+
+    @property
     def settings(self) -> Mapping[str, Any]:
         return self._settings
 
@@ -83,14 +96,14 @@ class Resource:
             self._delivery: Delivery | None = parse_delivery(self._settings, resource=self.name)
         except ConfigError:
             self._delivery = None
-        if self._delivery is not None and self._delivery.uses_cdi and self.cdi_off:
+        if self._delivery is not None and self._delivery.uses_cdi and self._cdi_off:
             fallback = without_cdi(self._delivery)
             log.warning(
                 "%s: delivery %s needs CDI, but %s: delivering with %s instead, so pods "
                 "get their device nodes",
                 self.name,
                 ",".join(self._delivery.strategies),
-                self.cdi_off,
+                self._cdi_off,
                 ",".join(fallback.strategies),
             )
             self._delivery = fallback
@@ -116,10 +129,11 @@ class Resource:
             devices.append(d)
         return devices
 
-    def _stamp(self) -> tuple[int, Mapping[str, Any], SharingConfig]:
-        # the records (every state update), the settings (delivery) and the sharing
-        # config: together they decide the answer before the hook
-        return (self.state.generation, self._settings, self.sharing)
+    def _stamp(self) -> tuple[int, Mapping[str, Any], SharingConfig, str | None]:
+        # the records (every state update), the settings and whether the runtime takes
+        # CDI (together: the delivery) and the sharing config decide the answer before
+        # the hook
+        return (self.state.generation, self._settings, self.sharing, self._cdi_off)
 
     def answer_stamp(self) -> object | None:
         """Equal from one call to the next for as long as :meth:`allocate` answers the

@@ -89,3 +89,53 @@ def test_docker_without_the_cdi_feature_is_cdi_off(tmp_path: Path):
     daemon_json.write_text('{"features": {"cdi": true}}')
     assert runtime_cdi_off(daemon_json) is None
     assert runtime_cdi_off(tmp_path / "missing.toml") is None  # unknown: nothing assumed
+
+
+async def test_a_reload_to_a_runtime_config_with_cdi_on_delivers_with_cdi(
+    fake_kubelet, plugin_runner, tmp_path, runtime_config
+):
+    """``cdi.runtimeConfig`` changed by a reload (the file rewritten on disk) from
+    containerd 1.6 (CDI off) to a 1.7 config with ``enable_cdi = true``: Allocate
+    answers with CDI names from then on, and back with device specs when it changes
+    back. Before, the runtime config was read only at start: the reload said
+    "applied" and Allocate kept falling back."""
+    import yaml
+
+    from hetero_dp.engine.config import load_config
+    from hetero_dp.ops.reload import ConfigReloader
+
+    cdi_dir = tmp_path / "cdi"
+    off, on = runtime_config(CONTAINERD_16), runtime_config(CONTAINERD_17_CDI, "cdi.toml")
+    doc = {
+        "kubeletDir": str(fake_kubelet.plugin_dir),
+        "pluginsRegistryDir": str(fake_kubelet.registry_dir),
+        "healthInterval": 0,
+        "rediscoverInterval": 0,
+        "cdi": {"enabled": True, "dir": str(cdi_dir), "runtimeConfig": str(off)},
+        "resources": {RES: {"deliver": ["cdi-cri"]}},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    daemon = await plugin_runner.start(Acme(2), config=doc)
+    await fake_kubelet.wait_devices(RES, lambda d: len(d) == 2)
+    r = await fake_kubelet.allocate(RES, ["accel1"])
+    assert list(r.cdi_devices) == [] and len(r.devices) == 2
+    reloader = ConfigReloader(daemon, path, lambda: load_config(path, env={}))
+    reloader.start()
+    try:
+        doc["cdi"]["runtimeConfig"] = str(on)
+        path.write_text(yaml.safe_dump(doc))
+        results = await reloader.wait_results(1)
+        assert results[0].startswith("applied"), results
+        r = await fake_kubelet.allocate(RES, ["accel1"])
+        assert [c.name for c in r.cdi_devices] == ["acme.com/accel=accel1"]
+        assert list(r.devices) == []
+
+        doc["cdi"]["runtimeConfig"] = str(off)
+        path.write_text(yaml.safe_dump(doc))
+        results = await reloader.wait_results(2)
+        assert results[1].startswith("applied"), results
+        r = await fake_kubelet.allocate(RES, ["accel1"])
+        assert list(r.cdi_devices) == [] and len(r.devices) == 2
+    finally:
+        await reloader.stop()

@@ -1,9 +1,12 @@
 """The ``cdi`` section: a new spec writer, its dir checked before anything changes;
-the old one's specs are removed when it is replaced."""
+the old one's specs are removed when it is replaced. ``cdi.runtimeConfig`` is read
+again on every reload (a new path, or the runtime's own config changed and SIGHUP
+sent): the resources that deliver through CDI fall back to device specs, or stop
+falling back, from the next Allocate on."""
 
 from __future__ import annotations
 
-from hetero_dp.engine.cdi_publisher import CDIPublisher, make_cdi_publisher
+from hetero_dp.engine.cdi_publisher import CDIPublisher, make_cdi_publisher, read_cdi_off
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.reconfigure.target import Target
 
@@ -12,15 +15,20 @@ class CDISettings:
     def __init__(self, engine: Target) -> None:
         self.engine = engine
         self._new: CDIPublisher | None = None
+        self._cdi_off: str | None = None
 
     async def prepare(self, old: Config, new: Config) -> None:
         if old.cdi != new.cdi:  # enabled unset: the dir is checked when first needed
             self._new = make_cdi_publisher(new.cdi, self.engine.settings_for, new.source)
+        self._cdi_off = await read_cdi_off(new.cdi["runtimeConfig"])
 
     async def discard(self) -> None:
         self._new = None
 
     async def apply(self, old: Config, new: Config) -> None:
+        self.engine.cdi_off = self._cdi_off
+        for res in self.engine.resources.values():
+            res.cdi_off = self._cdi_off
         if old.cdi == new.cdi:
             return
         publishers = self.engine.publishers

@@ -17,6 +17,7 @@ class Target(Engine, Protocol):
     resource_defaults: dict[str, dict[str, Any]]
     extensions: list[Extension]
     front_end: FrontEnd
+    cdi_off: str | None
 
     @property
     def owner(self) -> dict[str, str]: ...
