@@ -146,6 +146,12 @@ class DRADriver:
             running=lambda: self._running,
         )
 
+    def follow_cdi_dir(self, cdi_dir: Path) -> None:
+        """Claims prepared from now on have their CDI specs in ``cdi_dir`` (a reload of
+        ``cdi.dir``, checked by the caller); those prepared before keep theirs."""
+        self.settings.cdi_dir = cdi_dir
+        self.preparer.cdi_dir = Path(cdi_dir)
+
     @property
     def running(self) -> bool:
         return self._running

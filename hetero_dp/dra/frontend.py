@@ -8,6 +8,7 @@ backend's devices goes to one :class:`DRADriver` per resource name.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -27,7 +28,7 @@ from hetero_dp.dra.driver import (
 from hetero_dp.dra.names import driver_name_for, driver_name_problem
 from hetero_dp.dra.prepare import ClaimError, ClaimRef
 from hetero_dp.dra.slices import VERSIONS
-from hetero_dp.engine.cdi_publisher import spec_wide_edits
+from hetero_dp.engine.cdi_publisher import CDIWriter, spec_wide_edits
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.frontend import Attached, Engine
 from hetero_dp.engine.resource import Resource
@@ -121,7 +122,7 @@ class DRAFrontEnd(Attached):
                 node=self.dra.node_name,
                 plugins_dir=self.dra.plugins_dir,
                 registry_dir=self.engine.config.plugins_registry_dir,
-                cdi_dir=self.dra.cdi_dir or Path(self.engine.config.cdi["dir"]),
+                cdi_dir=self._cdi_dir(self.engine.config),
                 resync_interval=self.dra.resync_interval,
                 api_versions=self.dra.api_versions,
                 resource=resource,
@@ -343,11 +344,27 @@ class DRAFrontEnd(Attached):
 
     # --- reload (engine/frontend.py Reloadable) ---------------------------------
 
+    def _cdi_dir(self, cfg: Config) -> Path:
+        return self.dra.cdi_dir or Path(cfg.cdi["dir"])
+
     async def prepare(self, old: Config, new: Config) -> None:
-        pass
+        """A new ``cdi.dir`` is checked (made if missing, takes files) before anything
+        changes: the claims prepared after the reload have their specs there."""
+        if self._cdi_dir(new) == self._cdi_dir(old):
+            return
+        writer = CDIWriter(self._cdi_dir(new))
+        try:
+            await asyncio.to_thread(writer.check, "cdi.dir")
+        except ConfigError as e:
+            raise ConfigError(e.reason, field=e.field, source=new.source) from None
 
     async def discard(self) -> None:
         pass
 
     async def apply(self, old: Config, new: Config) -> None:
-        pass
+        """Every driver writes the specs of claims it prepares from now on in the new
+        ``cdi.dir``; a claim prepared before keeps its spec where it was written (the
+        checkpoint names it: unprepare removes it there)."""
+        cdi_dir = self._cdi_dir(new)
+        for driver in self.drivers.values():
+            driver.follow_cdi_dir(cdi_dir)

@@ -87,3 +87,52 @@ async def test_resource_resources_and_numa_nodes_take_effect_on_reload(dra, api_
             and api_server.devices_of(other) == {}
         )
     )
+
+
+async def test_a_cdi_dir_reload_moves_the_drivers_claim_specs(dra, kubelet, api_server):
+    """``cdi.dir`` changed by a reload (the file rewritten on disk): a claim prepared
+    after it has its CDI spec in the new dir; one prepared before is unprepared from
+    where its spec was written. Before, each driver kept the dir it was created with."""
+    import yaml
+
+    from hetero_dp.ops.reload import ConfigReloader
+    from hetero_dp.testing.dra import ClaimRef, make_claim
+
+    from .backend import DRIVER, Npus
+
+    daemon = await dra.start(Npus(2))
+    await kubelet.wait_registered(DRIVER)
+    await api_server.wait_for(lambda: len(api_server.devices_of(DRIVER)) == 2)
+
+    async def prepare(name: str, device: str) -> ClaimRef:
+        claim = make_claim(name, [("npu", device_name(device))], driver=DRIVER, pool="node-a")
+        ref = ClaimRef.of(api_server.add_claim(claim))
+        entry = (await kubelet.node_prepare(DRIVER, [ref])).claims[ref.uid]
+        assert entry.error == ""
+        return ref
+
+    def specs(directory) -> list[str]:
+        return [p.name for p in directory.glob("*.json")]
+
+    first = await prepare("first", "NPU-0000")
+    assert specs(dra.cdi_dir) == [f"hetero-dp-dra_{DRIVER}_{first.uid}.json"]
+
+    moved = dra.root / "cdi2"
+    moved.mkdir()
+    path = dra.root / "config.yaml"
+    raw = dict(daemon.config.raw)
+    path.write_text(yaml.safe_dump(raw))
+    reloader = ConfigReloader(daemon, path, lambda: load_config(path, env={}))
+    reloader.start()
+    try:
+        path.write_text(yaml.safe_dump(dict(raw, cdi={**raw["cdi"], "dir": str(moved)})))
+        results = await reloader.wait_results(1)
+        assert results[0].startswith("applied"), results
+    finally:
+        await reloader.stop()
+    second = await prepare("second", "NPU-0001")
+    assert specs(moved) == [f"hetero-dp-dra_{DRIVER}_{second.uid}.json"]
+    assert len(list(dra.cdi_dir.glob("*.json"))) == 1  # the first claim's, where it was
+    response = await kubelet.node_unprepare(DRIVER, [first, second])
+    assert all(c.error == "" for c in response.claims.values())
+    assert list(dra.cdi_dir.glob("*.json")) == [] and list(moved.glob("*.json")) == []
