@@ -137,10 +137,10 @@ def main() -> None:
 )
 @click.option(
     "--mode",
-    type=click.Choice(["device-plugin", "dra"]),
     default="device-plugin",
     show_default=True,
-    help="Serve as device plugins, or as DRA drivers (see docs/dra.md).",
+    help="The front end: device-plugin, or dra for DRA drivers (see docs/dra.md); "
+    "any front end installed in the entry-point group hetero_dp.front_ends.",
 )
 @click.option("--node-name", help="DRA: this node's name (env NODE_NAME).")
 @click.option(
@@ -197,10 +197,8 @@ def run(
     from hetero_dp.kits.signals import hold_signals
 
     hold_signals()  # first: a signal during start-up must not kill the daemon halfway
-    from hetero_dp.engine.build import build_daemon
-    from hetero_dp.engine.frontend import FrontEnd
-    from hetero_dp.engine.loading import load_backends
     from hetero_dp.kits.logs import setup_logging
+    from hetero_dp.ops.assembly import assemble
 
     flags: dict[str, Any] = dict(
         # a relative dir on the command line is the shell's: made absolute here
@@ -221,9 +219,14 @@ def run(
     if cdi_runtime_config:
         flags["cdi"] = {"runtimeConfig": cdi_runtime_config}
     trial_root = None
+    fake_nodes: str | None = None
     if fake_kubelet:
+        import tempfile
+
         from hetero_dp.cli.trial import fake_kubelet_dirs
 
+        # a trial, as under the testing harness: fake nodes in /tmp
+        fake_nodes = os.path.realpath(tempfile.gettempdir())
         if mode != "device-plugin":
             _fail_config(ConfigError("--fake-kubelet serves device plugins only", field="mode"))
         trial_root, trial_dp, trial_reg = fake_kubelet_dirs()
@@ -236,40 +239,38 @@ def run(
         names, backend_args = split_backend_args(backends)
         if not names:
             raise ConfigError("name at least one backend before its flags", source="command line")
-        loaded = load_backends(names)
-        from_flags = backend_flag_options(loaded, backend_args)
+        from_flags: dict[str, dict[str, Any]] | None = None
 
-        def read_config() -> Config:  # at start-up, and again for each reload
+        def read_config(loaded: list[Any]) -> Config:  # at start-up, and for each reload
+            nonlocal from_flags
+            if from_flags is None:  # the backend's own flags, parsed once
+                from_flags = backend_flag_options(loaded, backend_args)
             return _checked_config(config, options, loaded, from_flags, **flags)
 
-        cfg = read_config()
-        setup_logging(cfg.log_level, cfg.log_format)
-        if mode == "device-plugin" and not fake_kubelet:
-            check_kubelet_dir(cfg, create=create_kubelet_dir)
-        front_end: FrontEnd
-        if mode == "dra":
-            from hetero_dp.dra.cli import make_dra_front_end
-
-            front_end = make_dra_front_end(
-                node_name, driver_names, dra_plugins_dir, api_server, kubeconfig
-            )
-        else:
-            from hetero_dp.deviceplugin.frontend import DevicePluginFrontEnd
-
-            front_end = DevicePluginFrontEnd()
-        from hetero_dp.ops import operations
-
-        # with a config file, hot reload (hetero_dp/ops/reload.py): the same sources read again
-        ops = operations.day_two(Path(config), read_config) if config else operations.day_two()
-        daemon = build_daemon(cfg, loaded, front_end, extensions=[ops])
-        if fake_kubelet:  # a trial, as under the testing harness: fake nodes in /tmp
-            import tempfile
-
-            daemon.accept_fake_nodes(os.path.realpath(tempfile.gettempdir()))
+        # every mode's own options; the front end registered as ``mode`` reads its own
+        front_end: dict[str, Any] = dict(
+            check_kubelet_dir=not fake_kubelet,
+            create_kubelet_dir=create_kubelet_dir,
+            node_name=node_name,
+            driver_names=driver_names,
+            plugins_dir=dra_plugins_dir,
+            api_server=api_server,
+            kubeconfig=kubeconfig,
+        )
+        daemon = assemble(
+            names,
+            read_config,
+            mode=mode,
+            front_end=front_end,
+            config_file=config,  # with a config file, hot reload (hetero_dp/ops/reload.py)
+            fake_nodes=fake_nodes,
+            on_config=lambda cfg: setup_logging(cfg.log_level, cfg.log_format),
+        )
         if trial_root is not None:
             from hetero_dp.cli.trial import serve_to_fake_kubelet
 
-            asyncio.run(serve_to_fake_kubelet(daemon, cfg.kubelet_dir, trial_reg, click.echo))
+            dp_dir = daemon.config.kubelet_dir
+            asyncio.run(serve_to_fake_kubelet(daemon, dp_dir, trial_reg, click.echo))
         else:
             asyncio.run(daemon.run())
             exit_now(0)  # stopped cleanly: nothing is left for finalization to do
@@ -310,41 +311,6 @@ def _fail_permission(e: PermissionError) -> None:
         err=True,
     )
     sys.exit(EXIT_CONFIG)
-
-
-def check_kubelet_dir(cfg: Config, *, create: bool) -> None:
-    """The device-plugin dir (and in watcher mode the registry dir) must exist and be
-    writable before anything starts; ConfigError naming the dir and the fix. With
-    ``create``, missing dirs are created."""
-    dirs = [("kubeletDir", Path(cfg.kubelet_dir))]
-    if cfg.registration == "watcher":
-        dirs.append(("pluginsRegistryDir", Path(cfg.plugins_registry_dir)))
-    for field, path in dirs:
-        if not path.is_absolute():  # from the config file or env: relative to nothing
-            raise ConfigError(f"must be an absolute path, got {str(path)!r}", field=field)
-        if not path.exists():
-            if not create:
-                raise ConfigError(
-                    f"{path} does not exist: is it the kubelet's dir (a typo, or the host "
-                    "dir not mounted)? Pass --create-kubelet-dir to create it",
-                    field=field,
-                )
-            try:
-                path.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise ConfigError(
-                    f"cannot create {path}: {e.strerror}; create it as a user who may, or "
-                    "choose another dir",
-                    field=field,
-                ) from None
-        if not path.is_dir():
-            raise ConfigError(f"{path} is not a directory", field=field)
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise ConfigError(
-                f"{path} is not writable by this user (uid {os.getuid()}): run as root, as "
-                "the DaemonSets do, or give this user write access to the dir",
-                field=field,
-            )
 
 
 @main.command("list")

@@ -11,13 +11,27 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 from hetero_dp.deviceplugin.dirwatch import KubeletDirWatch
 from hetero_dp.deviceplugin.endpoint import PluginEndpoint
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.frontend import Attached
 from hetero_dp.engine.resource import Resource
+from hetero_dp.model.errors import ConfigError
 from hetero_dp.model.names import instance_tag
+
+
+def make_front_end(cfg: Config, options: Mapping[str, Any]) -> DevicePluginFrontEnd:
+    """The device-plugin front end (registered as ``device-plugin``, see
+    :data:`hetero_dp.engine.frontend.FRONT_END_GROUP`). Options:
+    ``check_kubelet_dir`` (default true: the kubelet's dirs must exist and be
+    writable, :func:`check_kubelet_dir`) and ``create_kubelet_dir`` (create them
+    if missing)."""
+    if options.get("check_kubelet_dir", True):
+        check_kubelet_dir(cfg, create=bool(options.get("create_kubelet_dir", False)))
+    return DevicePluginFrontEnd()
 
 
 class DevicePluginFrontEnd(Attached):
@@ -99,3 +113,38 @@ class DevicePluginFrontEnd(Attached):
     async def apply(self, old: Config, new: Config) -> None:
         for ep in self.endpoints.values():
             ep.stream_timeout = new.stream_timeout
+
+
+def check_kubelet_dir(cfg: Config, *, create: bool) -> None:
+    """The device-plugin dir (and in watcher mode the registry dir) must exist and be
+    writable before anything starts; ConfigError naming the dir and the fix. With
+    ``create``, missing dirs are created."""
+    dirs = [("kubeletDir", Path(cfg.kubelet_dir))]
+    if cfg.registration == "watcher":
+        dirs.append(("pluginsRegistryDir", Path(cfg.plugins_registry_dir)))
+    for field, path in dirs:
+        if not path.is_absolute():  # from the config file or env: relative to nothing
+            raise ConfigError(f"must be an absolute path, got {str(path)!r}", field=field)
+        if not path.exists():
+            if not create:
+                raise ConfigError(
+                    f"{path} does not exist: is it the kubelet's dir (a typo, or the host "
+                    "dir not mounted)? Pass --create-kubelet-dir to create it",
+                    field=field,
+                )
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ConfigError(
+                    f"cannot create {path}: {e.strerror}; create it as a user who may, or "
+                    "choose another dir",
+                    field=field,
+                ) from None
+        if not path.is_dir():
+            raise ConfigError(f"{path} is not a directory", field=field)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigError(
+                f"{path} is not writable by this user (uid {os.getuid()}): run as root, as "
+                "the DaemonSets do, or give this user write access to the dir",
+                field=field,
+            )

@@ -81,6 +81,47 @@ class DRAOptions:
         return opts
 
 
+def make_front_end(cfg: Config, options: Mapping[str, Any]) -> DRAFrontEnd:
+    """The DRA front end (registered as ``dra``, see
+    :data:`hetero_dp.engine.frontend.FRONT_END_GROUP`), from ``hetero-dp run --mode
+    dra``'s flags (``node_name``, ``driver_names`` as ``[RESOURCE=]NAME`` strings,
+    ``plugins_dir``, ``api_server``, ``kubeconfig``) or a test runner's options
+    (``driver_names`` as a mapping; ``api_client``, ``env``, ``resync_interval``,
+    ``api_versions``, ``instance`` besides)."""
+    names = options.get("driver_names", ())
+    if isinstance(names, Mapping):  # resource -> name ("": a bare name), as tests give them
+        names = [f"{r}={n}" if r else n for r, n in names.items()]
+    dra = DRAOptions.from_flags(
+        node_name=options.get("node_name"),
+        driver_names=names,
+        plugins_dir=options.get("plugins_dir"),
+        env=options.get("env"),  # the environment's NODE_NAME, POD_UID (default: os.environ)
+    )
+    if not dra.node_name:
+        raise ConfigError(
+            "DRA mode needs the node's name: --node-name, or NODE_NAME from the downward API",
+            field="nodeName",
+            source="flag --node-name",
+        )
+    if "resync_interval" in options:
+        dra.resync_interval = float(options["resync_interval"])
+    if options.get("api_versions"):
+        dra.api_versions = tuple(options["api_versions"])
+    if "instance" in options:
+        dra.instance = str(options["instance"])
+    client = options.get("api_client")
+    if client is None:
+        from hetero_dp.dra.api import make_api_client
+
+        try:
+            client = make_api_client(options.get("api_server"), options.get("kubeconfig"))
+        except (ValueError, OSError) as e:  # no cluster, an unreadable kubeconfig, a bad CA
+            raise ConfigError(
+                f"cannot configure the API server client: {e}", field="kubeconfig"
+            ) from None
+    return DRAFrontEnd(dra, client)
+
+
 class DRAFrontEnd(Attached):
     name = "dra"
 

@@ -1,11 +1,12 @@
-"""One way to assemble a daemon: the CLI's ``run`` and both test runners
-(:class:`hetero_dp.testing.runner.PluginRunner`, the DRA runner) call
-:func:`build_daemon`, so tests run what production runs, day-two pieces included.
+"""The daemon from its pieces: :func:`build_daemon`, which the one assembly
+(:func:`hetero_dp.ops.assembly.assemble`, for the CLI's ``run`` and both test
+runners) calls once it has loaded the backends, read the config and built the
+front end.
 
 The engine knows neither front end nor the day-two pieces: the caller passes the
-front end (:class:`hetero_dp.deviceplugin.frontend.DevicePluginFrontEnd` or
-:class:`hetero_dp.dra.frontend.DRAFrontEnd`) and the extensions to attach
-(``hetero_dp.ops.operations.attach``: metrics, probes, labels, reload).
+front end (one registered in :data:`hetero_dp.engine.frontend.FRONT_END_GROUP`)
+and the extensions to attach (``hetero_dp.ops.operations.day_two``: metrics,
+probes, labels, reload).
 """
 
 from __future__ import annotations

@@ -2,7 +2,10 @@
 
 One engine (:class:`hetero_dp.engine.daemon.Daemon`: backends, resources, health,
 publishing) serves through exactly one front end, chosen when the daemon is built
-(:func:`hetero_dp.engine.build.build_daemon`); the engine imports neither:
+(:func:`hetero_dp.engine.build.build_daemon`); the engine imports neither. Front
+ends register themselves as backends do, through an entry-point group
+(:data:`FRONT_END_GROUP`, ``hetero-dp run --mode NAME`` looks the name up with
+:func:`front_end_maker`):
 
 - :class:`hetero_dp.deviceplugin.frontend.DevicePluginFrontEnd`: one device-plugin
   endpoint per resource, registered with the kubelet, and the kubelet dir watch;
@@ -22,7 +25,13 @@ from typing import Any, Protocol
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.resource import Resource
 from hetero_dp.engine.runtime import BackendRuntime
+from hetero_dp.kits.entrypoints import entry_points
 from hetero_dp.kits.tasks import Tasks
+from hetero_dp.model.errors import ConfigError
+
+#: The entry-point group front ends register in: ``NAME = "module:make_front_end"``,
+#: the function a :data:`MakeFrontEnd`.
+FRONT_END_GROUP = "hetero_dp.front_ends"
 
 Publisher = Callable[[BackendRuntime], Any]
 
@@ -97,3 +106,27 @@ class Attached:
 
     def attach(self, engine: Engine) -> None:
         self._engine = engine
+
+
+#: What a front end registers: ``make(config, options)`` builds it from the loaded
+#: config and its own options (the run command's flags for it, or what a test runner
+#: passes); ConfigError for options it refuses.
+MakeFrontEnd = Callable[[Config, Mapping[str, Any]], FrontEnd]
+
+
+def front_end_names() -> list[str]:
+    """The names of the installed front ends (``--mode`` values)."""
+    return sorted({ep.name for ep in entry_points(group=FRONT_END_GROUP)})
+
+
+def front_end_maker(mode: str) -> MakeFrontEnd:
+    """The registered maker of front end ``mode``; ConfigError naming the installed
+    ones if there is none by that name."""
+    for ep in entry_points(group=FRONT_END_GROUP):
+        if ep.name == mode:
+            maker: MakeFrontEnd = ep.load()  # type: ignore[assignment]
+            return maker
+    known = ", ".join(front_end_names()) or (
+        "none: the entry points of hetero-dp are not installed (reinstall it: make install)"
+    )
+    raise ConfigError(f"no front end {mode!r} is installed (installed: {known})", field="mode")

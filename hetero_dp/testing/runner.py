@@ -9,14 +9,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from hetero_dp.deviceplugin.frontend import DevicePluginFrontEnd
 from hetero_dp.engine.backend import Backend
-from hetero_dp.engine.build import build_daemon
 from hetero_dp.engine.config import Config, load_config
 from hetero_dp.engine.daemon import Daemon
-from hetero_dp.engine.frontend import FrontEnd
-from hetero_dp.engine.loading import load_backends, sections_of
-from hetero_dp.ops import operations
+from hetero_dp.engine.loading import sections_of
+from hetero_dp.ops.assembly import assemble
 
 
 def short_tempdir(prefix: str = "hdp-") -> Path:
@@ -51,6 +48,13 @@ def keep_off_the_host(raw: dict[str, Any], scratch: Path) -> dict[str, Any]:
         if given is None or isinstance(given, dict):
             raw[section] = {"dir": str(scratch / default), **(given or {})}
     return raw
+
+
+def read_test_config(raw: Mapping[str, Any], loaded: list[Backend]) -> Config:
+    """The config of ``raw`` with the sections ``loaded`` claim, as ``hetero-dp run``
+    reads it (a backend from a ``.py`` file has its sections read too), the
+    environment left out."""
+    return load_config(raw=raw, env={}, sections=sections_of(loaded))
 
 
 class PluginRunner:
@@ -109,35 +113,30 @@ class PluginRunner:
         if self.registry_dir is not None:
             raw.setdefault("pluginsRegistryDir", str(self.registry_dir))
         keep_off_the_host(raw, self.scratch_dir)
-        loaded = self.load(backends)
-        cfg = self.configure(raw, loaded)
-        return await self.launch(self.build(cfg, loaded, DevicePluginFrontEnd()))
+        # the kubelet dir is made above; hetero-dp run checks it
+        return await self.assemble(backends, raw, "device-plugin", {"check_kubelet_dir": False})
 
-    def load(self, backends: tuple[str | ModuleType | object, ...]) -> list[Backend]:
-        """Load ``backends`` first, as ``hetero-dp run`` does: the config sections they
-        claim (their ``config_sections`` hook) are read from the config."""
-        return load_backends([self._where(b) for b in backends])
-
-    def configure(self, raw: Mapping[str, Any], loaded: list[Backend]) -> Config:
-        """The config of ``raw`` with the sections ``loaded`` claim, as ``hetero-dp run``
-        reads it (a backend from a ``.py`` file has its sections read too); on a refusal
-        the backends are closed."""
-        try:
-            return load_config(raw=raw, env={}, sections=sections_of(loaded))
-        except BaseException:
-            for b in loaded:
-                b.close()
-            raise
-
-    def build(self, cfg: Config, loaded: list[Backend], front_end: FrontEnd) -> Daemon:
-        """The daemon ``hetero-dp run`` builds: the same :func:`build_daemon` (which sets
-        the backends' hook timeout from ``cfg``), with metrics, probes and labels
-        attached as there."""
-        daemon = build_daemon(cfg, loaded, front_end, extensions=[operations.day_two()])
-        # A test's fake device nodes are plain files in the temp dir (tmp_path): the
-        # container gate takes them there, and only there, for nodes.
-        daemon.accept_fake_nodes(os.path.realpath(tempfile.gettempdir()))
-        return daemon
+    async def assemble(
+        self,
+        backends: tuple[str | ModuleType | object, ...],
+        raw: Mapping[str, Any],
+        mode: str,
+        front_end: Mapping[str, Any],
+    ) -> Daemon:
+        """Start the daemon ``hetero-dp run`` builds (:func:`hetero_dp.ops.assembly.
+        assemble`, the same call): ``backends`` loaded first (the config sections they
+        claim are read from ``raw``, as ``hetero-dp run`` reads them), the front end
+        registered as ``mode``, metrics, probes and labels attached as there. A test's
+        fake device nodes are plain files in the temp dir (tmp_path): the container
+        gate takes them there, and only there, for nodes."""
+        daemon = assemble(
+            [self._where(b) for b in backends],
+            lambda loaded: read_test_config(raw, loaded),
+            mode=mode,
+            front_end=front_end,
+            fake_nodes=os.path.realpath(tempfile.gettempdir()),
+        )
+        return await self.launch(daemon)
 
     async def launch(self, daemon: Daemon) -> Daemon:
         """Start ``daemon``; it is stopped with the others at the end (or now, if it fails)."""

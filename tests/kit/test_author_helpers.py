@@ -174,7 +174,7 @@ def test_a_missing_kubelet_dir_is_an_error_unless_asked_to_create(tmp_path, cli_
 
 
 def test_create_kubelet_dir_creates_it(tmp_path):
-    from hetero_dp.cli.main import check_kubelet_dir
+    from hetero_dp.deviceplugin.frontend import check_kubelet_dir
     from hetero_dp.engine.config import load_config
 
     missing = tmp_path / "a" / "dp"

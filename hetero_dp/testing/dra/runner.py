@@ -47,8 +47,6 @@ class DRARunner(PluginRunner):
         resync_interval: float = 0,
         instance: str = "",
     ) -> Any:
-        from hetero_dp.dra.frontend import DRAFrontEnd, DRAOptions
-
         node_name = self.node if node is None else node
         if self.create_node and node_name and node_name not in self.api.nodes:
             self.api.add_node(node_name)  # the node exists, as in any cluster
@@ -58,16 +56,14 @@ class DRARunner(PluginRunner):
         raw["pluginsRegistryDir"] = str(self.registry_dir)
         raw.setdefault("cdi", {})["dir"] = str(self.cdi_dir)
         keep_off_the_host(raw, self.root)
-        loaded = self.load(backends)
-        cfg = self.configure(raw, loaded)
-        opts = DRAOptions(
-            node_name=self.node if node is None else node,
-            driver_names=dict(driver_names or {}),
-            plugins_dir=self.plugins_dir,
-            resync_interval=resync_interval,
-            instance=instance,
-        )
-        if api_versions:
-            opts.api_versions = tuple(api_versions)
-        front_end = DRAFrontEnd(opts, self.api.client())
-        return await self.launch(self.build(cfg, loaded, front_end))
+        front_end = {
+            "node_name": node_name,
+            "driver_names": dict(driver_names or {}),
+            "plugins_dir": str(self.plugins_dir),
+            "resync_interval": resync_interval,
+            "instance": instance,
+            "api_versions": tuple(api_versions or ()),
+            "api_client": self.api.client(),
+            "env": {},  # the test's own node and instance, never the host's env
+        }
+        return await self.assemble(backends, raw, "dra", front_end)

@@ -1,0 +1,57 @@
+"""Front ends register themselves as backends do (the entry-point group
+hetero_dp.front_ends) and ``hetero-dp run`` looks ``--mode`` up there, with one
+assembly (hetero_dp.ops.assembly) for the CLI and both test runners."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hetero_dp.engine.frontend import front_end_maker, front_end_names
+from hetero_dp.model.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_both_front_ends_are_registered_and_looked_up_by_name() -> None:
+    from hetero_dp.deviceplugin import frontend as dp
+    from hetero_dp.dra import frontend as dra
+
+    assert {"device-plugin", "dra"} <= set(front_end_names())
+    assert front_end_maker("device-plugin") is dp.make_front_end
+    assert front_end_maker("dra") is dra.make_front_end
+
+
+def test_an_unknown_mode_names_the_installed_front_ends() -> None:
+    with pytest.raises(ConfigError, match=r"no front end 'nope' .*device-plugin, dra") as e:
+        front_end_maker("nope")
+    assert e.value.field == "mode"
+
+
+def test_run_exits_2_naming_the_mode(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "hetero_dp", "run", "simulated", "--mode", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert "no front end 'nope'" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["hetero_dp/cli/main.py", "hetero_dp/testing/runner.py", "hetero_dp/testing/dra/runner.py"],
+)
+def test_callers_of_the_assembly_import_no_front_end(path: str) -> None:
+    """The CLI and the runners name a mode; only the registry knows its package."""
+    tree = ast.parse((ROOT / path).read_text())
+    imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)] + [
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+    ]
+    assert [m for m in imported if m.startswith(("hetero_dp.deviceplugin", "hetero_dp.dra"))] == []
