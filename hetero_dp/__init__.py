@@ -33,6 +33,7 @@ from hetero_dp.model.options import option, parse_options, unknown_key
 from hetero_dp.model.response import ContainerResponse
 from hetero_dp.model.settings import device_settings
 from hetero_dp.model.sysfs import PciFacts, pci_address_of, pci_facts
+from hetero_dp.model.usage import ProcessUsage
 
 hookimpl = pluggy.HookimplMarker("hetero_dp")
 
@@ -74,6 +75,7 @@ __all__ = [
     "Lost",
     "Mount",
     "PciFacts",
+    "ProcessUsage",
     "Sample",
     "SharingConfig",
     "advertise",

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from hetero_dp.model.device import Check, Device, Link, Sample
     from hetero_dp.model.events import EventSink
     from hetero_dp.model.response import ContainerResponse
+    from hetero_dp.model.usage import ProcessUsage
 
 hookspec = pluggy.HookspecMarker("hetero_dp")
 
@@ -231,6 +232,25 @@ def metrics(devices: list[Device]) -> Iterable[Sample]:
 
 
 @hookspec
+def usage(devices: list[Device]) -> Iterable[ProcessUsage]:
+    """Per-process usage of the devices: which host PIDs use which device, how much.
+
+    Optional: a backend without it reports no usage, and the framework still says
+    which container holds each device. Return one :class:`ProcessUsage` per
+    process and device (``device``: a ``Device.id`` of ``devices``, the physical or
+    carved-out device, never a replica's ID; any figure ``None`` when unknown).
+    The framework maps each PID to its container and exports the sums per
+    container (``hetero_dp_container_memory_used_bytes``,
+    ``hetero_dp_container_utilization_ratio``), warns about a container over its
+    fair share of a shared device, and ``hetero-dp top`` shows them. A PID whose
+    container the kubelet does not know is attributed to no one.
+
+    Called before each scrape of ``/metrics`` (beside :func:`metrics`, bounded the
+    same way), in a worker thread; keep it cheap.
+    """
+
+
+@hookspec
 def doctor(options: Mapping[str, Any]) -> Iterable[Check]:
     """Backend checks for ``hetero-dp doctor``: driver loads, devices answer ...
 
@@ -367,6 +387,7 @@ POLICY: dict[str, HookPolicy] = {
     "links": HookPolicy("worker", result="links"),
     "labels": HookPolicy("worker", result="labels"),
     "metrics": HookPolicy("worker", result="samples"),
+    "usage": HookPolicy("worker", result="process_usages"),
     "doctor": HookPolicy("worker", result="checks"),
     "runtime_advice": HookPolicy("worker", result="check"),
     "resource_defaults": HookPolicy("worker", result="mapping"),

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from hetero_dp.model.device import Check, Device, Link, Sample
 from hetero_dp.model.errors import BackendError, ConfigError
+from hetero_dp.model.usage import ProcessUsage
 
 T = TypeVar("T")
 
@@ -103,6 +104,11 @@ def samples(name: str, hook: str, result: Any) -> list[Sample]:
     return _all_of(Sample, name, hook, result)
 
 
+def process_usages(name: str, hook: str, result: Any) -> list[ProcessUsage]:
+    """An iterable of ProcessUsage (None: none)."""
+    return _all_of(ProcessUsage, name, hook, result)
+
+
 def checks(name: str, hook: str, result: Any) -> list[Check]:
     """An iterable of Check (anything else in it is dropped)."""
     return [c for c in (result or []) if isinstance(c, Check)]
@@ -159,6 +165,7 @@ CHECKS: dict[str, Check_] = {
     "links": links,
     "labels": labels,
     "samples": samples,
+    "process_usages": process_usages,
     "checks": checks,
     "check": check,
     "mapping": mapping,

@@ -201,12 +201,26 @@ class Sample:
 
     ``name`` without a prefix of ours (``DCGM_FI_DEV_GPU_TEMP`` style names are
     kept as they are); ``labels`` identify the device (``gpu``, ``UUID`` ...).
+
+    Two optional fields say what the sample measures, so the framework can add who
+    holds it (labels ``pod``, ``namespace``, ``container``, as dcgm-exporter
+    names them) where attribution is on; the backend needs to know nothing of pods:
+
+    device_id
+        The ``Device.id`` the sample is about (a GPU, a MIG device). Labelled with
+        the holder only while one container holds the device whole; a shared
+        device's samples are device-wide and stay unlabelled.
+    pid
+        The host PID the sample is about (a per-process sample); labelled with the
+        process's container where the kubelet knows it.
     """
 
     name: str
     value: float
     labels: Mapping[str, str] = field(default_factory=dict)
     help: str = ""
+    device_id: str = ""
+    pid: int | None = None
 
 
 @dataclass(frozen=True)
