@@ -99,9 +99,14 @@ class ProbeServer:
                 raise ConfigError(
                     f"cannot listen on {self.address}: {e.strerror}", field="metrics.address"
                 ) from e
-            log.warning(
-                "%s is taken (another instance, e.g. the pod this one replaces); "
-                "serving /metrics, /healthz and /readyz there once it is free",
+            # Expected in every surge roll of a host-network DaemonSet: INFO, worded so
+            # (it read like a fault as a WARNING, issue 37). A port that never frees
+            # shows as /metrics never served by this instance, not as this line.
+            log.info(
+                "%s is held by another process, as expected during a rolling update "
+                "(the old pod this one replaces); serving the device plugin now and "
+                "/metrics, /healthz and /readyz there once the old pod releases the port "
+                "(metrics.waitForPort)",
                 self.address,
             )
             self._waiting = asyncio.get_running_loop().create_task(self._wait_for_port())

@@ -129,9 +129,14 @@ async def test_malformed_and_silent_clients_do_not_hurt_the_server(fake_kubelet,
     assert await http_get(port, "/healthz") == (200, "ok\n")
 
 
-async def test_with_wait_for_port_a_taken_port_is_served_once_free(fake_kubelet, plugin_runner):
+async def test_with_wait_for_port_a_taken_port_is_served_once_free(
+    fake_kubelet, plugin_runner, caplog
+):
     """The new pod of a surge rollout in the host network: the old pod holds the port."""
+    import logging
     import socket
+
+    caplog.set_level(logging.INFO, logger="hetero_dp.ops.probes")
 
     holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     holder.bind(("127.0.0.1", 0))
@@ -146,6 +151,14 @@ async def test_with_wait_for_port_a_taken_port_is_served_once_free(fake_kubelet,
         server = operations.of(daemon).server
         assert server is not None and not server.serving
         await fake_kubelet.wait_registered(A)  # the device plugin serves meanwhile
+        # Expected in every surge roll, so said as expected: INFO, naming the rolling
+        # update and what it waits for (before: a WARNING "... is taken", read as a fault).
+        said = [r for r in caplog.records if r.name == "hetero_dp.ops.probes"]
+        held = [r for r in said if f"127.0.0.1:{port} is held" in r.getMessage()]
+        assert [r.levelno for r in held] == [logging.INFO], [r.getMessage() for r in said]
+        assert "expected during a rolling update" in held[0].getMessage()
+        assert "once the old pod releases the port" in held[0].getMessage()
+        assert not [r for r in said if r.levelno >= logging.WARNING]
     finally:
         holder.close()  # the old pod exits
     await wait_until(daemon, lambda: server.serving, timeout=10)

@@ -97,3 +97,73 @@ def test_an_fpga_management_function_is_part_of_its_card(testbed: Testbed, data:
         "1 device(s): 0000:d8:00.1",
     )
     assert "unmatched accelerators" not in checks
+
+
+MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "udev" / "daemonset.yaml"
+
+
+def _empty_rule_records(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    return [
+        (r.levelno, r.getMessage())
+        for r in caplog.records
+        if r.name == "hetero_dp_udev" and "matches no device" in r.getMessage()
+    ]
+
+
+def test_an_empty_rule_warns_only_for_an_expected_resource(
+    testbed: Testbed, data: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A DaemonSet runs on nodes without some of its accelerators: a rule for a resource
+    # the operator did not list in udev.expect says so at INFO, not as a warning.
+    testbed.add_file(data / "gaudi.umockdev")
+    caplog.set_level(logging.INFO, logger="hetero_dp_udev")
+    backend = UdevBackend()
+    backend.configure(options({"rules": ["gaudi", "amd-gpu"], "expect": ["habana.ai/*"]}))
+    assert len(backend.discover()) == 2  # the tree's two Gaudis
+    assert _empty_rule_records(caplog) == [
+        (
+            logging.INFO,
+            "shipped rule set 'amd-gpu': resources[0] (amd.com/gpu) matches no device at "
+            "start-up (none on this node; not a warning, its resource is not in udev.expect)",
+        )
+    ]
+    checks = _checks_with(backend, {"rules": ["gaudi", "amd-gpu"], "expect": []})
+    assert checks["amd.com/gpu devices"][0] == "pass"
+    caplog.clear()
+    backend = UdevBackend()  # the default expects every resource: as before, a warning
+    backend.configure(options({"rules": ["gaudi", "amd-gpu"]}))
+    backend.discover()
+    assert [level for level, _ in _empty_rule_records(caplog)] == [logging.WARNING]
+    assert _checks_with(backend, {"rules": ["amd-gpu"]})["amd.com/gpu devices"][0] == "warn"
+
+
+def test_the_shipped_configmap_warns_about_nothing_on_a_node_without_its_devices(
+    testbed: Testbed, data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # issue 37: deploy/udev/daemonset.yaml's ConfigMap as shipped, on a node with
+    # neither an AMD GPU nor the example FPGA (a Gaudi node): nothing the operator did
+    # not choose is a warning, and each empty rule is still said at INFO.
+    import yaml
+
+    testbed.add_file(data / "gaudi.umockdev")
+    caplog.set_level(logging.INFO, logger="hetero_dp_udev")
+    config_map = next(
+        d for d in yaml.safe_load_all(MANIFEST.read_text()) if d["kind"] == "ConfigMap"
+    )
+    (tmp_path / "rules.yaml").write_text(config_map["data"]["rules.yaml"])
+    udev = yaml.safe_load(config_map["data"]["config.yaml"])["backends"]["udev"]
+    udev["rules"] = [
+        str(tmp_path / "rules.yaml") if r == "/etc/hetero-dp/rules.yaml" else r
+        for r in udev["rules"]
+    ]
+    udev["hostRoot"] = "/"  # the testbed's tree stands in for the host's
+    backend = UdevBackend()
+    backend.configure(options(udev))
+    assert backend.discover() == []
+    said = _empty_rule_records(caplog)
+    assert len(said) == len(backend.rules) >= 2
+    assert {level for level, _ in said} == {logging.INFO}
+
+
+def _checks_with(backend: UdevBackend, raw: dict[str, object]) -> dict[str, tuple[str, str]]:
+    return {c.name: (c.status, c.message) for c in backend.doctor(options(raw))}

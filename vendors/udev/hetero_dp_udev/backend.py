@@ -59,6 +59,13 @@ class UdevOptions:
         "path the container runtime opens on the host (/host when the pod mounts the "
         "host's /dev at /host/dev)",
     )
+    expect: tuple[str, ...] = option(
+        ("*",),
+        help="the resources (names or globs) every node running this plugin should have: "
+        "a rule for one of them that matches no device at start-up is a warning, for any "
+        "other an INFO line (a DaemonSet also runs on nodes without some of its "
+        "accelerators); [] expects none",
+    )
 
 
 def options(raw: Mapping[str, Any]) -> UdevOptions:
@@ -82,6 +89,7 @@ class UdevBackend:
     def __init__(self) -> None:
         self.rules: list[Rule] = []
         self.host_root = "/"  # where the host's / is seen (UdevOptions.host_root)
+        self.expect: tuple[str, ...] = ("*",)  # UdevOptions.expect
         self._local = threading.local()  # libudev contexts are not thread-safe: one per thread
         self._lock = threading.Lock()
         self._found: dict[Key, Found] = {}
@@ -113,6 +121,7 @@ class UdevBackend:
         with self._lock:
             self.rules = rules
             self.host_root = host_root
+            self.expect = tuple(options.expect)
             self._found.clear()
             self._never_ours.clear()
             self._stale.clear()
@@ -192,10 +201,17 @@ class UdevBackend:
             if warn and not hits:
                 # doctor, which discovers right after its own checks, has said it already
                 said = rule.where in self._reported_empty
+                if said:
+                    level = logging.DEBUG
+                elif expected(rule.resource, self.expect):
+                    level = logging.WARNING
+                else:
+                    level = logging.INFO
                 log.log(
-                    logging.DEBUG if said else logging.WARNING,
-                    "%s matches no device at start-up",
+                    level,
+                    "%s matches no device at start-up%s",
                     rule.where,
+                    NOT_EXPECTED if level == logging.INFO else "",
                 )
             self._take(found, stale, rule, hits, previous, known)
         return found, stale
@@ -531,11 +547,19 @@ class UdevBackend:
             if not hits:
                 # said once: discovery, which doctor runs next, does not log it again
                 self._reported_empty.add(rule.where)
+                if not expected(rule.resource, options.expect):
+                    yield Check(
+                        f"{rule.label} devices",
+                        "pass",
+                        f"{rule.where} matches no device{NOT_EXPECTED}",
+                    )
+                    continue
                 yield Check(
                     f"{rule.label} devices",
                     "warn",
                     f"{rule.where} matches no device",
-                    fix="compare the rule's match with `udevadm info -a -p <sysfs path>`",
+                    fix="compare the rule's match with `udevadm info -a -p <sysfs path>`; a "
+                    "node that need not have it: leave its resource out of udev.expect",
                 )
                 continue
             ids = ", ".join(f.id for f in hits)
@@ -576,6 +600,14 @@ class UdevBackend:
                 fix="add the rule set named for each, or a rule of your own; a device "
                 "without a driver needs its driver loaded first",
             )
+
+
+NOT_EXPECTED = " (none on this node; not a warning, its resource is not in udev.expect)"
+
+
+def expected(resource: str, patterns: Iterable[str]) -> bool:
+    """Whether ``resource`` is one ``udev.expect`` names (a name or a glob)."""
+    return any(fnmatchcase(resource, p) for p in patterns)
 
 
 def checked_host_root(value: str) -> str:
