@@ -1,5 +1,8 @@
 """The ``hetero-dp`` command: thin click commands that parse and call."""
 
 from hetero_dp.cli.main import main
+from hetero_dp.cli.top import top
+
+main.add_command(top)  # here, not in main.py: one module per command family
 
 __all__ = ["main"]

@@ -25,7 +25,7 @@ FAKE_GPU = str(HERE / "backends" / "fake_nvidia.py")
 RES = "example.com/accel"
 DP = "var/lib/kubelet/device-plugins"
 LABELS = "etc/kubernetes/node-feature-discovery/features.d"
-STEPS = ["driver", "devices", "runtime", "kubelet", "daemon", "cdi", "labels"]
+STEPS = ["driver", "devices", "runtime", "kubelet", "daemon", "usage", "cdi", "labels"]
 
 CONTAINERD_NVIDIA = """
 version = 2
@@ -149,6 +149,8 @@ async def test_a_healthy_node_passes_every_step(root):
     assert "nothing special" in only(findings, "runtime").message
     assert only(findings, "kubelet", "hetero-dp-").status == "pass"
     assert f"{RES}: ready (2 devices)" in only(findings, "daemon").message
+    # the daemon answers, but no container holds a shared device: nothing to compare
+    assert "no container on a shared device" in only(findings, "usage").message
     assert only(findings, "labels").message.endswith("hetero-dp-scripted: 1 labels")
     assert only(findings, "driver").status == "skip"  # Scripted offers no driver checks
 
@@ -349,10 +351,20 @@ def test_daemon_not_answering(root):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    f = only(doctor(root, config={"metrics": {"address": f":{port}"}}), "daemon")
+    findings = doctor(root, config={"metrics": {"address": f":{port}"}})
+    f = only(findings, "daemon")
     assert (
         f.status == "fail" and f"no daemon answers at http://127.0.0.1:{port}/readyz" in f.message
     )
+    # the fair-share step reads the same daemon: it skips, once, without a second failure
+    usage = only(findings, "usage")
+    assert usage.status == "skip"
+    assert f"no daemon answers at http://127.0.0.1:{port}/metrics" in usage.message
+
+
+def test_no_metrics_address_skips_the_fair_share_step(root):
+    f = only(doctor(root), "usage")
+    assert (f.status, f.message) == ("skip", "no metrics.address configured: no usage to read")
 
 
 async def test_daemon_not_ready_names_the_resource(fake_kubelet, plugin_runner, root):

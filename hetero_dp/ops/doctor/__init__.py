@@ -10,9 +10,10 @@ comes last because it is almost never the culprit. Each finding is ``pass``,
 Every path is read under ``root`` (``--root``), so tests run the whole chain
 against a fake node tree.
 
-One module per step: ``driver``, ``devices``, ``runtime``, ``kubelet``, ``daemon``, ``cdi`` and
-``labels``; ``cdi_spec`` validates a CDI spec, ``findings`` holds what each step returns and how
-the chain is shown.
+One module per step: ``driver``, ``devices``, ``runtime``, ``kubelet``, ``daemon``,
+``fair_share`` (containers over their share of a shared device, from the daemon's
+metrics), ``cdi`` and ``labels``; ``cdi_spec`` validates a CDI spec, ``findings`` holds
+what each step returns and how the chain is shown.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from hetero_dp.ops.doctor.cdi_spec import spec_problems
 from hetero_dp.ops.doctor.daemon import check_daemon
 from hetero_dp.ops.doctor.devices import check_devices
 from hetero_dp.ops.doctor.driver import check_driver
+from hetero_dp.ops.doctor.fair_share import check_fair_share
 from hetero_dp.ops.doctor.findings import (
     STATUSES,
     DoctorSettings,
@@ -77,6 +79,7 @@ async def run_doctor(
     out += await check_runtime(settings, "cdi" in needs, backends)
     out += check_kubelet(config, settings)
     out += check_daemon(config, settings)
+    out += check_fair_share(config, settings)
     out += check_cdi_specs(config, settings, needs)
     out += check_labels(config, settings, backends)
     return out
