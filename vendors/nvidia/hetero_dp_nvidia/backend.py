@@ -25,6 +25,7 @@ from hetero_dp import (
     EventSink,
     Link,
     Mount,
+    ProcessUsage,
     Sample,
     advertise,
     hookimpl,
@@ -44,6 +45,7 @@ from .nvml import NvmlUnavailable, log, log_once
 from .options import COMMAND_LINE, NvidiaFlags, parse_command_line, parse_options
 from .runtime_advice import advice
 from .topology import compute_links
+from .usage import UsageReader
 
 CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
 # config file key -> where it lands in our options ("": the section's keys are options)
@@ -74,6 +76,7 @@ class NvidiaBackend:
         self.init_retry_s = 5.0  # how often watch looks for a driver that came up late
         self.mps: MpsManager | None = None  # the MPS control daemons (sharing.mps)
         self.guard = MemoryGuard()
+        self.usage_reader = UsageReader()  # per-process usage; each GPU's last sample time
         self._devices: list[Device] = []  # the last discovery, for a reload's MPS plan
         self.mig = Partitioner()  # dynamicMig (DRA): placements and the instances made
 
@@ -325,6 +328,15 @@ class NvidiaBackend:
         samples = list(node_samples(node, socket.gethostname()))
         samples += self.guard.samples(node, self.options.sharing)
         return samples
+
+    @hookimpl
+    def usage(self, devices: list[Device]) -> list[ProcessUsage]:
+        """Per-process memory and SM share of the GPUs and MIG devices (usage.py)."""
+        if not self._initialised:
+            return []
+        with self._lock:
+            node = self.node
+        return self.usage_reader.read(node, (d.id for d in devices))
 
     # -- delivery defaults -----------------------------------------------------
 

@@ -30,6 +30,7 @@ from hetero_dp import Check, Device, Sample, SharingConfig, is_replica, replica_
 
 from .discovery import GpuInfo, NodeInfo
 from .nvml import NVMLError
+from .usage import running_processes
 
 log = logging.getLogger("hetero_dp_nvidia.memory")
 THRESHOLD = 0.9
@@ -50,14 +51,12 @@ def _memory(handle: Any) -> tuple[int, int] | None:
 
 
 def _processes(handle: Any) -> list[tuple[int, int]]:
+    """(PID, bytes) of the compute and MPS client processes where NVML can tell."""
     try:
-        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-    except (NVMLError, AttributeError, pynvml.NVMLLibraryMismatchError):
-        # An older pynvml or driver: no per-process view. A driver without the _v3
-        # function makes pynvml raise NVMLLibraryMismatchError, which is no NVMLError
-        # (pynvml's throwOnVersionMismatch wraps NVMLError_FunctionNotFound).
-        return []
-    return [(int(p.pid), int(p.usedGpuMemory)) for p in procs if p.usedGpuMemory is not None]
+        procs = running_processes(handle)
+    except NVMLError:
+        return []  # no per-process view on this GPU now (usage.py logs why)
+    return [(p.pid, p.memory) for p in procs if p.memory is not None]
 
 
 class MemoryGuard:
