@@ -51,6 +51,8 @@ def test_shared_gpus_report_used_total_fair_share_and_processes(fake_node):
     # per process where NVML can tell: pid 4343's memory is "not available", left out
     procs = samples["hetero_dp_shared_memory_process_used_bytes"]
     assert [(p.labels["pid"], p.value) for p in procs] == [("4242", 600 * MIB)]
+    # the process and its GPU, for the framework to add the process's pod
+    assert [(p.pid, p.device_id) for p in procs] == [(4242, node.uuid(0))]
 
 
 def test_unshared_gpus_have_no_guard_samples(fake_node):

@@ -143,6 +143,20 @@ def test_metrics_per_gpu_with_dcgm_names(fake_node, fake_nvml_lib):
     assert gpu2["DCGM_FI_DEV_POWER_USAGE"] == pytest.approx(412.5)
     assert gpu2["DCGM_FI_DEV_FB_USED"] + gpu2["DCGM_FI_DEV_FB_FREE"] == 81559
     assert {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL"} <= gpu2.keys()
+    # each sample says which device it measures (the framework adds its holder's labels)
+    assert {s.device_id for s in samples if s.labels["UUID"] == node.uuid(2)} == {node.uuid(2)}
+
+
+def test_mig_memory_samples_name_their_mig_device(fake_node):
+    node = fake_node("a100-mig-mixed.scn")
+    b, devices = started(node, migStrategy="mixed")
+    samples = b.metrics(devices)
+    b.shutdown()
+    mig = [s for s in samples if "MIG_UUID" in s.labels]
+    assert mig and all(s.device_id == s.labels["MIG_UUID"] for s in mig)
+    assert {s.device_id for s in mig} == set(
+        node.mig_uuids(0) + node.mig_uuids(1) + node.mig_uuids(2)
+    )
 
 
 def test_doctor_passes_on_a_healthy_node(fake_node):
@@ -203,6 +217,7 @@ def test_hookimpls_match_the_contract():
         "links",
         "labels",
         "metrics",
+        "usage",
         "resource_defaults",
         "doctor",
         "shutdown",

@@ -93,18 +93,21 @@ class MemoryGuard:
                     used,
                     labels,
                     "Framebuffer used on a shared GPU (all its replicas together).",
+                    device_id=g.uuid,
                 ),
                 Sample(
                     "hetero_dp_shared_memory_total_bytes",
                     total,
                     labels,
                     "Framebuffer of a shared GPU.",
+                    device_id=g.uuid,
                 ),
                 Sample(
                     "hetero_dp_shared_memory_fair_share_bytes",
                     total // n,
                     {**labels, "replicas": str(n)},
                     "A shared GPU's framebuffer divided by its replicas.",
+                    device_id=g.uuid,
                 ),
             ]
             for pid, used_by in _processes(g.handle):
@@ -114,6 +117,8 @@ class MemoryGuard:
                         used_by,
                         {**labels, "pid": str(pid)},
                         "Framebuffer used by one process on a shared GPU (where NVML can tell).",
+                        device_id=g.uuid,
+                        pid=pid,
                     )
                 )
         return out

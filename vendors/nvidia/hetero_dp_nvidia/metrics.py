@@ -33,10 +33,18 @@ def _memory(uuid: str, handle: Any, labels: dict[str, str]) -> Iterator[Sample]:
     mem = _try("memory", uuid, pynvml.nvmlDeviceGetMemoryInfo, handle)
     if mem is not None:
         yield Sample(
-            "DCGM_FI_DEV_FB_USED", mem.used // MIB, labels, "Framebuffer memory used (in MiB)."
+            "DCGM_FI_DEV_FB_USED",
+            mem.used // MIB,
+            labels,
+            "Framebuffer memory used (in MiB).",
+            device_id=uuid,
         )
         yield Sample(
-            "DCGM_FI_DEV_FB_FREE", mem.free // MIB, labels, "Framebuffer memory free (in MiB)."
+            "DCGM_FI_DEV_FB_FREE",
+            mem.free // MIB,
+            labels,
+            "Framebuffer memory free (in MiB).",
+            device_id=uuid,
         )
 
 
@@ -61,12 +69,14 @@ def node_samples(node: NodeInfo, hostname: str = "") -> Iterator[Sample]:
                 util.gpu,
                 labels,
                 "GPU utilization (in %).",
+                device_id=g.uuid,
             )
             yield Sample(
                 "DCGM_FI_DEV_MEM_COPY_UTIL",
                 util.memory,
                 labels,
                 "Memory utilization (in %).",
+                device_id=g.uuid,
             )
         temp = _try(
             "temperature",
@@ -81,6 +91,7 @@ def node_samples(node: NodeInfo, hostname: str = "") -> Iterator[Sample]:
                 float(temp),
                 labels,
                 "GPU temperature (in C).",
+                device_id=g.uuid,
             )
         power = _try("power", g.uuid, pynvml.nvmlDeviceGetPowerUsage, g.handle)
         if power is not None:
@@ -89,6 +100,7 @@ def node_samples(node: NodeInfo, hostname: str = "") -> Iterator[Sample]:
                 power / 1000.0,
                 labels,
                 "Power draw (in W).",
+                device_id=g.uuid,
             )
         for m in g.migs:
             mlabels = dict(labels, GPU_I_ID=str(m.gi), GPU_I_PROFILE=m.profile, MIG_UUID=m.uuid)
