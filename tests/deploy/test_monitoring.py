@@ -30,14 +30,6 @@ ALL_ON = {
         "dashboard": {"enabled": True},
     }
 }
-#: Series announced by issue 34 (points 1, 2 and 4: holders, per-container usage, fair
-#: share) that the rules and the dashboard use before the code exporting them is on main.
-PENDING = {
-    "hetero_dp_device_allocation_info",
-    "hetero_dp_container_memory_used_bytes",
-    "hetero_dp_container_utilization_ratio",
-    "hetero_dp_container_memory_fair_share_bytes",
-}
 _NAME = re.compile(r"\b((?:hetero_dp|DCGM_FI)_[A-Za-z0-9_]+)")
 _PREFIXED = re.compile(r"PREFIX \+ \"([a-z0-9_]+)\"")
 
@@ -140,9 +132,9 @@ def test_the_promtool_unit_tests_catch_a_wrong_threshold(promtool: str, tmp_path
 def test_rules_name_only_exported_metrics():
     exported = exported_metrics()
     unknown = {
-        alert: sorted(used_metrics(expr) - exported - PENDING)
+        alert: sorted(used_metrics(expr) - exported)
         for alert, expr in rule_exprs().items()
-        if used_metrics(expr) - exported - PENDING
+        if used_metrics(expr) - exported
     }
     assert not unknown, unknown
 
@@ -177,7 +169,7 @@ def test_dashboard_expressions_parse_and_name_exported_metrics(promtool: str, tm
     exprs = dashboard_exprs(json.loads(DASHBOARD.read_text()))
     promtool_check(promtool, as_recording_rules(exprs, tmp_path / "dashboard.rules.yaml"))
     exported = exported_metrics()
-    unknown = sorted({n for e in exprs for n in used_metrics(e)} - exported - PENDING)
+    unknown = sorted({n for e in exprs for n in used_metrics(e)} - exported)
     assert not unknown, f"the dashboard names metrics nothing exports: {unknown}"
 
 
