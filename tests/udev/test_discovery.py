@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import pyudev
 from hetero_dp_udev import UdevBackend
-from hetero_dp_udev.backend import monitor_subsystems, options
+from hetero_dp_udev.backend import options
+from hetero_dp_udev.monitor import monitor_subsystems
 from hetero_dp_udev.rules import load_rules
 from hetero_dp_udev.testing import Testbed
 

@@ -11,10 +11,8 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
-
-import pynvml
 
 from hetero_dp import (
     AllocationError,
@@ -39,9 +37,10 @@ from .health import HealthMonitor, probe_gpu
 from .labels import node_labels
 from .memory_guard import MemoryGuard, guard_checks
 from .metrics import node_samples
-from .mps import MpsResource, mps_response, plan_mps
-from .mps_daemon import MpsManager, find_control, mps_checks
-from .nvml import NvmlUnavailable, log, log_once
+from .mps import mps_response, plan_mps
+from .mps_control import MpsControl
+from .mps_daemon import MpsManager, mps_checks
+from .nvml import NvmlUnavailable
 from .options import COMMAND_LINE, NvidiaFlags, parse_command_line, parse_options
 from .runtime_advice import advice
 from .topology import compute_links
@@ -67,14 +66,13 @@ class NvidiaBackend:
         self._environ = environ
         self.options = parse_options({}, environ if environ is not None else {})
         self._configured = False
-        self._initialised = False
-        self.init_error: NvmlUnavailable | None = None
+        self.session = nvml.Session()  # NVML, initialised once
         self.node = NodeInfo()
         self._lock = threading.RLock()
         self._links: tuple[frozenset[str], list[Link]] | None = None
         self.monitor = HealthMonitor(self.options.health, probe_gpu)
         self.init_retry_s = 5.0  # how often watch looks for a driver that came up late
-        self.mps: MpsManager | None = None  # the MPS control daemons (sharing.mps)
+        self.mps_control = MpsControl(self._gpu_handles)  # sharing.mps
         self.guard = MemoryGuard()
         self.usage_reader = UsageReader()  # per-process usage; each GPU's last sample time
         self._devices: list[Device] = []  # the last discovery, for a reload's MPS plan
@@ -88,7 +86,7 @@ class NvidiaBackend:
         # a refusal leaves the old options in force, and keep the running monitor
         # (it holds the GPUs its events made Unhealthy), giving it the new settings.
         opts = parse_options(options, self._environ)
-        if self._start(opts.fail_on_init_error):
+        if self.session.start(opts.fail_on_init_error):
             # A layout that cannot fit the MIG strategy stops start-up, named.
             check_layout(read_node(opts), opts.mig_strategy)
         plan = None
@@ -97,71 +95,21 @@ class NvidiaBackend:
         self.options = opts
         self.monitor.settings = opts.health
         self._configured = True
-        self._configure_mps(plan)
+        self.mps_control.configure(opts, plan)
 
-    def _configure_mps(self, plan: list[MpsResource] | None) -> None:
-        """Create, reconfigure or stop the MPS manager for the current options."""
-        opts = self.options
-        with self._lock:
-            mps = self.mps
-            if not opts.uses_mps:
-                self.mps = None
-                if mps is not None:
-                    mps.stop()  # its thread quits the daemons it started
-                return
-            control = find_control(opts.mps, opts.visible_driver_root)
-            if mps is None:
-                mps = self.mps = MpsManager(opts.mps, control)
-                mps.compute_mode = self._set_compute_mode
-            elif mps.settings != opts.mps or mps.control != control:
-                mps.reconfigure(opts.mps, control)
-        if plan is not None:
-            mps.want(plan)
+    @property
+    def mps(self) -> MpsManager | None:
+        """The MPS control daemons' manager now (None without ``sharing.mps``)."""
+        return self.mps_control.manager
 
-    def _set_compute_mode(self, uuids: list[str], exclusive: bool) -> str:
-        """EXCLUSIVE_PROCESS (or back to DEFAULT) for MPS GPUs; '' or what failed."""
-        mode = pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS if exclusive else 0
+    def _gpu_handles(self) -> dict[str, object]:
         with self._lock:
-            handles = {g.uuid: g.handle for g in self.node.gpus}
-        errors = []
-        for uuid in uuids:
-            handle = handles.get(uuid)
-            if handle is None:
-                continue
-            try:
-                pynvml.nvmlDeviceSetComputeMode(handle, mode)
-            except nvml.NVMLError as err:
-                errors.append(nvml.explain(err, "setting the compute mode", uuid))
-        return "; ".join(errors)
-
-    def _start(self, fail_on_init_error: bool) -> bool:
-        """Initialise NVML once; False (logged) when unavailable and allowed to be."""
-        with self._lock:
-            if self._initialised:
-                return True
-            try:
-                nvml.init()
-            except NvmlUnavailable as err:
-                self.init_error = err
-                if fail_on_init_error:
-                    raise  # said once, by whoever reports the failed hook
-                log_once(
-                    f"init:{err.code}",
-                    f"{err}; failOnInitError=false: serving 0 GPUs until the driver works",
-                )
-                return False
-            self._initialised = True
-            self.init_error = None
-            return True
+            return {g.uuid: g.handle for g in self.node.gpus}
 
     @hookimpl
     def shutdown(self) -> None:
-        if self.mps is not None:
-            self.mps.stop()
-        with self._lock:
-            if self._initialised:
-                nvml.shutdown()
-                self._initialised = False
+        self.mps_control.stop()
+        self.session.stop()
 
     # -- devices ---------------------------------------------------------------
 
@@ -169,7 +117,7 @@ class NvidiaBackend:
     def discover(self) -> list[Device]:
         if not self._configured:
             self.configure({})
-        if not self._start(self.options.fail_on_init_error):
+        if not self.session.start(self.options.fail_on_init_error):
             return []
         node = read_node(self.options)
         devices = build_devices(node, self.options)
@@ -200,8 +148,8 @@ class NvidiaBackend:
         held = self.monitor.reason(uuid)
         if held:
             return held  # an event holds it Unhealthy until the recovery rule frees it
-        if not self._initialised:
-            return str(self.init_error) if self.init_error else "NVML is not initialised"
+        if not self.session.up:
+            return str(self.session.error or "NVML is not initialised")
         failure = probe_gpu(uuid)
         if failure is None and device.parent:
             failure = probe_gpu(device.id)
@@ -218,49 +166,23 @@ class NvidiaBackend:
     def watch(self, events: EventSink) -> None:
         # Without a driver (failOnInitError=false) wait for a later discover to bring
         # NVML up; this slow check runs only in that degraded state.
-        while not self._initialised:
+        while not self.session.up:
             if events.wait(self.init_retry_s):
                 return
         stop_mps = threading.Event()
         runner = threading.Thread(
-            target=self._run_mps, args=(events, stop_mps), name="nvidia-mps", daemon=True
+            target=self.mps_control.run,
+            args=(events, stop_mps, self.monitor.reason),
+            name="nvidia-mps",
+            daemon=True,
         )
         runner.start()
         try:
             self.monitor.run(events, self._physical_handles)
         finally:
             stop_mps.set()
-            with self._lock:
-                mps = self.mps
-            if mps is not None:
-                mps.stop()
+            self.mps_control.stop()
             runner.join(timeout=30)
-
-    def _run_mps(self, events: EventSink, stop: threading.Event) -> None:
-        """Run the current MPS manager; a reload that replaces it starts the new one."""
-
-        def report(uuids: Iterable[str], reason: str) -> None:
-            for uuid in uuids:
-                if reason:
-                    events.set_health(uuid, False, reason)
-                elif not self.monitor.reason(uuid):  # an XID still holds it: leave it
-                    events.set_health(uuid, True, "MPS control daemon answers")
-
-        while not stop.is_set() and not events.stopping.is_set():
-            with self._lock:
-                mps = self.mps
-            if mps is None or mps.stopped:  # none yet, or replaced: wait for the next
-                if events.wait(1.0):
-                    return
-                continue
-            try:
-                mps.run(report)
-            except Exception as err:
-                log.exception("MPS monitor ended with an error; restarting it")
-                for res in list(mps.daemons().values()):
-                    report([g.uuid for g in res.resource.gpus], f"MPS monitor failed: {err!r}")
-                if events.wait(1.0):
-                    return
 
     def _physical_handles(self) -> list[tuple[str, object]]:
         with self._lock:
@@ -275,7 +197,7 @@ class NvidiaBackend:
 
     @hookimpl
     def partitions(self, devices: list[Device]) -> list[Device]:
-        if not self.options.dynamic_mig or not self._initialised:
+        if not self.options.dynamic_mig or not self.session.up:
             return []
         with self._lock:
             node = self.node
@@ -308,7 +230,7 @@ class NvidiaBackend:
             if self._links and self._links[0] == wanted:
                 return list(self._links[1])
             gpus = [g for g in self.node.gpus if g.uuid in wanted]
-        result = compute_links(gpus) if self._initialised else []
+        result = compute_links(gpus) if self.session.up else []
         with self._lock:
             self._links = (wanted, result)
         return list(result)
@@ -321,7 +243,7 @@ class NvidiaBackend:
 
     @hookimpl
     def metrics(self, devices: list[Device]) -> list[Sample]:
-        if not self._initialised:
+        if not self.session.up:
             return []
         with self._lock:
             node = self.node
@@ -332,7 +254,7 @@ class NvidiaBackend:
     @hookimpl
     def usage(self, devices: list[Device]) -> list[ProcessUsage]:
         """Per-process memory and SM share of the GPUs and MIG devices (usage.py)."""
-        if not self._initialised:
+        if not self.session.up:
             return []
         with self._lock:
             node = self.node

@@ -135,6 +135,42 @@ def shutdown() -> None:
         log.debug("nvmlShutdown: %s", err)
 
 
+class Session:
+    """NVML for one backend: initialised once (``up``), the error of a failed try
+    kept (``error``, what a health verdict says), shut down at exit."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.up = False
+        self.error: NvmlUnavailable | None = None
+
+    def start(self, fail_on_init_error: bool) -> bool:
+        """Initialise NVML once; False (logged) when unavailable and allowed to be."""
+        with self._lock:
+            if self.up:
+                return True
+            try:
+                init()
+            except NvmlUnavailable as err:
+                self.error = err
+                if fail_on_init_error:
+                    raise  # said once, by whoever reports the failed hook
+                log_once(
+                    f"init:{err.code}",
+                    f"{err}; failOnInitError=false: serving 0 GPUs until the driver works",
+                )
+                return False
+            self.up = True
+            self.error = None
+            return True
+
+    def stop(self) -> None:
+        with self._lock:
+            if self.up:
+                shutdown()
+                self.up = False
+
+
 def normalise_bus_id(bus_id: str) -> str:
     """NVML's ``00000000:07:00.0`` -> sysfs's ``0000:07:00.0`` (lower case)."""
     bus_id = text(bus_id).strip().lower()

@@ -1,8 +1,11 @@
 """The udev backend: the entry point ``udev`` names the instance :data:`plugin`.
 
-``configure`` loads the rules, ``discover`` enumerates with pyudev, ``watch`` puts a
+``configure`` loads the rules, ``discover`` enumerates with pyudev (a full scan or,
+after uevents, an update of what they name: :mod:`.scanning`), ``watch`` puts a
 ``pyudev.Monitor`` on the event loop (``loop.add_reader``, no polling), and
-``check_health`` / ``labels`` / ``doctor`` answer from the same records.
+``check_health`` / ``labels`` / ``doctor`` (:mod:`.doctor`) answer from the same
+records. The class keeps the state between calls: the records, what events named
+since the last discovery, the health last reported.
 """
 
 from __future__ import annotations
@@ -10,31 +13,22 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from typing import Any, Literal
 
 import pyudev
 
-from hetero_dp import Check, ConfigError, Device, EventSink, hookimpl, option
+from hetero_dp import Check, Device, EventSink, hookimpl, option
 
-from .discovery import (
-    Found,
-    could_match,
-    match_device,
-    matches,
-    pci_device,
-    renumber,
-    scan_rule,
-    to_device,
-)
-from .doctor import unmatched_accelerators
-from .health import node_missing, problems
-from .rules import Companion, Rule, load_rules, shipped_rule_sets
+from .discovery import Found, could_match, matches, pci_device
+from .doctor import rule_checks
+from .health import checked_host_root, problems
+from .monitor import open_monitor
+from .rules import Rule, load_rules, shipped_rule_sets
+from .scanning import Key, scan, update, verdicts
 
 log = logging.getLogger("hetero_dp_udev")
 
@@ -77,8 +71,6 @@ def options(raw: Mapping[str, Any]) -> UdevOptions:
 
 HEALTH_ACTIONS = {"change", "bind", "unbind", "online", "offline"}
 MAX_SCANS = 3
-
-Key = tuple[str, str]
 
 
 class UdevBackend:
@@ -156,9 +148,11 @@ class UdevBackend:
             seen = self._event_batches
             self._batches_seen = seen
             if full:
-                found, stale = self._scan(context, previous, known, warn=first)
+                found, stale = scan(
+                    context, self.rules, previous, known, first, self._reported_empty, self.expect
+                )
             else:
-                found, stale = self._update(context, previous, stale, known, dirty)
+                found, stale = update(context, self.rules, previous, stale, known, dirty)
             first = False
             if self._event_batches == seen:
                 break
@@ -168,7 +162,7 @@ class UdevBackend:
             previous, known = found, {k: list(f.nodes) for k, f in found.items()}
             if not full and not dirty:
                 break
-        devices = self._verdicts(context, found, stale)
+        devices = verdicts(context, self.rules, found, stale, self.host_root)
         with self._lock:
             before = self._last
             self._found = found
@@ -184,138 +178,6 @@ class UdevBackend:
                 was = before.get((device.resource, device.id), "")
                 if device.healthy and was:
                     events.set_health(device.id, True, f"recovered ({was})")
-        return devices
-
-    def _scan(
-        self,
-        context: pyudev.Context,
-        previous: Mapping[Key, Found],
-        known: Mapping[Key, list[str]],
-        warn: bool,
-    ) -> tuple[dict[Key, Found], set[Key]]:
-        """Every rule, every device: (records, keys of those that stopped matching)."""
-        found: dict[Key, Found] = {}
-        stale: set[Key] = set()
-        for rule in self.rules:
-            hits = scan_rule(context, rule)
-            if warn and not hits:
-                # doctor, which discovers right after its own checks, has said it already
-                said = rule.where in self._reported_empty
-                if said:
-                    level = logging.DEBUG
-                elif expected(rule.resource, self.expect):
-                    level = logging.WARNING
-                else:
-                    level = logging.INFO
-                log.log(
-                    level,
-                    "%s matches no device at start-up%s",
-                    rule.where,
-                    NOT_EXPECTED if level == logging.INFO else "",
-                )
-            self._take(found, stale, rule, hits, previous, known)
-        return found, stale
-
-    def _take(
-        self,
-        found: dict[Key, Found],
-        stale: set[Key],
-        rule: Rule,
-        hits: Iterable[Found],
-        previous: Mapping[Key, Found],
-        known: Mapping[Key, list[str]],
-    ) -> None:
-        """Put one rule's fresh records in ``found``, plus its earlier ones that still
-        exist but stopped matching (kept, Unhealthy, so capacity does not silently
-        drop; one that left sysfs is removed)."""
-        fresh = set()
-        for item in hits:
-            # A node seen before and gone now makes the device Unhealthy rather
-            # than silently smaller.
-            item.nodes += [n for n in known.get(item.key, []) if n not in item.nodes]
-            found[item.key] = item
-            fresh.add(item.key)
-        for key, item in previous.items():
-            if item.rule is rule and key not in fresh and os.path.exists(item.syspath):
-                found[key] = item
-                stale.add(key)
-
-    def _update(
-        self,
-        context: pyudev.Context,
-        previous: Mapping[Key, Found],
-        stale_before: set[Key],
-        known: Mapping[Key, list[str]],
-        dirty: Iterable[str],
-    ) -> tuple[dict[Key, Found], set[Key]]:
-        """Apply events: only the devices they name, and the records those belong to,
-        are looked at again; nothing is enumerated unless a rule is order-sensitive."""
-        found = dict(previous)
-        stale = set(stale_before)
-        touched: set[Key] = set()
-        whole: list[Rule] = []
-        for path in dirty:
-            touched |= {k for k, item in previous.items() if _concerns(path, item)}
-            dev = _device_at(context, path)
-            if dev is None:
-                continue
-            for rule in self.rules:
-                if any(_pairs_with(dev, comp) for comp in rule.companions):
-                    # a parentless companion (accel_controlD<N>) came: it belongs to
-                    # the device of the same index N
-                    touched |= {
-                        k
-                        for k, item in previous.items()
-                        if item.rule is rule and str(item.index) == dev.sys_number
-                    }
-                if rule.match.subsystem and dev.subsystem != rule.match.subsystem:
-                    continue
-                item = match_device(context, rule, dev)
-                if item is None or item.key in previous:
-                    continue
-                if rule.order_sensitive:
-                    whole.append(rule)
-                    continue
-                item.nodes += [n for n in known.get(item.key, []) if n not in item.nodes]
-                found[item.key] = item
-                stale.discard(item.key)
-        for key in touched:
-            item = previous[key]
-            if item.rule.order_sensitive:
-                whole.append(item.rule)
-                continue
-            found.pop(key, None)
-            stale.discard(key)
-            dev = _device_at(context, item.syspath)
-            if dev is None:
-                continue  # left sysfs
-            again = match_device(context, item.rule, dev)
-            if again is None:
-                found[key] = item
-                stale.add(key)
-                continue
-            again.nodes += [n for n in known.get(again.key, []) if n not in again.nodes]
-            found[again.key] = again
-        for rule in {id(r): r for r in whole}.values():
-            for key in [k for k, item in found.items() if item.rule is rule]:
-                del found[key]
-                stale.discard(key)
-            self._take(found, stale, rule, scan_rule(context, rule), previous, known)
-        return found, stale
-
-    def _verdicts(
-        self, context: pyudev.Context, found: dict[Key, Found], stale: set[Key]
-    ) -> list[Device]:
-        devices: list[Device] = []
-        for rule in self.rules:
-            mine = renumber([item for item in found.values() if item.rule is rule])
-            for item in mine:
-                reasons = problems(context, item, host_root=self.host_root)
-                if item.key in stale and not reasons:
-                    reasons = [f"{item.syspath} no longer matches {item.rule.where}"]
-                if item.rule.wants_nodes and not item.nodes:
-                    reasons.append("no device nodes found (driver still loading?)")
-                devices.append(to_device(item, reasons))
         return devices
 
     @hookimpl
@@ -348,26 +210,7 @@ class UdevBackend:
     def _listen(self, loop: asyncio.AbstractEventLoop, events: EventSink) -> Callable[[], None]:
         """Put a monitor for the current rules on the loop and start their health
         timers; returns what undoes both."""
-        try:
-            context = self._context()
-            subsystems, unknown = monitor_subsystems(context, self.rules)
-            for where in unknown:
-                log.warning(
-                    "%s names no subsystem and none could be derived from the devices "
-                    "present: its hotplug is seen only by the framework's "
-                    "rediscoverInterval (name match.subsystem / companions[].subsystem)",
-                    where,
-                )
-            monitor = pyudev.Monitor.from_netlink(context)
-            # Never unfiltered: the kernel drops every other subsystem's events
-            # (a socket filter), so a storm of NVMe events costs nothing here.
-            for subsystem in sorted(subsystems):
-                monitor.filter_by(subsystem)
-            monitor.start()
-        except OSError as exc:
-            raise RuntimeError(
-                f"cannot listen for udev events: {exc} (in a pod, run with hostNetwork: true)"
-            ) from exc
+        monitor = open_monitor(self._context(), self.rules)
         fd = monitor.fileno()
         loop.add_reader(fd, self._on_readable, monitor, events)
         timers = [
@@ -395,7 +238,7 @@ class UdevBackend:
 
     @hookimpl
     def doctor(self, options: UdevOptions) -> list[Check]:
-        return list(self._doctor(options))
+        return list(rule_checks(options, self._reported_empty))
 
     # ------------------------------------------------------------------ events
 
@@ -511,197 +354,6 @@ class UdevBackend:
             if any(changed):  # keep the discovered verdicts in step, as for events
                 self._event_batches += 1
                 events.rediscover()
-
-    # ------------------------------------------------------------------ doctor
-
-    def _doctor(self, options: UdevOptions) -> Iterable[Check]:
-        try:
-            host_root = checked_host_root(options.host_root)
-        except ConfigError as exc:
-            yield Check("udev hostRoot", "fail", str(exc), fix="set hostRoot to an absolute path")
-            return
-        try:
-            rules = load_rules(options.rules, names=options.names)
-        except ConfigError as exc:
-            yield Check(
-                "udev rules",
-                "fail",
-                str(exc),
-                fix=f"fix the rules, or use shipped rule sets: {', '.join(shipped_rule_sets())}",
-            )
-            return
-        yield Check(
-            "udev rules",
-            "pass",
-            f"{len(rules)} resource(s): " + ", ".join(r.label for r in rules),
-        )
-        try:
-            context = pyudev.Context()
-        except Exception as exc:
-            yield Check("libudev", "fail", f"cannot open libudev: {exc}", fix="install libudev1")
-            return
-        everything: list[Found] = []
-        for rule in rules:
-            hits = scan_rule(context, rule)
-            everything += hits
-            if not hits:
-                # said once: discovery, which doctor runs next, does not log it again
-                self._reported_empty.add(rule.where)
-                if not expected(rule.resource, options.expect):
-                    yield Check(
-                        f"{rule.label} devices",
-                        "pass",
-                        f"{rule.where} matches no device{NOT_EXPECTED}",
-                    )
-                    continue
-                yield Check(
-                    f"{rule.label} devices",
-                    "warn",
-                    f"{rule.where} matches no device",
-                    fix="compare the rule's match with `udevadm info -a -p <sysfs path>`; a "
-                    "node that need not have it: leave its resource out of udev.expect",
-                )
-                continue
-            ids = ", ".join(f.id for f in hits)
-            yield Check(f"{rule.label} devices", "pass", f"{len(hits)} device(s): {ids}")
-            missing = [n for f in hits for n in f.nodes if node_missing(host_root, n)]
-            missing += [n for n in rule.shared_nodes if node_missing(host_root, n)]
-            empty = [f.id for f in hits if rule.wants_nodes and not f.nodes]
-            if missing or empty:
-                text = "; ".join(
-                    ([f"missing nodes: {', '.join(missing)}"] if missing else [])
-                    + ([f"no nodes found for {', '.join(empty)}"] if empty else [])
-                )
-                yield Check(
-                    f"{rule.label} nodes",
-                    "fail",
-                    text,
-                    fix="load the driver, or mount the host's /dev into the plugin's container"
-                    + (f" at {host_root}/dev (hostRoot)" if host_root != "/" else ""),
-                )
-            else:
-                yield Check(f"{rule.label} nodes", "pass", "every device node exists")
-            short = [f"{f.id}: {m}" for f in hits for m in f.missing]
-            if short:
-                yield Check(
-                    f"{rule.label} companions",
-                    "warn",
-                    "expected companion nodes not found: " + "; ".join(short),
-                    fix="check the driver created them (`ls -l /sys/class/<subsystem>`); a "
-                    "node without a parent device needs scope: index, one in another "
-                    "function of the card scope: slot (docs/udev.md)",
-                )
-        stray = unmatched_accelerators(context, everything)
-        if stray:
-            yield Check(
-                "unmatched accelerators",
-                "warn",
-                f"{len(stray)} accelerator(s) on the PCI bus match no rule: " + "; ".join(stray),
-                fix="add the rule set named for each, or a rule of your own; a device "
-                "without a driver needs its driver loaded first",
-            )
-
-
-NOT_EXPECTED = " (none on this node; not a warning, its resource is not in udev.expect)"
-
-
-def expected(resource: str, patterns: Iterable[str]) -> bool:
-    """Whether ``resource`` is one ``udev.expect`` names (a name or a glob)."""
-    return any(fnmatchcase(resource, p) for p in patterns)
-
-
-def checked_host_root(value: str) -> str:
-    """``hostRoot`` normalised ("" means "/"), or a ConfigError: it must be absolute."""
-    if value in ("", "/"):
-        return "/"
-    if not value.startswith("/"):
-        raise ConfigError(
-            f"must be an absolute path (where the host's / is mounted), got {value!r}",
-            field="backends.udev.hostRoot",
-        )
-    return os.path.normpath(value)
-
-
-def monitor_subsystems(
-    context: pyudev.Context, rules: Iterable[Rule]
-) -> tuple[set[str], list[str]]:
-    """The subsystems whose uevents can change the rules' devices, and where an
-    entry names none and none is derived. A missing subsystem is derived from the
-    devices present whose node or kernel name fits the entry's globs."""
-    wanted: set[str] = set()
-    unknown: list[str] = []
-    everything: list[pyudev.Device] | None = None
-
-    def derive(devnode: tuple[str, ...], sysname: tuple[str, ...]) -> set[str]:
-        nonlocal everything
-        if not (devnode or sysname):
-            return set()
-        if everything is None:
-            everything = list(context.list_devices())
-        return {
-            str(d.subsystem)
-            for d in everything
-            if d.subsystem
-            and (not devnode or any(fnmatchcase(d.device_node or "", g) for g in devnode))
-            and (not sysname or any(fnmatchcase(d.sys_name, g) for g in sysname))
-        }
-
-    for rule in rules:
-        match = rule.match
-        if match.subsystem:
-            wanted.add(match.subsystem)
-        elif derived := derive(match.devnode, match.sysname):
-            wanted |= derived
-        else:
-            unknown.append(rule.where)
-        if match.vendor or match.device or rule.usable_drivers:
-            wanted.add("pci")  # bind/unbind and hotplug of the PCI function
-        for n, comp in enumerate(rule.companions):
-            if comp.subsystem:
-                wanted.add(comp.subsystem)
-            elif derived := derive(comp.devnode, comp.sysname):
-                wanted |= derived
-            else:
-                unknown.append(f"{rule.where} companions[{n}]")
-            if comp.scope == "slot":
-                wanted.add("pci")
-    return wanted, unknown
-
-
-def _device_at(context: pyudev.Context, syspath: str) -> pyudev.Device | None:
-    try:
-        return pyudev.Devices.from_sys_path(context, syspath)
-    except pyudev.DeviceNotFoundError:
-        return None
-
-
-def _below(path: str, root: str) -> bool:
-    return path == root or path.startswith(root + "/")
-
-
-def _concerns(path: str, item: Found) -> bool:
-    """Whether an event at ``path`` may change ``item``: the device, its PCI
-    function, anything below them (a drm child), a companion found earlier, or
-    another function of the same slot for slot-scoped companions."""
-    if path in item.related or _below(path, item.syspath):
-        return True
-    pci = item.pci_syspath
-    if pci is None:
-        return False
-    if _below(path, pci):
-        return True
-    if any(c.scope == "slot" for c in item.rule.companions):
-        return path.startswith(pci.rsplit(".", 1)[0] + ".")
-    return False
-
-
-def _pairs_with(dev: pyudev.Device, comp: Companion) -> bool:
-    """Whether ``dev`` could be a parentless companion paired by index."""
-    return (
-        comp.everywhere
-        and dev.subsystem == comp.subsystem
-        and any(fnmatchcase(dev.sys_name, g) for g in comp.sysname)
-    )
 
 
 # ``udev = "hetero_dp_udev.backend:plugin"``: the instance the daemon runs.

@@ -17,7 +17,8 @@ import pyudev
 
 from hetero_dp import Device, DeviceNode, resource_name_problem
 
-from .rules import Companion, Match, Rule, attribute_name_problem, render, template_fields
+from .entries import attribute_name_problem
+from .ruletypes import Companion, Match, Rule, render, template_fields
 
 log = logging.getLogger("hetero_dp_udev")
 

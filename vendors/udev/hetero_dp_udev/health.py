@@ -12,6 +12,8 @@ from fnmatch import fnmatchcase
 
 import pyudev
 
+from hetero_dp import ConfigError
+
 from .discovery import Found, attribute
 
 
@@ -91,3 +93,15 @@ def problems(
         elif not rule.pattern.matches(value):
             out.append(f"health attribute {rule.attribute}={value!r}, expected {rule.pattern}")
     return out
+
+
+def checked_host_root(value: str) -> str:
+    """``hostRoot`` normalised ("" means "/"), or a ConfigError: it must be absolute."""
+    if value in ("", "/"):
+        return "/"
+    if not value.startswith("/"):
+        raise ConfigError(
+            f"must be an absolute path (where the host's / is mounted), got {value!r}",
+            field="backends.udev.hostRoot",
+        )
+    return os.path.normpath(value)
