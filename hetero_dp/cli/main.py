@@ -136,6 +136,16 @@ def main() -> None:
     "where it has CDI off, CDI delivery falls back to device specs (config cdi.runtimeConfig).",
 )
 @click.option(
+    "--pod-resources-socket",
+    envvar="HETERO_DP_POD_RESOURCES_SOCKET",
+    help="The kubelet's pod-resources socket (config attribution.podResourcesSocket).",
+)
+@click.option(
+    "--proc-root",
+    envvar="HETERO_DP_PROC_ROOT",
+    help="The host's /proc, read-only (config attribution.procRoot).",
+)
+@click.option(
     "--mode",
     default="device-plugin",
     show_default=True,
@@ -180,6 +190,8 @@ def run(
     metrics_address: str | None,
     labels_dir: str | None,
     cdi_runtime_config: str | None,
+    pod_resources_socket: str | None,
+    proc_root: str | None,
     mode: str,
     node_name: str | None,
     driver_names: tuple[str, ...],
@@ -218,6 +230,9 @@ def run(
         flags["labels"] = {"enabled": True, "dir": labels_dir}
     if cdi_runtime_config:
         flags["cdi"] = {"runtimeConfig": cdi_runtime_config}
+    attribution = {"podResourcesSocket": pod_resources_socket, "procRoot": proc_root}
+    if any(attribution.values()):
+        flags["attribution"] = {k: v for k, v in attribution.items() if v}
     trial_root = None
     fake_nodes: str | None = None
     if fake_kubelet:

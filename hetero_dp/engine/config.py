@@ -77,7 +77,7 @@ SCALARS: dict[str, tuple[type, Any]] = {
     camel(f.name): (float if _HINTS[f.name] is float else str, f.default)
     for f in dataclasses.fields(CoreSettings)
 }
-SECTIONS = ("backends", "sharing", "resources", "cdi", "labels", "metrics")
+SECTIONS = ("backends", "sharing", "resources", "cdi", "labels", "metrics", "attribution")
 # A socket prefix is part of a file name: it must not leave its dir.
 SOCKET_PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
@@ -134,6 +134,26 @@ class MetricsSection:
 
 
 @dataclass(frozen=True)
+class AttributionSection:
+    """``attribution``: which container holds and uses each device (docs/operations.md).
+    On while the pod-resources socket exists."""
+
+    pod_resources_socket: str = option(
+        "/var/lib/kubelet/pod-resources/kubelet.sock",
+        help="the kubelet's pod-resources API socket",
+        min=1,
+        strict=True,
+    )
+    proc_root: str = option(
+        "/proc",
+        help="the host's /proc, where the PIDs the driver reports are read (mounted "
+        "read-only, /host/proc in the DaemonSets)",
+        min=1,
+        strict=True,
+    )
+
+
+@dataclass(frozen=True)
 class ResourceSettings:
     """``resources.<name>``: one resource's settings (docs/configuration.md); a key left
     out keeps the backend's default. ``deliver``, ``cdiKind`` and ``cdiAnnotationPrefix``
@@ -167,6 +187,7 @@ class ConfigFile(CoreSettings):
     cdi: CdiSection = option(CdiSection())
     labels: LabelsSection = option(LabelsSection())
     metrics: MetricsSection = option(MetricsSection())
+    attribution: AttributionSection = option(AttributionSection())
 
 
 # The core's own sections, declared like a backend's options (model/options.py): one
@@ -175,6 +196,7 @@ SECTION_SCHEMAS: dict[str, type] = {
     "cdi": CdiSection,
     "labels": LabelsSection,
     "metrics": MetricsSection,
+    "attribution": AttributionSection,
 }
 # section -> {key: (type, default)}, derived from the declarations above
 SECTION_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
@@ -213,6 +235,7 @@ class Config:
     cdi: dict[str, Any] = field(default_factory=lambda: _section_defaults("cdi"))
     labels: dict[str, Any] = field(default_factory=lambda: _section_defaults("labels"))
     metrics: dict[str, Any] = field(default_factory=lambda: _section_defaults("metrics"))
+    attribution: dict[str, Any] = field(default_factory=lambda: _section_defaults("attribution"))
     raw: dict[str, Any] = field(default_factory=dict)
     # backend name -> where its options were given (``file, field 'backends.x'``,
     # ``flag -o x.key``), for refusing options of a backend that is not loaded

@@ -23,6 +23,10 @@ from prometheus_client.registry import Collector
 from hetero_dp.kits import observe
 from hetero_dp.model.device import Sample
 from hetero_dp.model.errors import BackendError
+from hetero_dp.model.usage import ProcessUsage
+from hetero_dp.usage import names as usage_names
+from hetero_dp.usage import series, source
+from hetero_dp.usage.attribution import Attribution
 
 if TYPE_CHECKING:
     from hetero_dp.engine.daemon import Daemon
@@ -89,6 +93,9 @@ class _StateCollector(Collector):
             registered.add_metric([name], 1 if res.registered else 0)
             ready.add_metric([name], 1 if res.ready else 0)
         yield from (total, healthy, device_healthy, streams, registered, ready)
+        view = self.metrics.attribution.view if self.metrics.attribution else None
+        if view is not None:
+            yield from series.families(view)
         yield from self.metrics.backend_families()
 
 
@@ -172,6 +179,7 @@ class Metrics:
         )
         r.register(_StateCollector(self))
         self._samples: dict[str, list[Sample]] = {}  # backend name -> last samples
+        self.attribution: Attribution | None = None  # made at the first scrape
         self._unsubscribe = observe.subscribe(self._on_event)
 
     def close(self) -> None:
@@ -229,12 +237,29 @@ class Metrics:
 
     # --- backend samples -------------------------------------------------
 
+    async def refresh_attribution(self, usage: list[ProcessUsage]) -> None:
+        """Who holds and uses what (device-plugin mode; docs/operations.md, Attribution):
+        one pod-resources call at most, the rest in one worker thread."""
+        daemon = self.daemon
+        if not daemon.resources:
+            return
+        settings = source.settings(daemon.config)
+        if self.attribution is None or self.attribution.settings != settings:
+            self.attribution = Attribution(settings)  # a reload may move the socket
+        pids = {s.pid for ss in self._samples.values() for s in ss if s.pid is not None}
+        await self.attribution.refresh(source.inventory(daemon), usage, pids)
+
     async def refresh_backends(self) -> None:
-        """Ask every backend with a ``metrics`` hook for samples (concurrently)."""
+        """Ask every backend with a ``metrics`` hook for samples and every one with a
+        ``usage`` hook for its processes (concurrently), then attribute them."""
         runtimes = [rt for rt in self.daemon.runtimes.values() if rt.backend.implements("metrics")]
-        results = await asyncio.gather(*(self._backend_samples(rt) for rt in runtimes))
+        results, usage = await asyncio.gather(
+            asyncio.gather(*(self._backend_samples(rt) for rt in runtimes)),
+            source.usages(self.daemon, BACKEND_SCRAPE_TIMEOUT),
+        )
         for rt, samples in zip(runtimes, results):
             self._samples[rt.backend.name] = samples
+        await self.refresh_attribution(usage)
 
     async def _backend_samples(self, rt: Any) -> list[Sample]:
         b = rt.backend
@@ -260,15 +285,28 @@ class Metrics:
                 if problem:
                     log.warning("dropping metric sample: %s", problem, extra={"backend": backend})
                     continue
-                key = (s.name, tuple(sorted(s.labels.items())))
+                labels = self._with_holder(s)
+                key = (s.name, tuple(sorted(labels.items())))
                 if key in seen:
                     continue
                 seen.add(key)
                 fam = families.get(s.name)
                 if fam is None:
                     fam = families[s.name] = Metric(s.name, s.help or s.name, "gauge")
-                fam.add_sample(s.name, dict(s.labels), float(s.value))
+                fam.add_sample(s.name, labels, float(s.value))
         yield from families.values()
+
+    def _with_holder(self, s: Sample) -> dict[str, str]:
+        """The sample's labels, with its holder's pod, namespace and container where
+        attribution knows them (labels the backend set itself are kept)."""
+        labels = dict(s.labels)
+        owner = self.attribution.owner_of(s) if self.attribution else None
+        if owner is not None:
+            for key, value in zip(
+                usage_names.HOLDER_LABELS, (owner.pod, owner.namespace, owner.container)
+            ):
+                labels.setdefault(key, value)
+        return labels
 
     async def render(self) -> bytes:
         """The text exposition, backend samples freshly gathered."""

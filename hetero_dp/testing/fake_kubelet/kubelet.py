@@ -16,8 +16,9 @@ import contextlib
 import os
 import socket
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -32,6 +33,8 @@ from hetero_dp.testing.fake_kubelet.devices import (
     FakeResource,
     HealthPoint,
 )
+from hetero_dp.testing.fake_kubelet.podlife import PodLife
+from hetero_dp.testing.fake_kubelet.pods import FakePod
 from hetero_dp.testing.fake_kubelet.registration import (
     PluginWatcher,
     RegistrationServicer,
@@ -83,6 +86,7 @@ class FakeKubelet(ChangeWaiter):
             else None
         )
         self._server: grpc.aio.Server | None = None
+        self.pod_life = PodLife(self.plugin_dir, self.device_manager, self.allocate)
 
     @property
     def open_streams(self) -> bool:
@@ -150,6 +154,7 @@ class FakeKubelet(ChangeWaiter):
 
     async def stop(self) -> None:
         """Stop serving and drop every stream (plugins see the kubelet die)."""
+        await self.pod_life.pause()
         if self.plugin_watcher is not None:
             self.plugin_watcher.close()
         self.plugin_clients.cancel_tasks()
@@ -187,6 +192,7 @@ class FakeKubelet(ChangeWaiter):
         self.restarts += 1
         self.device_manager.forget_devices()  # back from the checkpoint with 0 devices
         await self.start()
+        await self.pod_life.resume()
         await self._notify()
 
     # --- registration ----------------------------------------------------
@@ -322,3 +328,26 @@ class FakeKubelet(ChangeWaiter):
         await self.plugin_clients.stub(name).PreStartContainer(
             pb.PreStartContainerRequest(devices_ids=ids), timeout=timeout
         )
+
+    # --- pods and the pod-resources API (pods.PodLife) --------------------
+
+    async def serve_pod_resources(self, path: str | os.PathLike[str] | None = None) -> Path:
+        """Serve the pod-resources API (default: ``pod-resources/kubelet.sock`` beside
+        the device-plugin dir); it stops and comes back with the kubelet."""
+        where = Path(path) if path else self.plugin_dir.parent / "pod-resources" / "kubelet.sock"
+        return await self.pod_life.serve(where)
+
+    async def stop_pod_resources(self) -> None:
+        """Stop the pod-resources API and remove its socket."""
+        await self.pod_life.stop_serving()
+
+    async def admit_pod(
+        self, name: str, containers: Mapping[str, Mapping[str, int]], **kw: Any
+    ) -> FakePod:
+        """Admit a pod through the device manager's path (:meth:`PodLife.admit`:
+        ``namespace``, ``uid``, ``timeout``)."""
+        return await self.pod_life.admit(name, containers, **kw)
+
+    def remove_pod(self, name: str, namespace: str = "default") -> None:
+        """The pod ended: its devices are free, it leaves the list and the checkpoint."""
+        self.pod_life.remove(name, namespace)

@@ -9,6 +9,11 @@ Each device is delivered as ``/dev/null`` at ``/dev/sim<N>`` in the container
 Tests drive health and the device set with :meth:`SimulatedBackend.set_health`
 and :meth:`SimulatedBackend.set_count`.
 
+Per-process usage is simulated too: the ``processes`` option (or
+:meth:`SimulatedBackend.set_processes`) lists what the ``usage`` hook reports, so the
+framework's attribution (docs/operations.md) can be tried without a driver: the PIDs
+are whatever the option says, looked up in the ``/proc`` attribution reads.
+
 Every option takes effect on a config reload: ``count``, ``resource(s)`` and
 ``numaNodes`` at the rediscovery the reload runs, ``flipEvery`` at once (the
 flipping restarts with the new period, or stops and leaves the device healthy).
@@ -21,7 +26,16 @@ import contextlib
 import threading
 from dataclasses import dataclass
 
-from hetero_dp import Device, DeviceNode, EventSink, Link, hookimpl, option
+from hetero_dp import (
+    ConfigError,
+    Device,
+    DeviceNode,
+    EventSink,
+    Link,
+    ProcessUsage,
+    hookimpl,
+    option,
+)
 
 BOARD_SIZE = 2  # devices per simulated board
 
@@ -37,6 +51,12 @@ class SimulatedOptions:
     )
     numa_nodes: int = option(
         2, help="boards spread round-robin over this many NUMA nodes (0: none)", min=0, max=64
+    )
+    processes: tuple[str, ...] = option(
+        (),
+        help="simulated per-process usage the usage hook reports, each "
+        "'DEVICE:PID:MEMORY_MIB[:UTILIZATION]' (utilization 0 to 1)",
+        max=100_000,
     )
     flip_every: float = option(
         0.0,
@@ -54,6 +74,18 @@ def board(index: int) -> int:
     return index // BOARD_SIZE
 
 
+def parse_process(text: str) -> ProcessUsage:
+    """``DEVICE:PID:MEMORY_MIB[:UTILIZATION]`` as a ProcessUsage."""
+    parts = text.split(":")
+    try:
+        if len(parts) not in (3, 4):
+            raise ValueError("expected DEVICE:PID:MEMORY_MIB[:UTILIZATION]")
+        util = float(parts[3]) if len(parts) == 4 else None
+        return ProcessUsage(parts[0], int(parts[1]), int(parts[2]) * 1024 * 1024, util)
+    except ValueError as e:
+        raise ConfigError(f"process {text!r}: {e}", field="processes") from None
+
+
 class SimulatedBackend:
     hetero_dp_name = "simulated"
 
@@ -63,6 +95,7 @@ class SimulatedBackend:
         self.numa_nodes = 2
         self.flip_every = 0.0
         self.sinks: list[EventSink] = []
+        self.processes: list[ProcessUsage] = []
         # (loop, event) per running watch: set when the options change
         self._wakeups: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
         self.unhealthy: dict[str, str] = {}
@@ -77,6 +110,7 @@ class SimulatedBackend:
         changed = options.flip_every != self.flip_every
         self.flip_every = options.flip_every
         self.resources = list(options.resources) or [options.resource]
+        self.processes = [parse_process(p) for p in options.processes]
         if changed:  # hooks may run in a worker thread: wake each watch on its loop
             for loop, wake in list(self._wakeups):
                 with contextlib.suppress(RuntimeError):  # that loop has closed
@@ -164,7 +198,16 @@ class SimulatedBackend:
                     out.append(Link(a.id, b.id, 10, "SYS"))
         return out
 
+    @hookimpl
+    def usage(self) -> list[ProcessUsage]:
+        """The simulated processes (see ``processes``)."""
+        return list(self.processes)
+
     # --- test controls ---------------------------------------------------
+
+    def set_processes(self, processes: list[ProcessUsage]) -> None:
+        """What the next scrapes' ``usage`` hook reports."""
+        self.processes = list(processes)
 
     def set_health(self, device_id: str, healthy: bool, reason: str = "") -> None:
         """Push a health event, as a real backend's watcher would."""

@@ -1,0 +1,205 @@
+"""The join: who holds each device, and which container each process belongs to.
+
+Pure functions over what the other modules read. For a process: its host PID ->
+the pod UID in its cgroup (:mod:`.cgroups`) -> the containers of that pod in the
+kubelet's checkpoint (:mod:`.checkpoint`) holding the device the process uses ->
+the pod's name and namespace from the pod-resources ``List``
+(:mod:`.podresources`), which has no UID, so the checkpoint's entries and the list's
+are joined on (resource, device IDs, container name). A process whose pod or
+container the chain cannot name, or whose pod has two containers holding the same
+device, is attributed to no one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from hetero_dp.model.device import Device, replica_base
+from hetero_dp.model.usage import ProcessUsage
+from hetero_dp.usage.cgroups import ContainerRef
+from hetero_dp.usage.checkpoint import Entry
+from hetero_dp.usage.podresources import ContainerDevices
+
+MIB = 1024 * 1024
+#: Where a device record says its memory, in MiB (the DRA slices read the same keys).
+MEMORY_KEYS = ("memoryMiB", "memory")
+
+
+@dataclass(frozen=True)
+class Owner:
+    """A container, as an operator names it."""
+
+    pod: str
+    namespace: str
+    container: str
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One advertised device a container holds."""
+
+    resource: str
+    device: str  # the ID as advertised (a replica's, on a shared device)
+    owner: Owner
+
+
+@dataclass
+class ContainerUse:
+    """What one container's processes use of one device (the backend's device ID)."""
+
+    resource: str
+    device: str  # the first (sorted) ID the container holds of it
+    owner: Owner
+    physical: str
+    held: int  # how many of the device's replicas the container holds
+    memory_bytes: int | None = None
+    utilization: float | None = None
+    fair_share_bytes: int | None = None
+    pids: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The devices a daemon advertises: per resource, advertised ID -> its record."""
+
+    records: Mapping[str, Mapping[str, Device]]
+
+    def replicas(self) -> dict[str, int]:
+        """Record ID -> how many advertised IDs stand for it (2 or more: shared)."""
+        out: dict[str, int] = {}
+        for ids in self.records.values():
+            for advertised in ids:
+                base = replica_base(advertised)
+                out[base] = out.get(base, 0) + 1
+        return out
+
+    def memory_bytes(self, resource: str, physical: str) -> int | None:
+        for advertised, record in self.records.get(resource, {}).items():
+            if replica_base(advertised) == physical:
+                for key in MEMORY_KEYS:
+                    v = record.attributes.get(key)
+                    if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
+                        return int(v * MIB)
+                return None
+        return None
+
+
+@dataclass
+class View:
+    """Everything attribution knows after one refresh."""
+
+    holders: list[Holder] = field(default_factory=list)
+    uses: list[ContainerUse] = field(default_factory=list)
+    #: record ID -> the one container holding that device whole (not shared)
+    sole: dict[str, Owner] = field(default_factory=dict)
+    #: pid -> its container, for the processes the backends named
+    by_pid: dict[int, Owner] = field(default_factory=dict)
+    unattributed: int = 0  # processes attributed to no one
+
+
+@dataclass
+class Pod:
+    owner_of: dict[str, Owner] = field(default_factory=dict)  # container -> owner
+    holds: list[tuple[str, str, tuple[str, ...]]] = field(default_factory=list)
+
+
+def pods_by_uid(listed: Iterable[ContainerDevices], entries: Iterable[Entry]) -> dict[str, Pod]:
+    """The pods of ``listed`` by UID: the checkpoint's entry with the same resource,
+    device IDs and container name gives each its UID (listed items without one
+    are left out)."""
+    uid_of: dict[tuple[str, frozenset[str], str], str | None] = {}
+    for e in entries:
+        key = (e.resource, frozenset(e.device_ids), e.container)
+        uid_of[key] = None if key in uid_of and uid_of[key] != e.pod_uid else e.pod_uid
+    pods: dict[str, Pod] = {}
+    for c in listed:
+        uid = uid_of.get((c.resource, frozenset(c.device_ids), c.container))
+        if uid is None:
+            continue
+        pod = pods.setdefault(uid, Pod())
+        pod.owner_of[c.container] = Owner(c.pod, c.namespace, c.container)
+        pod.holds.append((c.container, c.resource, c.device_ids))
+    return pods
+
+
+def build(
+    inventory: Inventory,
+    listed: Iterable[ContainerDevices],
+    entries: Iterable[Entry],
+    usages: Iterable[ProcessUsage],
+    refs: Mapping[int, ContainerRef | None],
+) -> View:
+    """The view from one refresh's readings (``refs``: each PID's cgroup, None where
+    it names no container or the process vanished)."""
+    ours = [c for c in listed if c.resource in inventory.records]
+    view = View()
+    replicas = inventory.replicas()
+    holders_of: dict[str, list[Owner]] = {}
+    for c in ours:
+        owner = Owner(c.pod, c.namespace, c.container)
+        for device in c.device_ids:
+            view.holders.append(Holder(c.resource, device, owner))
+            holders_of.setdefault(replica_base(device), []).append(owner)
+    for physical, owners in holders_of.items():
+        if replicas.get(physical, 1) == 1 and len(owners) == 1:
+            view.sole[physical] = owners[0]
+    pods = pods_by_uid(ours, entries)
+    uses: dict[tuple[Owner, str, str], ContainerUse] = {}
+    for u in usages:
+        found = _container_of(pods, refs.get(u.pid), u.device)
+        if found is None:
+            view.unattributed += 1
+            continue
+        owner, resource, ids = found
+        use = uses.get((owner, resource, u.device))
+        if use is None:
+            use = uses[(owner, resource, u.device)] = ContainerUse(
+                resource, min(ids), owner, u.device, len(ids)
+            )
+        use.pids.append(u.pid)
+        if u.memory_bytes is not None:
+            use.memory_bytes = (use.memory_bytes or 0) + u.memory_bytes
+        if u.utilization is not None:
+            use.utilization = min(1.0, (use.utilization or 0.0) + u.utilization)
+        view.by_pid[u.pid] = owner
+    for use in uses.values():
+        n = replicas.get(use.physical, 1)
+        memory = inventory.memory_bytes(use.resource, use.physical) if n > 1 else None
+        if memory is not None:
+            use.fair_share_bytes = memory * use.held // n
+    view.uses = sorted(uses.values(), key=lambda x: (x.resource, x.device, x.owner.pod))
+    return view
+
+
+def _container_of(
+    pods: Mapping[str, Pod], ref: ContainerRef | None, device: str
+) -> tuple[Owner, str, tuple[str, ...]] | None:
+    """The one container of ``ref``'s pod holding ``device`` (a record ID): its
+    owner, resource and the advertised IDs of that device it holds."""
+    pod = pods.get(ref.pod_uid) if ref is not None else None
+    if pod is None:
+        return None
+    found = []
+    for container, resource, ids in pod.holds:
+        mine = tuple(sorted(i for i in ids if replica_base(i) == device))
+        if mine:
+            found.append((pod.owner_of[container], resource, mine))
+    return found[0] if len(found) == 1 else None
+
+
+def owner_of_pid(
+    view: View, pods: Mapping[str, Pod], pid: int, ref: ContainerRef | None, device: str
+) -> Owner | None:
+    """A process's container for a sample that names it (and maybe its device):
+    the usage hook's answer first, else the pod's container holding the device, else
+    the pod's only container holding any of our devices."""
+    if pid in view.by_pid:
+        return view.by_pid[pid]
+    if device:
+        found = _container_of(pods, ref, device)
+        return found[0] if found else None
+    pod = pods.get(ref.pod_uid) if ref is not None else None
+    if pod is None or len(pod.owner_of) != 1:
+        return None
+    return next(iter(pod.owner_of.values()))

@@ -1,0 +1,115 @@
+"""Attribution end to end: the simulated backend under a daemon, the fake kubelet's
+pod-resources API on a real unix socket and its device checkpoint, a fake /proc."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from hetero_dp_simulated.backend import plugin as simulated
+
+from hetero_dp import ProcessUsage
+from tests.ops.helpers import scrape, value
+
+RES = "hetero-dp.io/sim"
+MIB = 1024 * 1024
+HELD = "hetero_dp_device_allocation_info"
+USED = "hetero_dp_container_memory_used_bytes"
+UTIL = "hetero_dp_container_utilization_ratio"
+FAIR = "hetero_dp_container_memory_fair_share_bytes"
+
+
+def put_process(proc, pid: int, uid: str, n: int = 1) -> None:
+    """A process of the pod ``uid`` in a fake /proc, cgroup v2 under the systemd driver."""
+    (proc / str(pid)).mkdir(parents=True, exist_ok=True)
+    slice_ = f"kubepods-burstable-pod{uid.replace('-', '_')}.slice"
+    cid = f"{n:064x}"
+    (proc / str(pid) / "cgroup").write_text(
+        f"0::/kubepods.slice/kubepods-burstable.slice/{slice_}/cri-containerd-{cid}.scope\n"
+    )
+
+
+async def start(fake_kubelet, plugin_runner, proc, *, count=2, replicas=0):
+    await fake_kubelet.serve_pod_resources()
+    config = {
+        "metrics": {"address": "127.0.0.1:0"},
+        "attribution": {"procRoot": str(proc)},
+        "backends": {"simulated": {"count": count, "numaNodes": 0}},
+    }
+    if replicas:
+        config["sharing"] = {"timeSlicing": {"resources": [{"name": RES, "replicas": replicas}]}}
+    daemon = await plugin_runner.start("simulated", config=config)
+    await fake_kubelet.wait_registered(RES)
+    await fake_kubelet.wait_devices(RES, lambda d: len(d) == count * max(replicas, 1))
+    return daemon
+
+
+def series(m, name):
+    return {
+        dict(labels)["pod"]: (dict(labels)["device"], v)
+        for (n, labels), v in m.items()
+        if n == name
+    }
+
+
+@pytest.fixture
+def proc(tmp_path):
+    simulated.set_processes([])
+    yield tmp_path / "proc"
+    simulated.set_processes([])
+
+
+async def test_holders_of_whole_devices_and_replicas_and_a_departed_pod(
+    fake_kubelet, plugin_runner, proc
+):
+    daemon = await start(fake_kubelet, plugin_runner, proc, count=2)
+    a = await fake_kubelet.admit_pod("a", {"main": {RES: 1}}, namespace="team")
+    b = await fake_kubelet.admit_pod("b", {"main": {RES: 1}, "side": {}})
+    m = await scrape(daemon)
+    (ida,) = a.device_ids()
+    (idb,) = b.device_ids()
+    labels = {"resource": RES, "container": "main"}
+    assert value(m, HELD, device=ida, pod="a", namespace="team", **labels) == 1
+    assert value(m, HELD, device=idb, pod="b", namespace="default", **labels) == 1
+    assert set(series(m, HELD)) == {"a", "b"}
+
+    fake_kubelet.remove_pod("a", "team")
+    m = await scrape(daemon)
+    assert set(series(m, HELD)) == {"b"}  # gone at the next scrape
+
+
+async def test_two_pods_on_one_shared_device_show_their_own_usage_and_the_noisy_one_is_named(
+    fake_kubelet, plugin_runner, proc, caplog
+):
+    daemon = await start(fake_kubelet, plugin_runner, proc, count=1, replicas=2)
+    a = await fake_kubelet.admit_pod("a", {"c": {RES: 1}})
+    b = await fake_kubelet.admit_pod("b", {"c": {RES: 1}})
+    put_process(proc, 101, a.uid)
+    put_process(proc, 102, b.uid, 2)
+    put_process(proc, 103, b.uid, 2)
+    simulated.set_processes(
+        [
+            ProcessUsage("sim0", 101, 3000 * MIB, 0.25),
+            ProcessUsage("sim0", 102, 6000 * MIB, 0.25),
+            ProcessUsage("sim0", 103, 3000 * MIB, 0.25),
+        ]
+    )
+    caplog.set_level(logging.INFO, logger="hetero_dp.usage")
+    m = await scrape(daemon)
+    ida, idb = a.device_ids()[0], b.device_ids()[0]
+    assert sorted([ida, idb]) == ["sim0::0", "sim0::1"], (ida, idb)
+    assert series(m, USED) == {"a": (ida, 3000 * MIB), "b": (idb, 9000 * MIB)}
+    assert series(m, UTIL) == {"a": (ida, 0.25), "b": (idb, 0.5)}
+    assert series(m, FAIR) == {"a": (ida, 8192 * MIB), "b": (idb, 8192 * MIB)}
+    await scrape(daemon)  # still over: no second line
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "default/b, container c, device " + idb in warnings[0]
+    assert "9000 MiB" in warnings[0] and "8192 MiB" in warnings[0]
+    assert "default/a" not in "".join(warnings)
+
+    simulated.set_processes([ProcessUsage("sim0", 102, 1000 * MIB)])
+    caplog.clear()
+    await scrape(daemon)
+    back = [r.getMessage() for r in caplog.records if "back under" in r.getMessage()]
+    assert len(back) == 1 and "default/b" in back[0]
