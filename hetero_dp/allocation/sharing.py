@@ -40,6 +40,7 @@ from hetero_dp.model.device import REPLICA_SEPARATOR, Device, is_replica, replic
 from hetero_dp.model.errors import AllocationError, ConfigError
 from hetero_dp.model.names import resource_name_problem
 from hetero_dp.model.options import option, parse_options
+from hetero_dp.model.shown import shown
 from hetero_dp.model.wire import (
     MAX_LIST_AND_WATCH_BYTES,
     device_entry_size,
@@ -292,7 +293,7 @@ def parse_sharing(raw: Mapping[str, Any] | None, source: str = "") -> SharingCon
     if raw is None:
         return SharingConfig(source=source)
     if not isinstance(raw, Mapping):  # the reader takes a falsy value as no options
-        raise ConfigError(f"expected a mapping, got {raw!r}", field="sharing", source=source)
+        raise ConfigError(f"expected a mapping, got {shown(raw)}", field="sharing", source=source)
     read = parse_options(SharingSection, raw, field="sharing", source=source, environ={})
     return sharing_config(read, source)
 
@@ -358,7 +359,7 @@ def _check_name(value: str, where: str) -> None:
         stand_in = f"example.com/{value}"
         problem = (resource_name_problem(stand_in) or "").replace(f" of {stand_in!r}", "")
     if problem:
-        raise ConfigError(f"invalid resource name {value!r}: {problem}", field=where)
+        raise ConfigError(f"invalid resource name {shown(value)}: {problem}", field=where)
 
 
 def _parse_devices(value: Any, where: str) -> DeviceSelection:
@@ -367,7 +368,7 @@ def _parse_devices(value: Any, where: str) -> DeviceSelection:
         return DeviceSelection()
     expected = "'all', a count or a non-empty list of device IDs or indices"
     if isinstance(value, bool) or not isinstance(value, int | list):
-        raise ConfigError(f"expected {expected}, got {value!r}", field=where)
+        raise ConfigError(f"expected {expected}, got {shown(value)}", field=where)
     if isinstance(value, int):
         if value <= 0:
             raise ConfigError(f"a count of devices must be at least 1, got {value}", field=where)
@@ -377,7 +378,9 @@ def _parse_devices(value: Any, where: str) -> DeviceSelection:
     refs: list[str] = []
     for k, ref in enumerate(value):
         if isinstance(ref, bool) or not isinstance(ref, int | str) or ref == "":
-            raise ConfigError(f"expected a device ID or index, got {ref!r}", field=f"{where}[{k}]")
+            raise ConfigError(
+                f"expected a device ID or index, got {shown(ref)}", field=f"{where}[{k}]"
+            )
         if isinstance(ref, int) and ref < 0:
             raise ConfigError(f"an index must not be negative, got {ref}", field=f"{where}[{k}]")
         refs.append(str(ref))

@@ -35,6 +35,7 @@ from hetero_dp.model.names import (
     validate_resource_name,
 )
 from hetero_dp.model.options import camel, option, parse_options, unknown_key
+from hetero_dp.model.shown import shown
 
 __all__ = ["NOT_PLAIN", "Config", "load_config", "plain_scalar", "read_file", "set_option"]
 
@@ -49,13 +50,18 @@ class CoreSettings:
     one wait, beyond that a value is a typo (or ``.inf``) rather than a choice."""
 
     kubelet_dir: str = option(
-        DEFAULT_DEVICE_PLUGIN_DIR, help="the kubelet's device-plugin dir", min=1, strict=True
+        DEFAULT_DEVICE_PLUGIN_DIR,
+        help="the kubelet's device-plugin dir",
+        min=1,
+        strict=True,
+        path=True,
     )
     plugins_registry_dir: str = option(
         DEFAULT_PLUGINS_REGISTRY_DIR,
         help="the kubelet's plugin registry (registration: watcher)",
         min=1,
         strict=True,
+        path=True,
     )
     registration: Literal["classic", "watcher"] = option(
         "classic", help="classic: kubelet.sock; watcher: the plugin registry"
@@ -91,10 +97,13 @@ class CdiSection:
         help="unset: specs for the resources that deliver through CDI, the dir checked when "
         "the first one is needed; false: never; true: the dir is checked at start-up",
     )
-    dir: str = option("/var/run/cdi", help="where the specs are written", min=1, strict=True)
+    dir: str = option(
+        "/var/run/cdi", help="where the specs are written", min=1, strict=True, path=True
+    )
     runtime_config: str = option(
         "",
         strict=True,
+        path=True,
         help="the node's container runtime config (containerd's config.toml or dockerd's "
         "daemon.json, mounted read-only); where it says CDI is off, a CDI delivery falls "
         "back to device specs with a warning",
@@ -111,6 +120,7 @@ class LabelsSection:
         help="Node Feature Discovery's features.d",
         min=1,
         strict=True,
+        path=True,
     )
 
 
@@ -127,6 +137,7 @@ class MetricsSection:
     ready_file: str = option(
         "",
         strict=True,
+        path=True,
         help="a file kept present exactly while /readyz answers 200, holding its lines "
         "('' = none): an exec readiness probe reads the instance's own readiness where "
         "/readyz on a shared host port may be another instance's",
@@ -308,7 +319,7 @@ def _check_paths(cfg: Config, sources: Mapping[str, str]) -> None:
     if not SOCKET_PREFIX.match(cfg.socket_prefix):
         raise ConfigError(
             "must be 1 to 63 letters, digits, '-', '_' or '.', starting with a letter or "
-            f"digit (it is part of a socket file name), got {cfg.socket_prefix!r}",
+            f"digit (it is part of a socket file name), got {shown(cfg.socket_prefix)}",
             field="socketPrefix",
             source=sources["socketPrefix"],
         )

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from hetero_dp.model.device import Check, Device, Link, Sample
 from hetero_dp.model.errors import BackendError, ConfigError
+from hetero_dp.model.shown import shown
 from hetero_dp.model.usage import ProcessUsage
 
 T = TypeVar("T")
@@ -27,7 +28,7 @@ def _what(result: Any) -> str:
     """What came back, for a message: ``one Device ('npu0')``, ``int 3``."""
     if isinstance(result, Device):
         return f"one Device ({result.id!r})"
-    return f"{type(result).__name__} {result!r}"[:120]
+    return f"{type(result).__name__} {shown(result, 100)}"
 
 
 def devices(name: str, hook: str, result: Any) -> list[Device]:
@@ -65,7 +66,8 @@ def health_verdict(name: str, hook: str, result: Any) -> tuple[bool, str]:
         why = result[1]
         return bool(result[0]), why if isinstance(why, str) else str(why)
     raise BackendError(
-        f"backend {name!r} {hook} returned {result!r}; expected True/None, False or a reason string"
+        f"backend {name!r} {hook} returned {shown(result)}; "
+        "expected True/None, False or a reason string"
     )
 
 
@@ -149,7 +151,7 @@ def sections(name: str, hook: str, result: Any) -> dict[str, str]:
         isinstance(k, str) and k and isinstance(v, str) for k, v in result.items()
     ):
         raise ConfigError(
-            f"backend {name!r} {hook} returned {result!r}; expected a mapping "
+            f"backend {name!r} {hook} returned {shown(result)}; expected a mapping "
             "of config keys to option keys (strings)",
             field="backend",
         )

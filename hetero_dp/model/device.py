@@ -12,6 +12,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from hetero_dp.model.shown import shown
+
 AttributeValue = str | int | float | bool
 
 HEALTHY = "Healthy"
@@ -66,7 +68,7 @@ class DeviceNode:
         if not self.permissions or set(self.permissions) - set("rwm"):
             raise ValueError(
                 f"device node {self.host_path}: permissions must be made of r, w, m, "
-                f"got {self.permissions!r}"
+                f"got {shown(self.permissions)}"
             )
 
 
@@ -137,7 +139,7 @@ class Device:
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
-            raise ValueError(f"device ID must be a non-empty string, got {self.id!r}")
+            raise ValueError(f"device ID must be a non-empty string, got {shown(self.id)}")
         numa: Iterable[int]
         if isinstance(self.numa_nodes, int):
             numa = () if self.numa_nodes < 0 else (self.numa_nodes,)
@@ -154,7 +156,9 @@ class Device:
         consumes = {str(k): v for k, v in _freeze_map(self.consumes).items()}
         for k, v in consumes.items():
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"device {self.id}: consumes[{k}] must be an int >= 0, got {v!r}")
+                raise ValueError(
+                    f"device {self.id}: consumes[{k}] must be an int >= 0, got {shown(v)}"
+                )
         object.__setattr__(self, "consumes", consumes)
 
     __hash__ = None  # type: ignore[assignment]  # records hold dicts; compare, don't hash

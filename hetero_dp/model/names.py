@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections.abc import Iterable, Mapping
 
 from hetero_dp.model.device import REPLICA_SEPARATOR
 from hetero_dp.model.errors import ConfigError
+from hetero_dp.model.shown import shown
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
@@ -177,3 +179,32 @@ def closest(name: str, known: Iterable[str]) -> str | None:
 
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
     return close[0] if close else None
+
+
+# Linux's limits (linux/limits.h): a path passed to a system call has at most PATH_MAX
+# bytes with its NUL, and one name in it at most NAME_MAX bytes; a C string ends at a NUL.
+PATH_MAX = 4096
+NAME_MAX = 255
+
+
+def path_problem(path: str) -> str | None:
+    """Why ``path`` (a path setting, not empty) cannot name a file on this node, or None:
+    a NUL byte, not absolute (a relative path would depend on the daemon's working dir),
+    longer than PATH_MAX, a part longer than NAME_MAX, or not encodable."""
+    if "\0" in path:
+        return "a path must not contain a NUL byte"
+    try:
+        raw = os.fsencode(path)
+    except UnicodeEncodeError:
+        return "a path must be text the file system takes (not encodable)"
+    if not raw.startswith(b"/"):
+        return f"must be an absolute path, got {shown(path)}"
+    if len(raw) >= PATH_MAX:
+        return f"a path may have at most {PATH_MAX - 1} bytes, this one has {len(raw)}"
+    longest = max(raw.split(b"/"), key=len)
+    if len(longest) > NAME_MAX:
+        return (
+            f"a part of a path may have at most {NAME_MAX} bytes, one has {len(longest)} "
+            f"({shown(os.fsdecode(longest), 30)})"
+        )
+    return None

@@ -37,7 +37,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hetero_dp.model.errors import ConfigError
-from hetero_dp.model.names import closest
+from hetero_dp.model.names import closest, path_problem
+from hetero_dp.model.shown import shown
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,9 @@ class OptionInfo:
     # the value as written, not converted: a str option refuses a number or bool; a bool,
     # number or list option refuses text (what a flag or the environment gives)
     strict: bool = False
+    # a path on this node: absolute, no NUL, within PATH_MAX and NAME_MAX ('' still
+    # allowed where the default is '': it means none)
+    path: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +98,7 @@ def option(
     internal: bool = False,
     off: float | None = None,
     strict: bool = False,
+    path: bool = False,
 ) -> Any:
     """A field of a backend's options dataclass, with its help text and limits.
 
@@ -107,10 +112,20 @@ def option(
     interval). ``strict`` makes a ``str`` option refuse a number (a port written where
     a path or an address goes is a mistake, not a name), and a bool, number or list
     option refuse text (``"yes"``, ``"4"``, ``"a,b"``: a schema that takes the file's
-    values as typed, such as the ``sharing`` block).
+    values as typed, such as the ``sharing`` block). ``path`` makes a ``str`` or ``Path``
+    option a path on this node: a NUL byte, a relative path or one longer than the
+    system takes is refused naming the option (:func:`~hetero_dp.model.names.path_problem`).
     """
     info = OptionInfo(
-        help=help, key=key, env=env, min=min, max=max, internal=internal, off=off, strict=strict
+        help=help,
+        key=key,
+        env=env,
+        min=min,
+        max=max,
+        internal=internal,
+        off=off,
+        strict=strict,
+        path=path,
     )
     meta = {_META: info}
     if default is REQUIRED:
@@ -208,7 +223,7 @@ def _parse(
     path: str,
 ) -> Any:
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"expected a mapping, got {_show(raw)}", field=field, source=source)
+        raise ConfigError(f"expected a mapping, got {shown(raw)}", field=field, source=source)
     fields = _fields(schema)
     keys = {_key(f): (f, hint) for f, hint in fields}
     raw = _nested(raw, {k for k, (_f, hint) in keys.items() if is_schema(hint)})
@@ -276,11 +291,6 @@ def unknown_key(key: str, known: Sequence[str]) -> str:
     return f"unknown key{hint} (known: {', '.join(sorted(known))})"
 
 
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _value(
     hint: Any,
     value: Any,
@@ -292,7 +302,7 @@ def _value(
     path: str,
 ) -> Any:
     def fail(expected: str) -> ConfigError:
-        return ConfigError(f"expected {expected}, got {_show(value)}", field=where, source=source)
+        return ConfigError(f"expected {expected}, got {shown(value)}", field=where, source=source)
 
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
@@ -385,6 +395,9 @@ def _value(
             raise fail("a string")
         text = str(value)
         _bounds(len(text), info, where, source, "characters")
+        problem = path_problem(text) if info.path and text else None
+        if problem:
+            raise ConfigError(problem, field=where, source=source)
         return pathlib.Path(text) if hint is pathlib.Path else text
     raise ConfigError(
         f"the backend declares this option with a type hetero-dp cannot read ({hint!r})",

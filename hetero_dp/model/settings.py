@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hetero_dp.model.errors import ConfigError
+from hetero_dp.model.shown import shown
 
 DEVICES_KEY = "devices"
 
@@ -45,7 +46,7 @@ def device_settings(options: Mapping[str, Any], device_id: str) -> dict[str, Any
     for key, value in section.items():
         if not isinstance(value, Mapping):
             raise ConfigError(
-                f"must be a mapping of settings, got {value!r}", field=f"{DEVICES_KEY}.{key}"
+                f"must be a mapping of settings, got {shown(value)}", field=f"{DEVICES_KEY}.{key}"
             )
         if str(key) == device_id:
             exact = value
