@@ -5,6 +5,7 @@ the file (or flag), the line or field, and the reason. What the mapping means is
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
@@ -12,59 +13,45 @@ from typing import Any
 
 from hetero_dp.model.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
+
+# A ConfigMap holds at most 1 MiB (https://kubernetes.io/docs/concepts/configuration/configmap/):
+# a larger config file is a mistake, and reading it would take the YAML parser minutes.
+MAX_CONFIG_BYTES = 1024 * 1024
+
 
 def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Parse a YAML config file into a mapping; ConfigError naming the file otherwise."""
+    """Parse a YAML config file into a mapping; ConfigError naming the file otherwise.
+
+    Read with bounds (:mod:`hetero_dp.kits.yamlread`): a regular file (a FIFO does not
+    block), at most MAX_CONFIG_BYTES, aliases and nesting bounded, a key given twice
+    refused; a number YAML 1.1 reads unlike its digits (``12:30:00``, ``0x10``) is
+    warned about, naming its field."""
+    from hetero_dp.kits.foreign import ForeignFileError, read_foreign
+    from hetero_dp.kits.yamlread import YamlRefused, load_yaml
+
     p = Path(path)
     try:
-        text = p.read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read config file: {e.strerror}", source=str(p)) from e
+        data = read_foreign(p, max_bytes=MAX_CONFIG_BYTES, follow=True)
+    except ForeignFileError as e:
+        raise ConfigError(f"cannot read config file: {e}", source=str(p)) from None
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"not UTF-8 text (bad byte at offset {e.start})", source=str(p)) from None
-    import yaml  # only when there is a file: start-up without one skips ~15 ms of imports
-
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise ConfigError(f"invalid YAML{where}: {problem}", source=str(p)) from e
-    except RecursionError:  # PyYAML composes nested nodes recursively
-        raise ConfigError("invalid YAML: nested too deeply", source=str(p)) from None
-    _reject_cycles(data, str(p))
-    if data is None:
+        doc, surprises = load_yaml(text)
+    except YamlRefused as e:
+        where = f" at line {e.line}" if e.line else ""
+        raise ConfigError(f"{e.reason}{where}", field=e.field, source=str(p)) from None
+    for surprise in surprises:
+        log.warning("%s: %s", p, surprise)
+    if doc is None:
         return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"top level must be a mapping, got {type(data).__name__}", source=str(p))
-    return data
-
-
-def _reject_cycles(
-    value: Any,
-    source: str,
-    path: str = "",
-    active: set[int] | None = None,
-    done: set[int] | None = None,
-) -> None:
-    """A YAML alias can make a node contain itself; nothing downstream expects a cycle."""
-    if not isinstance(value, dict | list):
-        return
-    active = set() if active is None else active
-    done = set() if done is None else done
-    if id(value) in done:  # shared (aliased) but already checked: keeps this linear
-        return
-    if id(value) in active:
-        raise ConfigError(
-            "a YAML alias refers to itself", field=path or "(top level)", source=source
-        )
-    active.add(id(value))
-    items = value.items() if isinstance(value, dict) else enumerate(value)
-    for key, child in items:
-        _reject_cycles(child, source, f"{path}.{key}" if path else str(key), active, done)
-    active.discard(id(value))
-    done.add(id(value))
+    if not isinstance(doc, dict):
+        raise ConfigError(f"top level must be a mapping, got {type(doc).__name__}", source=str(p))
+    return doc
 
 
 NOT_PLAIN = object()
@@ -98,11 +85,11 @@ def set_option(overrides: dict[str, Any], assignment: str) -> None:
     backend, _, path = key.partition(".")
     parsed = plain_scalar(value)
     if parsed is NOT_PLAIN:
-        import yaml  # ~11 ms and 0.9 MiB: only for values that need a YAML parser
+        from hetero_dp.kits.yamlread import YamlRefused, load_yaml
 
-        try:
-            parsed = yaml.safe_load(value) if value else ""
-        except (yaml.YAMLError, RecursionError):
+        try:  # ~11 ms and 0.9 MiB to import: only for values that need a YAML parser
+            parsed = load_yaml(value)[0] if value else ""
+        except YamlRefused:
             parsed = value
     node = overrides.setdefault("backends", {}).setdefault(backend, {})
     parts = path.split(".")

@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hetero_dp.engine.config import Config
+from hetero_dp.engine.configfile import MAX_CONFIG_BYTES
 from hetero_dp.kits import observe
 from hetero_dp.kits.aiotools import wait_event, with_timeout
+from hetero_dp.kits.foreign import ForeignFileError, read_foreign
 from hetero_dp.kits.inotify import DirectoryWatcher
 from hetero_dp.model.errors import ConfigError
 
@@ -65,9 +67,10 @@ class ConfigReloader:
         self._done = asyncio.Condition()
 
     def _read(self) -> bytes | None:
+        # on the loop: a FIFO put in the file's place must not block it (kits/foreign.py)
         try:
-            return self.path.read_bytes()
-        except OSError:
+            return read_foreign(self.path, max_bytes=MAX_CONFIG_BYTES, follow=True)
+        except ForeignFileError:
             return None
 
     def start(self) -> None:
