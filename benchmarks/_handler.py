@@ -69,7 +69,9 @@ async def measure(calls: int) -> dict[str, float]:
                     container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)]
                 ).SerializeToString()
             )
-            out[name] = await rate(DevicePluginServicer(res), request, calls)
+            out[name] = await rate(
+                DevicePluginServicer(res, daemon.front_end.session(res.name)), request, calls
+            )
     finally:
         await runner.stop_all()
         await kubelet.stop()

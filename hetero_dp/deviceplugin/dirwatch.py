@@ -58,7 +58,7 @@ class KubeletDirWatch:
                 # socket in place: waking the pending Register is enough. A restart
                 # would send a second, overlapping Register that the kubelet may
                 # finish in either order.
-                if ep.resource.registered or not ep.socket_path.exists():
+                if ep.session.registered or not ep.socket_path.exists():
                     ep.request_restart("kubelet.sock created")
             return
         if kind == "deleted":

@@ -30,7 +30,7 @@ import asyncio
 import logging
 from pathlib import Path
 
-from hetero_dp.deviceplugin.contract import ServedResource
+from hetero_dp.deviceplugin.contract import ServedResource, Session
 from hetero_dp.deviceplugin.registrar import TASK_STOP_TIMEOUT, Registrar
 from hetero_dp.deviceplugin.server import PluginServer
 from hetero_dp.kits.aiotools import cancel_and_wait
@@ -60,6 +60,7 @@ class PluginEndpoint:
         instance: str = "",
     ) -> None:
         self.resource = resource
+        self.session = Session()  # registered, streams: this front end's, not the engine's
         self.plugin_dir = Path(plugin_dir)
         self.registry_dir = Path(registry_dir) if registry_dir else None
         self.mode = mode
@@ -81,9 +82,10 @@ class PluginEndpoint:
         check_socket_path(self.socket_path)
         if self.registry_socket is not None:
             check_socket_path(self.registry_socket)
-        self.server = PluginServer(resource, self.socket_path, self.registry_socket)
+        self.server = PluginServer(resource, self.session, self.socket_path, self.registry_socket)
         self.registrar = Registrar(
             resource,
+            self.session,
             kubelet_socket=self.plugin_dir / KUBELET_SOCKET,
             socket_name=self.socket_name,
             socket_path=self.socket_path,

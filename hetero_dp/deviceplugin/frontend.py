@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hetero_dp.deviceplugin.contract import Session
 from hetero_dp.deviceplugin.dirwatch import KubeletDirWatch
 from hetero_dp.deviceplugin.endpoint import PluginEndpoint
 from hetero_dp.engine.config import Config
@@ -88,15 +89,22 @@ class DevicePluginFrontEnd(Attached):
             self.dir_watch = None
         await asyncio.gather(*(ep.stop() for ep in self.endpoints.values()))
 
+    def session(self, resource: str) -> Session | None:
+        """``resource``'s session with the kubelet (registered, streams), if served."""
+        ep = self.endpoints.get(resource)
+        return None if ep is None else ep.session
+
     def readiness(self) -> tuple[bool, list[str]]:
         lines = []
         ok = True
         for name, res in sorted(self.engine.resources.items()):
-            if res.ready:
+            session = self.session(name)
+            if session is not None and session.ready:
                 lines.append(f"{name}: ready ({len(res.state.devices)} devices)")
                 continue
             ok = False
-            why = "no ListAndWatch stream" if res.registered else "not registered with the kubelet"
+            registered = session is not None and session.registered
+            why = "no ListAndWatch stream" if registered else "not registered with the kubelet"
             lines.append(f"{name}: not ready: {why}")
         if not lines:
             lines.append("no resources: no backend found devices")

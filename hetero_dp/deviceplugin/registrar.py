@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from hetero_dp.deviceplugin.contract import ServedResource
+from hetero_dp.deviceplugin.contract import ServedResource, Session
 from hetero_dp.deviceplugin.registration import register_with_backoff
 from hetero_dp.deviceplugin.servicer import DevicePluginServicer
 from hetero_dp.deviceplugin.streamwatch import StreamWatch
@@ -45,6 +45,7 @@ class Registrar:
     def __init__(
         self,
         resource: ServedResource,
+        session: Session,
         *,
         kubelet_socket: Path,
         socket_name: str,
@@ -56,6 +57,7 @@ class Registrar:
         request_restart: Callable[[str], None],
     ) -> None:
         self.resource = resource
+        self.session = session
         self.kubelet_socket = kubelet_socket
         self.socket_name = socket_name
         self.socket_path = socket_path
@@ -69,6 +71,7 @@ class Registrar:
         self.opened_base = 0
         self.watch = StreamWatch(
             resource,
+            session,
             kubelet_socket=kubelet_socket,
             classic=classic,
             stream_timeout=stream_timeout,
@@ -91,7 +94,7 @@ class Registrar:
         """A new server answers with ``servicer``: streams opened from now on answer
         its registration."""
         self.servicer = servicer
-        self.opened_base = self.resource.streams_opened
+        self.opened_base = self.session.streams_opened
 
     def register(self, reason: str) -> None:
         """Send ``Register`` (classic mode) in a task, retrying with back-off."""
@@ -109,7 +112,7 @@ class Registrar:
         def failed(reason: str) -> None:
             observe.emit("registration_failed", resource=res.name, reason=reason)
 
-        self.opened_base = res.streams_opened
+        self.opened_base = self.session.streams_opened
         attempts = await register_with_backoff(
             self.kubelet_socket,
             self.socket_name,
@@ -129,7 +132,7 @@ class Registrar:
         if registered:
             self.registered("watcher", reason, self.generation)
         else:
-            res.registered = False
+            self.session.registered = False
             log.error("kubelet refused registration: %s", error, extra={"resource": res.name})
             observe.emit("registration_failed", resource=res.name, reason=error)
 
@@ -137,7 +140,7 @@ class Registrar:
         res = self.resource
         if res.state.closed:  # the answer came as the server stops: it is void
             return
-        res.registered = True
+        self.session.registered = True
         log.info(
             "registered with the kubelet (%s mode, %s) as %s",
             mode,
@@ -154,7 +157,7 @@ class Registrar:
         """The server is stopping: it is registered no more, and the tasks started
         for it end at their next check."""
         self.generation += 1
-        self.resource.registered = False
+        self.session.registered = False
 
     async def cancel_tasks(self) -> None:
         """Cancel this server's tasks and wait for them. A registration that completes

@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from hetero_dp.api import pluginregistration_v1_pb2_grpc as reg_grpc
-from hetero_dp.deviceplugin.contract import ServedResource
+from hetero_dp.deviceplugin.contract import ServedResource, Session
 from hetero_dp.deviceplugin.registration import WatcherRegistrationServicer
 from hetero_dp.deviceplugin.servicer import DevicePluginServicer, add_to_server
 from hetero_dp.kits.aiotools import wait_event
@@ -35,9 +35,14 @@ STOP_GRACE = 5.0
 
 class PluginServer:
     def __init__(
-        self, resource: ServedResource, socket_path: Path, registry_socket: Path | None
+        self,
+        resource: ServedResource,
+        session: Session,
+        socket_path: Path,
+        registry_socket: Path | None,
     ) -> None:
         self.resource = resource
+        self.session = session
         self.socket_path = socket_path
         self.registry_socket = registry_socket
         self._server: grpc.aio.Server | None = None
@@ -59,7 +64,7 @@ class PluginServer:
         if claim_socket_path(self.socket_path, "socketPrefix"):
             log.info("removed stale socket %s", self.socket_path, extra={"resource": res.name})
         res.state.reopen()
-        servicer = DevicePluginServicer(res)
+        servicer = DevicePluginServicer(res, self.session)
         server = grpc.aio.server()
         add_to_server(servicer, server)  # undecodable requests: INVALID_ARGUMENT
         self._bound[self.socket_path] = bind_unix(server, self.socket_path)

@@ -17,7 +17,7 @@ import grpc
 
 from hetero_dp.api import deviceplugin_v1beta1_pb2 as pb
 from hetero_dp.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from hetero_dp.deviceplugin.contract import ServedResource
+from hetero_dp.deviceplugin.contract import ServedResource, Session
 from hetero_dp.deviceplugin.convert import allocate_response, list_and_watch_response
 from hetero_dp.kits import observe
 from hetero_dp.kits.decoding import Undecodable, lenient, refuse_undecodable
@@ -109,8 +109,9 @@ def _counted(method: _Call) -> _Call:
 
 
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
-    def __init__(self, resource: ServedResource) -> None:
+    def __init__(self, resource: ServedResource, session: Session) -> None:
         self.resource = resource
+        self.session = session  # the streams this servicer opens and closes count there
         self.calls_in_flight = 0  # Allocate, GetPreferredAllocation, PreStartContainer
         self.idle = asyncio.Event()
         self.idle.set()
@@ -139,10 +140,11 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         res = self.resource
         await refuse_undecodable(request, "ListAndWatch", res.name, context)
         state = res.state
-        res.open_streams += 1
-        res.streams_opened += 1
-        res.streams_changed.set()
-        observe.emit("stream_opened", resource=res.name, open=res.open_streams)
+        session = self.session
+        session.open_streams += 1
+        session.streams_opened += 1
+        session.streams_changed.set()
+        observe.emit("stream_opened", resource=res.name, open=session.open_streams)
         log.info("ListAndWatch opened", extra={"resource": res.name})
         try:
             version: int | None = state.version
@@ -154,9 +156,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                     return
                 yield list_and_watch_response(state.devices)
         finally:
-            res.open_streams -= 1
-            res.streams_changed.set()
-            observe.emit("stream_closed", resource=res.name, open=res.open_streams)
+            session.open_streams -= 1
+            session.streams_changed.set()
+            observe.emit("stream_closed", resource=res.name, open=session.open_streams)
             log.info("ListAndWatch closed", extra={"resource": res.name})
 
     async def _answer(

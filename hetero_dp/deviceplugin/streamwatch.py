@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from hetero_dp.deviceplugin.contract import ServedResource
+from hetero_dp.deviceplugin.contract import ServedResource, Session
 from hetero_dp.kits.aiotools import wait_event
 from hetero_dp.kits.sockets import socket_in_use
 
@@ -46,6 +46,7 @@ class StreamWatch:
     def __init__(
         self,
         resource: ServedResource,
+        session: Session,
         *,
         kubelet_socket: Path,
         classic: bool,
@@ -57,6 +58,7 @@ class StreamWatch:
         request_restart: Callable[[str], None],
     ) -> None:
         self.resource = resource
+        self.session = session
         self.kubelet_socket = kubelet_socket
         self.classic = classic
         self.stream_timeout = stream_timeout
@@ -79,22 +81,22 @@ class StreamWatch:
 
     async def _wait_until(self, done: Callable[[], bool], timeout: float | None) -> bool:
         """Wait until ``done()`` holds, re-checked on every stream open and close."""
-        res = self.resource
+        session = self.session
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while not done():
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 return False
-            res.streams_changed.clear()  # no await since the check: no change is missed
-            await wait_event(res.streams_changed, remaining)
+            session.streams_changed.clear()  # no await since the check: no change is missed
+            await wait_event(session.streams_changed, remaining)
             if self._gone():
                 return False
         return True
 
     async def _wait_streams(self, want_open: bool, timeout: float | None) -> bool:
-        res = self.resource
-        return await self._wait_until(lambda: (res.open_streams > 0) == want_open, timeout)
+        session = self.session
+        return await self._wait_until(lambda: (session.open_streams > 0) == want_open, timeout)
 
     async def watch(self, generation: int, opened_base: int) -> None:
         """After registration the kubelet must open ListAndWatch and keep it open;
@@ -104,7 +106,8 @@ class StreamWatch:
         res = self.resource
         loop = asyncio.get_running_loop()
         timeout = self.stream_timeout()
-        if not await self._wait_until(lambda: res.streams_opened > opened_base, timeout):
+        session = self.session
+        if not await self._wait_until(lambda: session.streams_opened > opened_base, timeout):
             if self._gone():
                 return
             log.warning(
@@ -115,7 +118,7 @@ class StreamWatch:
             self.request_restart("no ListAndWatch stream after registration")
             return
         opened = loop.time()
-        await self._wait_until(lambda: res.open_streams == 0, None)
+        await self._wait_until(lambda: session.open_streams == 0, None)
         if self.stale(generation):
             return
         if self.classic and socket_in_use(self.kubelet_socket):
@@ -159,7 +162,7 @@ class StreamWatch:
         )
         if delay > 0 and await self._wait_streams(True, delay):
             # the kubelet opened a stream again meanwhile: watch that one
-            self.keep(self.start(generation, res.streams_opened - 1))
+            self.keep(self.start(generation, self.session.streams_opened - 1))
             return
         if self.stale(generation):
             return

@@ -329,6 +329,10 @@ class DRAFrontEnd(Attached):
                 counts[base] = counts.get(base, 0) + 1
         return counts
 
+    def session(self, resource: str) -> None:
+        """No device-plugin session: a DRA driver is not registered per resource."""
+        return None
+
     def readiness(self) -> tuple[bool, list[str]]:
         """(ready, one line per driver): a driver is ready when the kubelet registered
         it and its pool is on the API server without refusals."""

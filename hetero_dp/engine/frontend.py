@@ -63,6 +63,20 @@ class Engine(Protocol):
     def add_publisher(self, publisher: Publisher) -> None: ...
 
 
+class Served(Protocol):
+    """What a front end says of one resource's session with the kubelet (metrics):
+    the front end keeps that state, the engine's resource knows nothing of it."""
+
+    @property
+    def registered(self) -> bool: ...
+
+    @property
+    def open_streams(self) -> int: ...
+
+    @property
+    def ready(self) -> bool: ...
+
+
 class FrontEnd(Reloadable, Protocol):
     """The engine calls these, in this order: ``attach`` once when built; at start-up
     ``open`` (before the first discovery; ConfigError stops start-up), ``add_resource``
@@ -89,6 +103,11 @@ class FrontEnd(Reloadable, Protocol):
 
     def readiness(self) -> tuple[bool, list[str]]:
         """(ready, one line per resource or driver), once the engine has started."""
+        ...
+
+    def session(self, resource: str) -> Served | None:
+        """``resource``'s session with the kubelet, for metrics (None: this front end
+        keeps none per resource)."""
         ...
 
 

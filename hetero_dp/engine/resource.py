@@ -3,7 +3,6 @@ behind the kubelet's calls (the gRPC side only translates)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -47,10 +46,6 @@ class Resource:
         self.sharing = sharing or SharingConfig()
         self.state = ResourceState(name)
         self.links: dict[tuple[str, str], float] = {}
-        self.registered = False
-        self.open_streams = 0
-        self.streams_opened = 0
-        self.streams_changed = asyncio.Event()  # set on every stream open and close
         # request IDs -> (physical devices, response before the allocate hook, whether
         # that passes the container gate), for the stamp below: what Allocate derives
         # from the records, done once per request
@@ -115,10 +110,6 @@ class Resource:
     @property
     def preferred_allocation_available(self) -> bool:
         return bool(self.settings.get("preferredAllocation", True))
-
-    @property
-    def ready(self) -> bool:
-        return self.registered and self.open_streams > 0
 
     def _physical_devices(self, ids: Sequence[str]) -> list[Device]:
         devices = []

@@ -89,9 +89,10 @@ class _StateCollector(Collector):
                 device_healthy.add_metric([name, d.id, reason], 1 if d.healthy else 0)
             total.add_metric([name], len(res.state.devices))
             healthy.add_metric([name], res.state.healthy_count)
-            streams.add_metric([name], res.open_streams)
-            registered.add_metric([name], 1 if res.registered else 0)
-            ready.add_metric([name], 1 if res.ready else 0)
+            session = daemon.front_end.session(name)  # the front end's, not the engine's
+            streams.add_metric([name], session.open_streams if session else 0)
+            registered.add_metric([name], 1 if session and session.registered else 0)
+            ready.add_metric([name], 1 if session and session.ready else 0)
         yield from (total, healthy, device_healthy, streams, registered, ready)
         view = self.metrics.attribution.view if self.metrics.attribution else None
         if view is not None:

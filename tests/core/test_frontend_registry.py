@@ -55,3 +55,22 @@ def test_callers_of_the_assembly_import_no_front_end(path: str) -> None:
         a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
     ]
     assert [m for m in imported if m.startswith(("hetero_dp.deviceplugin", "hetero_dp.dra"))] == []
+
+
+async def test_the_kubelet_session_is_the_front_ends_not_the_engines(
+    fake_kubelet, plugin_runner
+) -> None:
+    """Registration and ListAndWatch streams are device-plugin session state: kept
+    by the device-plugin front end's endpoint, read by /readyz and metrics from
+    there; the engine's Resource carries none of it."""
+    from hetero_dp_simulated import SimulatedBackend
+
+    daemon = await plugin_runner.start(SimulatedBackend(), options={"simulated": {"count": 1}})
+    name = next(iter(daemon.resources))
+    await fake_kubelet.wait_registered(name)
+    session = daemon.front_end.session(name)
+    await fake_kubelet.wait_devices(name, lambda d: len(d) == 1, timeout=30)
+    assert session is daemon.front_end.endpoints[name].session
+    assert session.registered and session.streams_opened >= 1
+    res = daemon.resources[name]
+    assert not any(hasattr(res, a) for a in ("registered", "open_streams", "streams_opened"))

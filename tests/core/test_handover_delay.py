@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hetero_dp.deviceplugin.contract import Session
 from hetero_dp.deviceplugin.streamwatch import (
     HANDOVER_BACKOFF,
     HANDOVER_MAX_BACKOFF,
@@ -22,6 +23,7 @@ def watch() -> StreamWatch:
 
     return StreamWatch(
         None,  # type: ignore[arg-type]
+        Session(),
         kubelet_socket=Path("/nonexistent/kubelet.sock"),
         classic=True,
         stream_timeout=lambda: 30.0,

@@ -58,7 +58,7 @@ async def test_registration_retries_until_kubelet_appears(fake_kubelet, plugin_r
     await fake_kubelet.stop()
     starting = asyncio.create_task(plugin_runner.start(two_resources()))
     daemon = await asyncio.wait_for(starting, 10)
-    assert not daemon.resources[A].registered
+    assert not daemon.front_end.session(A).registered
     await fake_kubelet.start()
     await fake_kubelet.wait_registered(A)
     await fake_kubelet.wait_registered(B)
@@ -83,7 +83,7 @@ async def test_watcher_mode_registers_and_survives_restart(fake_kubelet, plugin_
     res = await fake_kubelet.wait_registered(A)
     await fake_kubelet.wait_registered(B)
     assert ("example.com/a", "watcher") in fake_kubelet.registrations
-    assert daemon.resources[A].registered  # NotifyRegistrationStatus reached the plugin
+    assert daemon.front_end.session(A).registered  # NotifyRegistrationStatus reached the plugin
     assert res.allocatable == 2
     await fake_kubelet.restart()
     await fake_kubelet.wait_registered(A, after=1)

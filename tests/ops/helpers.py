@@ -86,6 +86,6 @@ async def wait_until(daemon: Daemon, predicate: Callable[[], bool], timeout: flo
 async def wait_ready(daemon: Daemon, timeout: float = 10.0) -> None:
     await wait_until(
         daemon,
-        lambda: daemon.ready.is_set() and all(r.ready for r in daemon.resources.values()),
+        lambda: daemon.ready.is_set() and daemon.readiness()[0],
         timeout,
     )

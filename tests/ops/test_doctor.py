@@ -387,7 +387,7 @@ async def test_daemon_not_ready_names_the_resource(fake_kubelet, plugin_runner, 
 async def _until_not_ready(daemon):
     from .helpers import wait_until
 
-    await wait_until(daemon, lambda: not daemon.resources[RES].ready)
+    await wait_until(daemon, lambda: not daemon.front_end.session(RES).ready)
 
 
 def test_cli_json_and_exit_code(root, repo_root, cli_env, hetero_dp_cmd):

@@ -75,12 +75,12 @@ class LiveDaemon:
         shutil.rmtree(self.root, ignore_errors=True)
 
     async def _streams_settle(self, want: int) -> None:
-        res = self.daemon.resources[SIM]
-        while res.open_streams != want:
-            res.streams_changed.clear()
-            if res.open_streams == want:
+        session = self.daemon.front_end.endpoints[SIM].session
+        while session.open_streams != want:
+            session.streams_changed.clear()
+            if session.open_streams == want:
                 return
-            await res.streams_changed.wait()
+            await session.streams_changed.wait()
 
     def wait_open_streams(self, want: int) -> None:
         self.run(asyncio.wait_for(self._streams_settle(want), 10))

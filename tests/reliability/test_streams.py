@@ -33,7 +33,7 @@ async def test_stream_never_opened_then_kubelet_behaves():
         res = await kubelet.wait_registered(SIM, after=n, timeout=10)
         await kubelet.wait_devices(SIM, lambda d: len(d) == 2)
         assert res.stream_open and res.allocatable == 2
-        assert daemon.resources[SIM].ready
+        assert daemon.front_end.session(SIM).ready
     finally:
         await runner.stop_all()
         await kubelet.stop()

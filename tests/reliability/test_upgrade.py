@@ -182,7 +182,8 @@ async def test_a_call_is_in_flight_until_its_answer_is_sent(fake_kubelet, plugin
 
     daemon = await plugin_runner.start(simulated(), options={"simulated": {"count": 1}})
     await fake_kubelet.wait_registered(SIM)
-    servicer = DevicePluginServicer(daemon.front_end.endpoints[SIM].resource)
+    endpoint = daemon.front_end.endpoints[SIM]
+    servicer = DevicePluginServicer(endpoint.resource, endpoint.session)
     request = pb.AllocateRequest(
         container_requests=[pb.ContainerAllocateRequest(devices_ids=["sim0"])]
     )
