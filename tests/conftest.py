@@ -14,13 +14,16 @@ import pytest
 
 # The fake libnvidia-ml.so.1 fixtures, for any test directory (one fake NVML per process).
 from tests.fakenvml.fixtures import fake_node, fake_nvml_lib, watching  # noqa: F401
-from tests.hostguard import HostGuard
+from tests.hostguard import HostGuard, TmpGuard
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's tmp_path reads --basetemp
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(HostGuard(), "hetero_dp_host_guard")
+    # The namespace first: unshare(2) must come before any thread is started.
+    config.pluginmanager.register(HostGuard(private=True), "hetero_dp_host_guard")
+    config.pluginmanager.register(TmpGuard(config), "hetero_dp_tmp_guard")
 
 
 @pytest.fixture

@@ -15,10 +15,17 @@ from hetero_dp.engine.daemon import Daemon
 from hetero_dp.engine.loading import sections_of
 from hetero_dp.ops.assembly import assemble
 
+#: Every dir :func:`short_tempdir` made in this process, so that a test suite can check
+#: that each test removes its own (this project's tests/hostguard.py does).
+SHORT_TEMPDIRS: list[Path] = []
+
 
 def short_tempdir(prefix: str = "hdp-") -> Path:
-    """A fresh temp dir with a short path (unix socket paths must stay under 108 bytes)."""
-    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    """A fresh temp dir with a short path (unix socket paths must stay under 108 bytes),
+    under /tmp whatever TMPDIR says. The caller removes it."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    SHORT_TEMPDIRS.append(path)
+    return path
 
 
 def test_config(

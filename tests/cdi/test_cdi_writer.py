@@ -79,7 +79,7 @@ _CHECK_AS_NOBODY = textwrap.dedent(
 
 
 def test_check_unwritable_dir_names_the_path() -> None:
-    d = Path(tempfile.mkdtemp(prefix="hdp-cdi-ro-"))  # under /tmp: reachable by nobody
+    d = Path(tempfile.mkdtemp(prefix="hdp-cdi-ro-", dir="/tmp"))  # reachable by nobody
     try:
         os.chmod(d, 0o555)
         out = subprocess.run(

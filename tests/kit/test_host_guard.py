@@ -124,3 +124,78 @@ async def test_the_fixtures_keep_every_host_path_of_the_daemon_in_temp_dirs(
         "simulated", config={"cdi": {"dir": "/tmp/x-cdi"}, "socketPrefix": "other"}
     )
     assert other.config.cdi["dir"] == "/tmp/x-cdi"
+
+
+NEIGHBOUR_TESTS = """
+import os
+import subprocess
+from pathlib import Path
+
+HOST = Path({host!r})
+OUTSIDE = {outside!r}  # a process of the namespace the run started in
+
+
+def neighbour_writes(name):
+    # The kubelet on a node: another process, in the host's mount namespace, writing
+    # under the guarded dir while the test runs.
+    subprocess.run(
+        ["nsenter", f"--mount=/proc/{{OUTSIDE}}/ns/mnt", "--", "sh", "-c",
+         f"echo kubelet > {{HOST}}/{{name}}"],
+        check=True,
+    )
+
+
+def test_a_neighbour_writes_while_the_test_runs():
+    neighbour_writes("checkpoint")
+    assert not (HOST / "checkpoint").exists()  # the run sees its private tmpfs
+
+
+def test_the_test_itself_writes():
+    (HOST / "device-plugins").mkdir()
+"""
+
+
+def test_a_private_guard_blames_the_test_and_never_a_neighbour(tmp_path: Path):
+    """On a node the kubelet writes under /var/lib/kubelet while the suite runs (27
+    tests failed there, each blamed for the kubelet's writes). With private=True the
+    run's host dirs are a tmpfs of its own: another process's writes neither reach the
+    run nor fail a test, the test's own writes still do, and the real dir is untouched."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("nsenter") is None:
+        import pytest
+
+        pytest.skip("a private mount namespace needs root (CAP_SYS_ADMIN) and nsenter")
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "seed").write_text("as found")
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    (inner / "conftest.py").write_text(
+        "from pathlib import Path\n"
+        "from tests.hostguard import HostGuard\n\n"
+        "def pytest_configure(config):\n"
+        f"    roots = [Path({str(host)!r})]\n"
+        "    config.pluginmanager.register(HostGuard(roots, private=True), 'guard')\n"
+    )
+    (inner / "test_inner.py").write_text(
+        NEIGHBOUR_TESTS.format(host=str(host), outside=os.getpid())
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-rfE", "-p", "no:cacheprovider", str(inner)],
+        cwd=inner,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = proc.stdout
+    assert "host guard: the host's CDI and kubelet dirs are private tmpfs mounts" in out, out
+    assert "2 passed, 1 error" in out, out + proc.stderr  # the error: at teardown
+    assert f"created {host}/device-plugins" in out
+    assert "ERROR test_inner.py::test_the_test_itself_writes" in out
+    # the neighbour's write landed on the real dir; the test's own did not
+    assert (host / "checkpoint").read_text() == "kubelet\n"
+    assert not (host / "device-plugins").exists()
+    assert (host / "seed").read_text() == "as found"
