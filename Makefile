@@ -25,8 +25,9 @@ ifneq ($(NEED_VENV)$(VIRTUAL_ENV),)
   export PATH := $(abspath $(dir $(PYTHON))):$(PATH)
 endif
 VENDORS := vendors/simulated $(wildcard vendors/udev) $(wildcard vendors/nvidia)
-# gcc builds the fake NVML library; umockdev fakes udev for the udev backend's tests.
-APT_PACKAGES := gcc umockdev libumockdev0 python3-venv
+# gcc builds the fake NVML library; umockdev fakes udev for the udev backend's tests;
+# chromium (headless) measures the docs site's pages (tests/kit/test_site.py).
+APT_PACKAGES := gcc umockdev libumockdev0 python3-venv chromium
 DIST ?= dist
 # What a target needs is installed on first use and recorded by a stamp in the environment
 # (removed with it; remade when a pyproject.toml changes), so every target works from a
@@ -83,11 +84,13 @@ system-deps:
 demo: $(DEMO)
 	$(PYTHON) -m hetero_dp demo
 
-# The whole suite: about 14 minutes on a 2-core machine. -rs names each skipped test's
-# reason (a missing umockdev, helm, container engine); the coverage table comes whole.
-test: system-deps $(DEV)
-	@echo "make: the whole suite takes about 14 minutes; one directory: $(PYTHON) -m pytest -q -rs tests/core"
-	$(PYTHON) -m coverage run --source=hetero_dp -m pytest -q -rs
+# The whole suite: about 14 minutes on a 2-core machine. -rfEs: the summary names each
+# failed and errored test and each skipped test's reason (a missing umockdev, container
+# engine); the coverage table comes whole. `tools` fetches helm first: the chart tests
+# skip without it (under CI=true fetching it must work).
+test: system-deps $(DEV) tools
+	@echo "make: the whole suite takes about 14 minutes; one directory: $(PYTHON) -m pytest -q -rfEs tests/core"
+	$(PYTHON) -m coverage run --source=hetero_dp -m pytest -q -rfEs
 	$(PYTHON) -m coverage report --skip-covered --omit='hetero_dp/api/*'
 
 # The version-sensitive tests on every Python that requires-python promises, each in its
@@ -97,7 +100,7 @@ test: system-deps $(DEV)
 # MATRIX_PYTEST="-q -m 'not slow'" leaves them out.
 MATRIX_PYTHONS ?= 3.10 3.11 3.12 3.13
 MATRIX_TESTS ?= tests/core tests/reliability tests/fuzz tests/ops tests/cdi tests/udev tests/nvidia
-MATRIX_PYTEST ?= -q
+MATRIX_PYTEST ?= -q -rfEs
 # MATRIX_COVERED=.venv/bin/python: that interpreter's X.Y already ran the whole suite
 # (make test), so the matrix reports it covered instead of running it again (CI does).
 MATRIX_COVERED ?=
@@ -138,7 +141,7 @@ tools: $(NEED_VENV)
 
 # Lint every Dockerfile; lint, render and validate every chart and manifest.
 deploy-check: $(DEV)
-	$(PYTHON) -m pytest -q -rs tests/deploy
+	$(PYTHON) -m pytest -q -rfEs tests/deploy
 
 # Debian's podman, buildah, runc and mmdebstrap (the stand-in base image): what
 # `make images` and the deployment suite run. Installed as root where apt is, else named.
@@ -162,7 +165,7 @@ images: image-deps $(DEV)
 # The deployment suite: the images, started as the chart and manifests render them
 # (docs/deployment.md). Part of `make test` too; this runs it alone.
 deploy-test: image-deps $(DEV) tools
-	$(PYTHON) -m pytest -q -rs tests/deployment
+	$(PYTHON) -m pytest -q -rfEs tests/deployment
 
 # (a prerequisite line of its own: the recipe above is the deployment's)
 images: $(NEED_VENV)

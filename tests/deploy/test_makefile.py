@@ -125,19 +125,31 @@ def test_a_python_given_by_name_gets_pip_every_time():
 def test_make_test_names_skip_reasons_and_shows_the_whole_coverage_table():
     out = dry_run("PYTHON=/opt/py/bin/python3", "test")
     pytest_line = next(ln for ln in out.splitlines() if "-m pytest" in ln and "coverage run" in ln)
-    assert " -rs" in pytest_line
+    assert " -rfEs" in pytest_line
     report = next(ln for ln in out.splitlines() if "coverage report" in ln)
     assert "|" not in report  # nothing cuts the table (tail cut its header)
     assert "about 14 minutes" in out
 
 
-def test_every_target_that_runs_pytest_names_skip_reasons():
-    """A skipped test says why (a missing helm, umockdev, container engine) wherever
-    make runs pytest, not only in `make test`."""
+def test_every_target_that_runs_pytest_names_failures_and_skip_reasons():
+    """The summary names each failed and errored test (pytest's default -rfE, which a
+    bare -rs replaces) and why each skipped test skipped (a missing helm, umockdev,
+    container engine), wherever make runs pytest, not only in `make test`."""
     text = (ROOT / "Makefile").read_text()
     runs = [ln for ln in text.splitlines() if "-m pytest" in ln and not ln.startswith("#")]
-    assert len(runs) >= 3, runs
-    assert [ln for ln in runs if " -rs" not in ln] == []
+    runs += [ln for ln in text.splitlines() if ln.startswith("MATRIX_PYTEST ?=")]
+    assert len(runs) >= 4, runs
+    assert [ln for ln in runs if " -rfEs" not in ln] == []
+
+
+def test_make_test_fetches_helm_first():
+    """The chart tests need helm: `make test` fetches it (`make tools`) instead of
+    skipping 46 tests on a fresh clone."""
+    out = dry_run("PYTHON=/opt/py/bin/python3", "test")
+    lines = out.splitlines()
+    fetch = next(i for i, ln in enumerate(lines) if "fetch_helm.py" in ln)
+    run = next(i for i, ln in enumerate(lines) if "-m pytest" in ln and "coverage run" in ln)
+    assert fetch < run
 
 
 def test_the_docs_say_what_each_target_installs():
