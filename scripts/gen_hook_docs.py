@@ -232,6 +232,18 @@ def _members(cls: type) -> list[str]:
     return out
 
 
+def _summary(doc: str) -> str:
+    """A docstring's first sentence, whole: its first paragraph joined into one line and
+    cut after the sentence's full stop (a docstring's first line often ends mid-sentence,
+    and a summary cut there read "gone until someone")."""
+    paragraph = " ".join(doc.split("\n\n")[0].split())
+    code = [m.span() for m in re.finditer(r"``.*?``|`[^`]*`", paragraph)]
+    for end in re.finditer(r"(?<!\be\.g)(?<!\bi\.e)[.!?](?=\s+[A-Z`(])", paragraph):
+        if not any(a <= end.start() < b for a, b in code):  # not inside code
+            return paragraph[: end.end()]
+    return paragraph
+
+
 def _docstring_line(text: str) -> str:
     text = re.sub(r":(\w+):`~?([^`]+)`", lambda m: f"`{m.group(2).split('.')[-1]}`", text)
     return re.sub(r"``([^`]+)``", r"`\1`", text)
@@ -256,7 +268,7 @@ def render_reference() -> str:
     for n in classes + functions + others:
         obj = getattr(hetero_dp, n)
         if n in classes or n in functions:
-            first = _docstring_line(_own_doc(obj).split("\n")[0])
+            first = _docstring_line(_summary(_own_doc(obj)))
         elif n == "hookimpl":
             first = "the marker of a hook function: `@hookimpl`"
         else:
