@@ -337,12 +337,20 @@ def main() -> int:
     )
     parser.add_argument("--rebuild-base", action="store_true", help="build a fresh stand-in base")
     parser.add_argument(
+        "--base-tag",
+        action="store_true",
+        help="print the stand-in base's tag (what make images builds and uses) and exit",
+    )
+    parser.add_argument(
         "images",
         nargs="*",
         default=["nvidia", "udev", "scaffold"],
         help="which images (default: nvidia udev scaffold)",
     )
     args = parser.parse_args()
+    if args.base_tag:
+        print(standin_tag())
+        return 0
     engine, why = find_engine()
     if engine is None:
         print(f"images: SKIPPED, no image was built: {why}", file=sys.stderr)

@@ -70,3 +70,18 @@ def test_a_cached_helm_is_used_without_the_network(tmp_path: Path):
     out = run(script, PATH=str(tmp_path), CI="true")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(cached)
+
+
+def test_the_stand_in_base_tag_is_written_one_way(tmp_path: Path):
+    """make images tags the stand-in base with a hash of its inputs; the docs' by-hand
+    commands once tagged it ':bookworm', so a hand-built image and make images' used
+    two bases. The docs take the tag from --base-tag, which prints make images' tag."""
+    import re
+
+    out = run(ROOT / "scripts/build_images.py", "--base-tag", PATH=str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    tag = out.stdout.strip()
+    assert re.fullmatch(r"localhost/hetero-dp-python-standin:bookworm-[0-9a-f]{12}", tag), tag
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        bare = re.findall(r"hetero-dp-python-standin:bookworm(?![-\w])", page.read_text())
+        assert not bare, f"{page.name} names the stand-in base without its hash"
