@@ -37,6 +37,23 @@ def _strict(config: pytest.Config) -> bool:
     return str(mode) == "strict"
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Without a pytest config, pytest-asyncio (0.24 and later) warns on every run that
+    ``asyncio_default_fixture_loop_scope`` is unset. An author who set nothing gets
+    ``function``, the default its warning announces, and no warning; a project that
+    sets the option (in its ini file or with ``-o``) keeps its own value."""
+    if pytest_asyncio is None:
+        return
+    try:
+        unset = not config.getini("asyncio_default_fixture_loop_scope")
+    except ValueError:  # a pytest-asyncio without the option
+        return
+    cache = getattr(config, "_inicache", None)
+    if unset and isinstance(cache, dict):
+        cache["asyncio_default_fixture_loop_scope"] = "function"
+
+
 # Inner to pytest-asyncio's own wrapper of this hook (trylast), which turns a test it
 # finds marked into a coroutine-running item: the mark must be there before it looks.
 @pytest.hookimpl(hookwrapper=True, trylast=True)

@@ -68,6 +68,8 @@ def test_async_tests_run_with_any_or_no_asyncio_mode(tmp_path: Path, cli_env, co
     assert result.returncode == 0, result.stdout + result.stderr
     assert "6 passed" in result.stdout, result.stdout
     assert "not natively supported" not in result.stdout + result.stderr
+    # nor pytest-asyncio's warning about its unset fixture loop scope on every run
+    assert "asyncio_default_fixture_loop_scope" not in result.stdout + result.stderr
 
 
 def test_without_the_plugin_the_same_file_fails_as_the_issue_saw(tmp_path: Path, cli_env):
