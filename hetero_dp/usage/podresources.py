@@ -20,10 +20,11 @@ import time
 from dataclasses import dataclass
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from hetero_dp.api import podresources_v1_pb2 as pb
-from hetero_dp.api import podresources_v1_pb2_grpc as pb_grpc
 
+LIST_METHOD = "/v1.PodResourcesLister/List"
 MAX_MESSAGE = 16 * 1024 * 1024
 DEADLINE = 2.0  # seconds one List may take before the scrape goes on without it
 MIN_GAP = 1.0  # seconds between two calls: scrapes closer than this share one answer
@@ -92,16 +93,17 @@ class PodResourcesClient:
         ``stamp``, the checkpoint's identity, is the same as then);
         :class:`PodResourcesUnavailable` when there is no answer."""
         now = time.monotonic()
+        problem = self.socket_problem()
+        if problem:
+            # no call made: the next refresh with a socket asks at once
+            self._last, self._answered, self._tried_at = None, False, -1e9
+            raise PodResourcesUnavailable(problem)
         if now - self._tried_at < self.min_gap and stamp == self._stamp:
             if self._answered and self._last is not None:
                 return self._last
             raise PodResourcesUnavailable(
                 f"pod-resources asked less than {self.min_gap} s ago, without an answer"
             )
-        problem = self.socket_problem()
-        if problem:
-            self._last = None
-            raise PodResourcesUnavailable(problem)
         self._tried_at, self._answered, self._stamp = now, False, stamp
         self.calls += 1
         try:
@@ -110,8 +112,12 @@ class PodResourcesClient:
             async with grpc.aio.insecure_channel(
                 f"unix://{self.path}", options=[("grpc.max_receive_message_length", MAX_MESSAGE)]
             ) as channel:
-                stub = pb_grpc.PodResourcesListerStub(channel)
-                resp = await stub.List(pb.ListPodResourcesRequest(), timeout=self.deadline)
+                # the answer's bytes, parsed here: grpc's own parse of garbage logs
+                # a traceback and answers None
+                call = channel.unary_unary(
+                    LIST_METHOD, request_serializer=pb.ListPodResourcesRequest.SerializeToString
+                )
+                data = await call(pb.ListPodResourcesRequest(), timeout=self.deadline)
         except grpc.aio.AioRpcError as e:
             code = e.code()
             if (
@@ -124,6 +130,14 @@ class PodResourcesClient:
             self._last = None
             raise PodResourcesUnavailable(
                 f"pod-resources List on {self.path}: {code.name}: {(e.details() or '')[:120]}"
+            ) from None
+        try:
+            resp = pb.ListPodResourcesResponse.FromString(data)
+        except (DecodeError, TypeError):
+            self._last = None
+            raise PodResourcesUnavailable(
+                f"pod-resources List on {self.path} answered {len(data or b'')} bytes that are "
+                "no ListPodResourcesResponse"
             ) from None
         self._last = flatten(resp)
         self._last_at, self._answered = now, True

@@ -8,7 +8,7 @@ import logging
 import pytest
 from hetero_dp_simulated.backend import plugin as simulated
 
-from hetero_dp import ProcessUsage
+from hetero_dp import Device, ProcessUsage, Sample, hookimpl
 from tests.ops.helpers import scrape, value
 
 RES = "hetero-dp.io/sim"
@@ -113,3 +113,66 @@ async def test_two_pods_on_one_shared_device_show_their_own_usage_and_the_noisy_
     await scrape(daemon)
     back = [r.getMessage() for r in caplog.records if "back under" in r.getMessage()]
     assert len(back) == 1 and "default/b" in back[0]
+
+
+class Gauged:
+    """Two devices with memory and a ``metrics`` hook that says what each sample
+    measures: a device (``device_id``) or a process (``pid``)."""
+
+    hetero_dp_name = "gauged"
+
+    @hookimpl
+    def discover(self) -> list[Device]:
+        return [Device(f"g{i}", "example.com/g", attributes={"memoryMiB": 1024}) for i in (0, 1)]
+
+    @hookimpl
+    def metrics(self) -> list[Sample]:
+        return [
+            Sample("DCGM_FI_DEV_FB_USED", 10, {"gpu": "0"}, device_id="g0"),
+            Sample("DCGM_FI_DEV_FB_USED", 20, {"gpu": "1"}, device_id="g1"),
+            Sample("hetero_dp_shared_memory_process_used_bytes", 5, {"pid": "201"}, pid=201),
+            Sample("hetero_dp_shared_memory_process_used_bytes", 6, {"pid": "999"}, pid=999),
+        ]
+
+
+async def test_samples_carry_their_holder_where_it_is_true(fake_kubelet, plugin_runner, proc):
+    await fake_kubelet.serve_pod_resources()
+    config = {
+        "metrics": {"address": "127.0.0.1:0"},
+        "attribution": {"procRoot": str(proc)},
+        "sharing": {
+            "timeSlicing": {
+                "resources": [{"name": "example.com/g", "replicas": 2, "devices": ["g1"]}]
+            }
+        },
+    }
+    daemon = await plugin_runner.start(Gauged(), config=config)
+    await fake_kubelet.wait_devices("example.com/g", lambda d: len(d) == 3)
+    a = await fake_kubelet.admit_pod("a", {"c": {"example.com/g": 1}})
+    b = await fake_kubelet.admit_pod("b", {"c": {"example.com/g": 1}})
+    assert (a.device_ids(), b.device_ids()) == (["g0"], ["g1::0"])
+    put_process(proc, 201, b.uid)
+    m = await scrape(daemon)
+    holder = {"pod": "a", "namespace": "default", "container": "c"}
+    assert value(m, "DCGM_FI_DEV_FB_USED", gpu="0", **holder) == 10  # held whole
+    assert value(m, "DCGM_FI_DEV_FB_USED", gpu="1") == 20  # shared: device-wide, no pod
+    process = "hetero_dp_shared_memory_process_used_bytes"
+    assert value(m, process, pid="201", pod="b", namespace="default", container="c") == 5
+    assert value(m, process, pid="999") == 6  # a process of no known pod
+
+
+async def test_the_kubelet_going_away_and_back_is_survived(
+    fake_kubelet, plugin_runner, proc, caplog
+):
+    caplog.set_level(logging.INFO, logger="hetero_dp.usage")
+    daemon = await start(fake_kubelet, plugin_runner, proc, count=2)
+    await fake_kubelet.admit_pod("a", {"main": {RES: 1}})
+    assert set(series(await scrape(daemon), HELD)) == {"a"}
+    await fake_kubelet.stop_pod_resources()
+    for _ in range(2):
+        m = await scrape(daemon)  # answers as before, without the holders
+        assert series(m, HELD) == {} and value(m, "hetero_dp_devices", resource=RES) == 2
+    assert sum("attribution off" in r.getMessage() for r in caplog.records) == 1
+    await fake_kubelet.serve_pod_resources()
+    assert set(series(await scrape(daemon), HELD)) == {"a"}
+    assert sum("attribution on" in r.getMessage() for r in caplog.records) == 2  # start, back
