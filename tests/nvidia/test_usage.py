@@ -72,9 +72,14 @@ def test_utilization_is_what_is_new_since_the_last_call(fake_node):
     b, advertised = started(node)
     first = by_pid(b.usage(advertised))
     assert (first[1].utilization, first[2].utilization) == (0.55, 0.05)
-    # nothing newer than the samples already seen: NOT_FOUND, unknown (not a stale copy)
+    # nothing newer (NOT_FOUND) right after: the last shares are held, so a scrape and
+    # hetero-dp top close together both see them
     again = by_pid(b.usage(advertised))
-    assert (again[1].utilization, again[2].utilization) == (None, None)
+    assert (again[1].utilization, again[2].utilization) == (0.55, 0.05)
+    # held no longer (hold 0): nothing new is unknown, not a stale copy
+    b.usage_reader.hold_s = 0
+    gone = by_pid(b.usage(advertised))
+    assert (gone[1].utilization, gone[2].utilization) == (None, None)
     # a new sample of pid 2 only: pid 1 had no non-zero utilization in that period
     assert node.lib.fake_nvml_set_proc_util(0, 2, 90, 0) == 1
     later = by_pid(b.usage(advertised))

@@ -12,8 +12,10 @@
   one sample per process "that had some non-zero utilization during the last sample
   period", newer than the timestamp (nvml.h); the last timestamp is kept per GPU, so
   each call sees what is new. SM utilization / 100 is the share, 0-1. A process
-  without a sample among others that have one was idle (0); no samples at all
-  (NOT_FOUND), MIG (NOT_SUPPORTED) or an older driver: unknown.
+  without a sample among others that have one was idle (0). Two reads close together
+  (a Prometheus scrape and ``hetero-dp top``) would find nothing new the second time
+  (NOT_FOUND), so the last shares are held for :data:`HOLD_S`; past that, no samples,
+  MIG (NOT_SUPPORTED) or an older driver: unknown.
 
 The framework maps PIDs to containers; this module knows no pods.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +36,8 @@ from hetero_dp import ProcessUsage, replica_base
 from . import nvml
 from .discovery import NO_INSTANCE, GpuInfo, NodeInfo
 from .nvml import NVMLError, explain, log_once
+
+HOLD_S = 10.0  # how long a GPU's last shares answer reads that find no new sample
 
 # pynvml raises this (no NVMLError) for a symbol the driver lacks: an older driver
 MISSING = (pynvml.NVMLLibraryMismatchError, AttributeError)
@@ -75,9 +80,12 @@ def running_processes(handle: Any) -> list[Proc]:
 class UsageReader:
     """Reads usage for the ``usage`` hook, remembering each GPU's last sample time."""
 
-    def __init__(self) -> None:
+    def __init__(self, hold_s: float = HOLD_S) -> None:
+        self.hold_s = hold_s
         self._lock = threading.Lock()
         self._last_seen: dict[str, int] = {}  # GPU UUID -> newest sample timestamp (µs)
+        # GPU UUID -> (monotonic time read, PID -> share): answers reads with nothing new
+        self._held: dict[str, tuple[float, dict[int, float]]] = {}
 
     def read(self, node: NodeInfo, wanted: Iterable[str]) -> list[ProcessUsage]:
         ids = {replica_base(i) for i in wanted}
@@ -142,7 +150,7 @@ class UsageReader:
         return out
 
     def _utilization(self, g: GpuInfo) -> dict[int, float] | None:
-        """PID -> share of the GPU's SMs since the last call; None: unknown."""
+        """PID -> share of the GPU's SMs lately; None: unknown."""
         with self._lock:
             since = self._last_seen.get(g.uuid, 0)
         try:
@@ -150,7 +158,9 @@ class UsageReader:
         except MISSING:
             return None
         except NVMLError as err:
-            if err.value not in (nvml.NOT_FOUND, nvml.NOT_SUPPORTED):
+            if err.value == nvml.NOT_FOUND:
+                return self._still_held(g.uuid)
+            if err.value != nvml.NOT_SUPPORTED:
                 _log(err, "the process utilization", g.uuid)
             return None
         newest: dict[int, Any] = {}
@@ -159,11 +169,20 @@ class UsageReader:
             if pid not in newest or s.timeStamp > newest[pid].timeStamp:
                 newest[pid] = s
         if not newest:
-            return None
+            return self._still_held(g.uuid)
+        shares = {pid: min(max(int(s.smUtil), 0), 100) / 100 for pid, s in newest.items()}
         with self._lock:
             top = max(int(s.timeStamp) for s in newest.values())
             self._last_seen[g.uuid] = max(top, self._last_seen.get(g.uuid, 0))
-        return {pid: min(max(int(s.smUtil), 0), 100) / 100 for pid, s in newest.items()}
+            self._held[g.uuid] = (time.monotonic(), shares)
+        return shares
+
+    def _still_held(self, uuid: str) -> dict[int, float] | None:
+        with self._lock:
+            held = self._held.get(uuid)
+        if held is None or time.monotonic() - held[0] > self.hold_s:
+            return None
+        return held[1]
 
 
 def _log(err: Any, what: str, uuid: str) -> None:
