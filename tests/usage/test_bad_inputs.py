@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import time
 
 import pytest
@@ -56,9 +57,12 @@ USAGE = [ProcessUsage("acme0", 100, 600 << 20), ProcessUsage("acme0", 101, 100 <
 @pytest.fixture
 async def node():
     n = Node()
-    await n.server.start()
-    yield n
-    await n.server.stop()
+    try:
+        await n.server.start()
+        yield n
+    finally:
+        await n.server.stop()
+        shutil.rmtree(n.root, ignore_errors=True)
 
 
 def lines(caplog, level=logging.INFO):
