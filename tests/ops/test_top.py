@@ -256,3 +256,43 @@ def test_metrics_url_forms():
     assert metrics_url("0.0.0.0:9435") == "http://127.0.0.1:9435/metrics"
     assert metrics_url("[::1]:9435") == "http://[::1]:9435/metrics"
     assert metrics_url("http://node:1/metrics") == "http://node:1/metrics"
+
+
+def test_the_docs_example_is_what_top_prints(repo_root):
+    """docs/operations.md shows top's output: the table drawn from the rows it shows."""
+    gib = 1 << 30
+    gpu0, gpu1 = (
+        "GPU-54d08ce6-28ad-49c6-b639-6ae3994b9717",
+        "GPU-9874f882-2b2d-498d-bcb3-fd500e263730",
+    )
+    rows = [
+        DeviceRow(
+            "nvidia.com/gpu",
+            gpu0,
+            replicas=4,
+            holders=[
+                Holder("ml", "train-0", "main", f"{gpu0}::0", 9.2 * gib, 0.41, 20 * gib),
+                Holder("ml", "notebook-7", "jupyter", f"{gpu0}::2", 31.5 * gib, 0.12, 20 * gib),
+            ],
+        ),
+        DeviceRow(
+            "nvidia.com/gpu",
+            gpu1,
+            holders=[Holder("infer", "api-5d9c", "server", gpu1, 18.4 * gib, 0.77)],
+        ),
+        DeviceRow(
+            "nvidia.com/gpu",
+            "GPU-cde9d231-c8a3-4e7b-9d7d-255f2b68beef",
+            healthy=False,
+            reason="XID 79: GPU has fallen off the bus",
+        ),
+        DeviceRow(
+            "nvidia.com/mig-1g.10gb",
+            "MIG-52496e1e-3fc2-4ec0-9529-89c17d9c649a",
+            holders=[Holder("ci", "test-runner", "cuda", "MIG-52496e1e", 2.1 * gib)],
+        ),
+        DeviceRow("nvidia.com/mig-1g.10gb", "MIG-d5b8c255-1f4d-4cc5-891b-5ffbff651b90"),
+    ]
+    doc = (repo_root / "docs" / "operations.md").read_text()
+    block = doc.split("$ hetero-dp top --once\n", 1)[1].split("\n```", 1)[0]
+    assert block.splitlines() == table_lines(rows)
