@@ -90,6 +90,22 @@ async def test_once_prints_each_device_with_its_health(fake_kubelet, plugin_runn
     assert rows[0][2].split() == ["Healthy", "-", "-", "-"]  # held by no one yet
 
 
+async def test_once_prints_who_holds_each_device(fake_kubelet, plugin_runner, tmp_path):
+    await fake_kubelet.serve_pod_resources()
+    config = {**CONFIG, "attribution": {"procRoot": str(tmp_path / "proc")}}
+    daemon = await plugin_runner.start(Scripted(make_devices(RES, 3)), config=config)
+    await fake_kubelet.wait_registered(RES)
+    a = await fake_kubelet.admit_pod("a", {"main": {RES: 1}}, namespace="team")
+    b = await fake_kubelet.admit_pod("b", {"side": {RES: 1}})
+    code, out, _ = await asyncio.to_thread(top, "--once", "--url", f":{port_of(daemon)}")
+    assert code == 0
+    held = {line.split()[1]: line.split()[3] for line in out.splitlines()[1:]}
+    (da,), (db,) = a.device_ids(), b.device_ids()
+    assert held[da] == "team/a/main" and held[db] == "default/b/side"
+    (free,) = set(held) - {da, db}
+    assert held[free] == "-"
+
+
 async def test_the_config_names_the_daemon(fake_kubelet, plugin_runner, tmp_path):
     daemon = await plugin_runner.start(Scripted(make_devices(RES, 1)), config=CONFIG)
     await wait_ready(daemon)
