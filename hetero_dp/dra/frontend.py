@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hetero_dp.allocation.cdi import merge_edits
-from hetero_dp.allocation.gate import device_problems, summary
 from hetero_dp.allocation.sharing import advertise
 from hetero_dp.dra.driver import (
     DEFAULT_PLUGINS_DIR,
@@ -28,7 +26,7 @@ from hetero_dp.dra.driver import (
 from hetero_dp.dra.names import driver_name_for, driver_name_problem
 from hetero_dp.dra.prepare import ClaimError, ClaimRef
 from hetero_dp.dra.slices import VERSIONS
-from hetero_dp.engine.cdi_publisher import CDIWriter, spec_wide_edits
+from hetero_dp.engine.cdi_publisher import CDIWriter
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.frontend import Attached, Engine
 from hetero_dp.engine.resource import Resource
@@ -130,8 +128,6 @@ class DRAFrontEnd(Attached):
         self.api_client = api_client
         self.drivers: dict[str, DRADriver] = {}  # resource -> driver
         self._served: dict[str, set[str]] = {}  # backend -> resources it had devices for
-        # backend -> (the device IDs asked about, the partitions its hook gave for them)
-        self._partitions: dict[str, tuple[frozenset[str], dict[str, Device]]] = {}
         self._dra_started = False
         self._errors: list[ConfigError] = []
 
@@ -183,61 +179,11 @@ class DRAFrontEnd(Attached):
             self.drivers[resource] = driver
         return driver
 
-    async def _partitions_of(self, rt: BackendRuntime) -> dict[str, Device]:
-        """The backend's partitions of its published devices, health following the
-        parent's; the hook is asked again only when the device IDs change."""
-        if not rt.backend.implements("partitions"):
-            return {}
-        ids = frozenset(rt.published)
-        cached = self._partitions.get(rt.backend.name)
-        if cached is None or cached[0] != ids:
-            found: dict[str, Device] = {}
-            try:
-                result = await rt.backend.call("partitions", devices=list(rt.published.values()))
-            except BackendError as e:
-                log.error("%s; its devices are published without partitions", e)
-                result = None
-            for p in result or ():
-                problem = self._partition_problem(rt, p)
-                if problem:
-                    log.error("backend %s: partitions hook: %s; left out", rt.backend.name, problem)
-                else:
-                    found[p.id] = p
-            cached = self._partitions[rt.backend.name] = (ids, found)
-        out = {}
-        for p in cached[1].values():
-            parent = rt.published[p.parent or ""]
-            out[p.id] = p.with_health(parent.healthy, parent.reason)
-        return out
-
-    @staticmethod
-    def _partition_problem(rt: BackendRuntime, p: object) -> str:
-        if not isinstance(p, Device):
-            return f"returned {p!r}, not a Device"
-        parent = rt.published.get(p.parent or "")
-        if parent is None:
-            return f"partition {p.id} names parent {p.parent!r}, not one of the backend's devices"
-        if p.id in rt.published:
-            return f"partition {p.id} has the ID of one of the backend's devices"
-        if p.resource != parent.resource:
-            return (
-                f"partition {p.id} has resource {p.resource}, its parent {parent.id} "
-                f"{parent.resource}: a partition is published in its parent's pool"
-            )
-        problems = device_problems(p, rt.fake_node_roots)
-        if problems:  # the container gate, as for discovered records
-            return f"partition {p.id} holds what may not go into a container: {summary(problems)}"
-        return ""
-
-    def _owned(self, rt: BackendRuntime, device_id: str) -> bool:
-        cached = self._partitions.get(rt.backend.name)
-        return device_id in rt.published or (cached is not None and device_id in cached[1])
-
     async def _publish_dra(self, rt: BackendRuntime) -> None:
         by_resource: dict[str, list[Device]] = {}
         for d in rt.published.values():
             by_resource.setdefault(d.resource, []).append(d)
-        for d in (await self._partitions_of(rt)).values():
+        for d in (await self.engine.claim_hooks.partitions(rt)).values():
             by_resource.setdefault(d.resource, []).append(d)
         gone = self._served.get(rt.backend.name, set()) - set(by_resource)
         for resource in gone:
@@ -255,69 +201,33 @@ class DRAFrontEnd(Attached):
             if self._dra_started and not driver.running:
                 await driver.start()
 
+    @staticmethod
+    def _claim(ref: ClaimRef) -> dict[str, str]:
+        return {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid}
+
     async def _prepare_hook(
         self, ref: ClaimRef, devices: dict[str, Device], config: list[dict[str, Any]]
     ) -> list[Device]:
-        """Call the ``prepare`` hook of each backend that serves some of ``devices``."""
-        claim = {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid}
-        out: list[Device] = []
-        for rt in self.engine.runtimes.values():
-            mine = [d for d in devices.values() if self._owned(rt, d.id)]
-            if not mine or not rt.backend.implements("prepare"):
-                continue
-            try:
-                # keyed by claim: while a call that passed hookTimeout is still stuck in
-                # the backend, the kubelet's retry is refused, never run beside it
-                result = await rt.backend.call(
-                    "prepare", key=ref.uid, claim=claim, devices=mine, config=config
-                )
-            except BackendError as e:
-                raise ClaimError(str(e)) from None
-            returned = mine if result is None else list(result)
-            for d in returned:  # the container gate, for what the hook changed
-                if isinstance(d, Device) and not any(d is m for m in mine):
-                    problems = device_problems(d, rt.fake_node_roots)
-                    if problems:
-                        raise ClaimError(
-                            f"backend {rt.backend.name}: the prepare hook returned {d.id} "
-                            f"with what may not go into a container: {summary(problems)}"
-                        )
-            out.extend(returned)
-        return out
+        """The backends' ``prepare`` hooks, through the engine; a failure fails the claim."""
+        try:
+            return await self.engine.claim_hooks.prepare(self._claim(ref), devices, config)
+        except BackendError as e:
+            raise ClaimError(str(e)) from None
 
     async def _spec_edits_hook(self, kind: str, devices: list[Device]) -> dict[str, Any]:
-        """The spec-wide edits (driver files, hooks) for a claim's spec, from each
-        backend that serves some of ``devices`` and implements ``cdi_spec_edits``: the
-        same a device-plugin spec of theirs holds. A failure fails the claim."""
-        extra: dict[str, Any] = {}
-        for rt in self.engine.runtimes.values():
-            mine = [d for d in devices if self._owned(rt, d.id)]
-            if not mine or not rt.backend.implements("cdi_spec_edits"):
-                continue
-            try:
-                extra = merge_edits(extra, await spec_wide_edits(rt.backend, kind, mine))
-            except (BackendError, ConfigError) as e:
-                raise ClaimError(f"backend {rt.backend.name}: CDI spec edits: {e}") from None
-        return extra
+        """The spec-wide edits (driver files, hooks) for a claim's spec, through the
+        engine: the same a device-plugin spec of theirs holds. A failure fails the claim."""
+        try:
+            return await self.engine.claim_hooks.spec_edits(kind, devices)
+        except BackendError as e:
+            raise ClaimError(str(e)) from None
 
     async def _unprepare_hook(self, ref: ClaimRef, device_ids: list[str]) -> None:
-        """Call the ``unprepare`` hook of each backend that has some of ``device_ids``
-        (every backend that has the hook gets the IDs no backend publishes now)."""
-        claim = {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid}
-        hooked = [rt for rt in self.engine.runtimes.values() if rt.backend.implements("unprepare")]
-        runtimes = list(self.engine.runtimes.values())
-        orphans = [i for i in device_ids if not any(self._owned(rt, i) for rt in runtimes)]
-        errors = []
-        for rt in hooked:
-            ids = [i for i in device_ids if self._owned(rt, i)] + orphans
-            if not ids:
-                continue
-            try:
-                await rt.backend.call("unprepare", key=ref.uid, claim=claim, device_ids=ids)
-            except BackendError as e:
-                errors.append(str(e))
-        if errors:
-            raise ClaimError("; ".join(errors))
+        """The backends' ``unprepare`` hooks, through the engine."""
+        try:
+            await self.engine.claim_hooks.unprepare(self._claim(ref), device_ids)
+        except BackendError as e:
+            raise ClaimError(str(e)) from None
 
     def _shares(self, devices: list[Device]) -> dict[str, int]:
         """Device ID -> replicas the sharing config makes of it (time-slicing); DRA

@@ -31,6 +31,7 @@ from typing import Any
 from hetero_dp.engine.advertising import Advertiser
 from hetero_dp.engine.backend import Backend
 from hetero_dp.engine.cdi_publisher import make_cdi_publisher, read_cdi_off
+from hetero_dp.engine.claimhooks import ClaimHooks
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.extension import Extension
 from hetero_dp.engine.frontend import FrontEnd, Publisher
@@ -58,6 +59,7 @@ class Daemon:
         self.config = config
         self.backends = backends
         self.runtimes = {b.name: BackendRuntime(b) for b in backends}
+        self.claim_hooks = ClaimHooks(self.runtimes)  # what a claim-based front end calls
         self.cdi_off: str | None = None  # why the runtime cannot consume CDI (cdi.runtimeConfig)
         self.resources: dict[str, Resource] = {}
         self.resource_defaults: dict[str, dict[str, Any]] = {}  # from backends' hook

@@ -22,6 +22,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from hetero_dp.engine.claimhooks import ClaimHooks
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.resource import Resource
 from hetero_dp.engine.runtime import BackendRuntime
@@ -56,6 +57,7 @@ class Engine(Protocol):
 
     config: Config
     runtimes: dict[str, BackendRuntime]
+    claim_hooks: ClaimHooks  # prepare, unprepare, partitions, spec edits: through the engine
     resources: dict[str, Resource]
     ready: asyncio.Event
     tasks: Tasks

@@ -74,3 +74,23 @@ async def test_the_kubelet_session_is_the_front_ends_not_the_engines(
     assert session.registered and session.streams_opened >= 1
     res = daemon.resources[name]
     assert not any(hasattr(res, a) for a in ("registered", "open_streams", "streams_opened"))
+
+
+def test_the_dra_front_end_calls_hooks_and_the_gate_through_the_engine() -> None:
+    """hetero_dp/dra calls no backend hook (``backend.call``) and imports no container
+    gate: prepare, unprepare, partitions and spec edits go through the engine's
+    ClaimHooks, which judges what they return."""
+    found = []
+    for path in sorted((ROOT / "hetero_dp" / "dra").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for n in ast.walk(tree):
+            if (
+                isinstance(n, ast.Attribute)
+                and n.attr == "call"
+                and isinstance(n.value, ast.Attribute)
+                and n.value.attr == "backend"
+            ):
+                found.append(f"{path.name}:{n.lineno} backend.call")
+            if isinstance(n, ast.ImportFrom) and n.module == "hetero_dp.allocation.gate":
+                found.append(f"{path.name}:{n.lineno} imports the gate")
+    assert found == []
