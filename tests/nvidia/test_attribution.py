@@ -91,6 +91,17 @@ async def test_two_pods_on_one_time_sliced_gpu_show_their_own_usage(
     assert per_pod(m, USED) == {("a", ra): 6000 * MIB, ("b", rb): 1000 * MIB}
     assert per_pod(m, UTIL) == {("a", ra): 0.7, ("b", rb): 0.2}
     assert per_pod(m, FAIR) == {("a", ra): 4096 * MIB, ("b", rb): 4096 * MIB}
+    # the memory guard's per-process series carry the process's pod (its Sample.pid)
+    procs = {
+        dict(labels)["pid"]: dict(labels).get("pod")
+        for (n, labels), _ in m.items()
+        if n == "hetero_dp_shared_memory_process_used_bytes"
+    }
+    assert procs == {"4242": "a", "4343": "b", "999": None}
+    # the GPU is shared: its device-wide samples name no pod
+    assert all(
+        "pod" not in dict(labels) for (n, labels), _ in m.items() if n.startswith("DCGM_FI_DEV")
+    )
 
     url = f"127.0.0.1:{port_of(daemon)}"
     result = await asyncio.to_thread(CliRunner().invoke, main, ["top", "--once", "--url", url])
@@ -134,3 +145,20 @@ async def test_the_holder_of_a_mig_device_gets_its_processes(
     assert per_pod(m, USED) == {("m", held): (2048 if pid == 20 else 4096) * MIB}
     assert per_pod(m, UTIL) == {}  # NVML has no per-process utilization on MIG
     assert per_pod(m, FAIR) == {}  # a MIG device is not shared
+    # dcgm-exporter's labels where they are true: the held MIG device's samples name
+    # its holder, the free one's do not; so do a whole GPU's once a container holds it
+    mig = {
+        dict(labels)["MIG_UUID"]: dict(labels).get("pod")
+        for (n, labels), _ in m.items()
+        if n == "DCGM_FI_DEV_FB_USED" and "MIG_UUID" in dict(labels)
+    }
+    assert mig[held] == "m" and {mig[u] for u in node.mig_uuids(1) if u != held} == {None}
+    whole = await fake_kubelet.admit_pod("w", {"main": {GPU: 1}}, namespace="ci")
+    assert whole.device_ids() == [node.uuid(3)]
+    m = await scrape(daemon)
+    util = {
+        dict(labels)["UUID"]: (dict(labels).get("pod"), dict(labels).get("container"))
+        for (n, labels), _ in m.items()
+        if n == "DCGM_FI_DEV_GPU_UTIL"
+    }
+    assert util[node.uuid(3)] == ("w", "main")
