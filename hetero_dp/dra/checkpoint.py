@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from hetero_dp.kits.atomic import write_atomic
+from hetero_dp.kits.foreign import ForeignFileError, load_foreign
 
 CHECKPOINT_VERSION = 1
+MAX_CHECKPOINT_BYTES = 64 * 1024 * 1024  # 10,000 prepared claims take ~10 MiB
 
 
 @dataclass
@@ -75,12 +77,12 @@ class Checkpoint:
         self.claims: dict[str, PreparedClaim] = {}
 
     def load(self) -> None:
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            self.claims = {}
-            return
-        except (OSError, ValueError) as e:
+        try:  # in the kubelet's dir: whatever sits there is read with bounds
+            data = load_foreign(self.path, max_bytes=MAX_CHECKPOINT_BYTES, kind="json")
+        except ForeignFileError as e:
+            if e.missing:
+                self.claims = {}
+                return
             raise CheckpointError(f"DRA checkpoint {self.path} is unreadable: {e}") from e
         if not isinstance(data, dict) or data.get("version") != CHECKPOINT_VERSION:
             raise CheckpointError(

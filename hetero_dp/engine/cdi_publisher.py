@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -32,22 +31,11 @@ from hetero_dp.allocation.cdi import (
 from hetero_dp.allocation.delivery import parse_delivery
 from hetero_dp.allocation.gate import Refused, edits_problems
 from hetero_dp.kits.atomic import create_unique, write_atomic
+from hetero_dp.kits.foreign import Complaints, ForeignFileError, load_foreign, read_foreign
 from hetero_dp.model.device import Device
 from hetero_dp.model.errors import BackendError, ConfigError
 
 log = logging.getLogger(__name__)
-
-
-def _load_spec_file(path: Path) -> Any:
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
-        return json.loads(text)
-    import yaml  # only when a YAML spec sits in the dir
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ValueError(str(e)) from e
 
 
 class CDIWriter:
@@ -61,6 +49,9 @@ class CDIWriter:
 
     def __init__(self, directory: str | os.PathLike[str] = DEFAULT_CDI_DIR) -> None:
         self.dir = Path(directory)
+        # another's file in the dir that cannot be read as a spec: said once, not at
+        # every publish (a FIFO, a socket, a spec nested 50,000 deep, kits/foreign.py)
+        self.complaints = Complaints(log)
 
     def path_for(self, kind: str) -> Path:
         """Where the spec of ``kind`` lives."""
@@ -135,9 +126,9 @@ class CDIWriter:
         """Write an already built spec of ``kind`` atomically; skip if unchanged."""
         path = self.path_for(kind)
         text = render_spec(spec)
-        try:
-            same = path.read_text(encoding="utf-8") == text
-        except (FileNotFoundError, UnicodeDecodeError):
+        try:  # whatever sits under our name (a FIFO, a link) is replaced, never read
+            same = read_foreign(path, max_bytes=len(text.encode()) + 1) == text.encode()
+        except ForeignFileError:
             same = False
         if not same:
             write_atomic(path, text, SPEC_MODE)
@@ -164,9 +155,11 @@ class CDIWriter:
             ):
                 continue
             try:
-                data = _load_spec_file(other)
-            except (OSError, ValueError):
-                continue  # not readable as a spec: the runtime skips it as well
+                data = load_foreign(other, follow=True)  # the runtime follows links too
+            except ForeignFileError as e:  # the runtime skips it as well
+                self.complaints.say(other, str(e), "CDI dir: %s is not read as a spec: %s")
+                continue
+            self.complaints.clear(other)
             if not isinstance(data, Mapping) or data.get("kind") != kind:
                 continue
             names = {str(d.get("name")) for d in data.get("devices") or () if isinstance(d, dict)}
@@ -209,10 +202,10 @@ class CDIWriter:
 
     def read(self, kind: str) -> dict[str, Any] | None:
         """The spec of ``kind`` as written, or None."""
-        try:
-            data: dict[str, Any] = json.loads(self.path_for(kind).read_text(encoding="utf-8"))
-        except FileNotFoundError:
+        path = self.path_for(kind)
+        if not path.exists():
             return None
+        data: dict[str, Any] = load_foreign(path)
         return data
 
 

@@ -154,6 +154,7 @@ class AttributionSection:
         help="the kubelet's pod-resources API socket",
         min=1,
         strict=True,
+        path=True,
     )
     proc_root: str = option(
         "/proc",
@@ -161,6 +162,7 @@ class AttributionSection:
         "read-only, /host/proc in the DaemonSets)",
         min=1,
         strict=True,
+        path=True,
     )
 
 

@@ -16,6 +16,7 @@ dir is read again. Running as root, file permissions do not stop a read
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -56,9 +57,9 @@ def read_foreign(
     try:
         fd = os.open(path, flags)
     except FileNotFoundError as e:
-        raise ForeignFileError(_os_reason(e, path), missing=True) from None
+        raise ForeignFileError(_os_reason(e, path, follow), missing=True) from None
     except OSError as e:
-        raise ForeignFileError(_os_reason(e, path)) from None
+        raise ForeignFileError(_os_reason(e, path, follow)) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -77,20 +78,26 @@ def read_foreign(
             raise ForeignFileError(f"more than {max_bytes} bytes")
         return b"".join(chunks)
     except OSError as e:
-        raise ForeignFileError(_os_reason(e, path)) from None
+        raise ForeignFileError(_os_reason(e, path, follow)) from None
     finally:
         os.close(fd)
 
 
-def _os_reason(e: OSError, path: str | os.PathLike[str]) -> str:
-    import errno
-
-    if e.errno == errno.ELOOP:
-        try:
-            is_link = os.path.islink(path)
-        except (OSError, ValueError):
-            is_link = False
-        return "a symlink (not followed here)" if is_link else "a symlink loop"
+def _os_reason(e: OSError, path: str | os.PathLike[str], follow: bool) -> str:
+    """Why open() failed, naming what is there when it is no regular file (a socket
+    fails to open with ENXIO; a link with ELOOP under O_NOFOLLOW, a loop always)."""
+    try:
+        info = os.stat(path) if follow else os.lstat(path)
+    except OSError as again:
+        if again.errno == errno.ELOOP:
+            return "a symlink loop"
+        return e.strerror or str(e)
+    except ValueError:  # a NUL in the path
+        return "a path with a NUL byte"
+    if stat.S_ISLNK(info.st_mode):
+        return "a symlink (not followed here)"
+    if not stat.S_ISREG(info.st_mode):
+        return f"{_KINDS.get(stat.S_IFMT(info.st_mode), 'something')}, not a regular file"
     return e.strerror or str(e)
 
 

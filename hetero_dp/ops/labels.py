@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from hetero_dp.kits import observe
 from hetero_dp.kits.atomic import write_atomic
+from hetero_dp.kits.foreign import Complaints
 from hetero_dp.model.device import Device
 from hetero_dp.model.errors import BackendError
 from hetero_dp.model.names import is_dns_subdomain, is_qualified_name
@@ -96,6 +97,7 @@ class LabelWriter:
         self._keys: dict[str, Any] = {}  # backend -> what its labels were computed from
         self._written: str | None = None
         self._identity: tuple[int, int] | None = None  # of the file last written
+        self._complaints = Complaints(log, logging.ERROR)  # a write that fails: said once
 
     def _advertised(self, backend: str) -> list[Device]:
         return [
@@ -159,9 +161,11 @@ class LabelWriter:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(self.path, text)
-        except OSError as e:
-            log.error("cannot write the node label file %s: %s", self.path, e.strerror)
+        except (OSError, ValueError) as e:  # ValueError: a NUL in a path set by the API
+            why = (e.strerror if isinstance(e, OSError) else None) or str(e)
+            self._complaints.say(self.path, why, "cannot write the node label file %s: %s")
             return
+        self._complaints.clear(self.path)
         self._written = text
         with contextlib.suppress(OSError):
             st = self.path.stat()

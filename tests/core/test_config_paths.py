@@ -22,6 +22,8 @@ PATHS: dict[str, Any] = {
     "cdi.runtimeConfig": lambda v: {"cdi": {"runtimeConfig": v}},
     "labels.dir": lambda v: {"labels": {"dir": v}},
     "metrics.readyFile": lambda v: {"metrics": {"readyFile": v}},
+    "attribution.podResourcesSocket": lambda v: {"attribution": {"podResourcesSocket": v}},
+    "attribution.procRoot": lambda v: {"attribution": {"procRoot": v}},
 }
 BAD = {
     "nul": ("/var/lib/kube\0let", "NUL byte"),

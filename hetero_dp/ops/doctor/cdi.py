@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
-import yaml
-
 from hetero_dp.engine.config import Config
+from hetero_dp.kits.foreign import ForeignFileError, load_foreign
 from hetero_dp.ops.doctor.cdi_spec import host_paths, spec_problems
 from hetero_dp.ops.doctor.findings import DoctorSettings, Finding
 
@@ -38,10 +35,9 @@ def check_cdi_specs(config: Config, settings: DoctorSettings, needs: set[str]) -
     out = []
     good = []
     for p in files:
-        try:
-            text = p.read_text()
-            doc = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-        except (OSError, ValueError, yaml.YAMLError) as e:
+        try:  # whatever sits there: a FIFO, a link loop, 50,000 levels (kits/foreign.py)
+            doc = load_foreign(p, follow=True)
+        except ForeignFileError as e:
             out.append(
                 Finding(
                     step,

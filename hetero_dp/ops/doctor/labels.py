@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from hetero_dp.engine.backend import Backend
 from hetero_dp.engine.config import Config
+from hetero_dp.kits.foreign import ForeignFileError, read_foreign
 from hetero_dp.ops.doctor.findings import DoctorSettings, Finding
 from hetero_dp.ops.labels import file_name, label_problem
+
+MAX_LABEL_BYTES = 1024 * 1024  # the daemon's file holds a few KiB
 
 # --- labels ----------------------------------------------------------------------------------
 
@@ -27,7 +31,7 @@ def check_labels(
     else:  # any daemon's file: <prefix>-<backends>
         paths = sorted(directory.glob(f"{prefix}-*")) if directory.is_dir() else []
         missing = f"no {prefix}-* label file in {directory}"
-    paths = [p for p in paths if p.is_file()]
+    paths = [p for p in paths if os.path.lexists(p)]  # not a file: said below
     if not paths:
         return [
             Finding(
@@ -46,7 +50,11 @@ def check_labels(
 def _label_file(step: str, path: Path) -> Finding:
     bad = []
     count = 0
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    try:  # the dir is shared with other writers: anything may sit there (kits/foreign.py)
+        text = read_foreign(path, max_bytes=MAX_LABEL_BYTES).decode("utf-8", "replace")
+    except ForeignFileError as e:
+        return Finding(step, path.name, "fail", f"{path} is not read: {e}", "remove it")
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.startswith("#"):
             continue
         key, sep, value = line.partition("=")
