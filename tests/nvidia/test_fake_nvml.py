@@ -184,3 +184,37 @@ def test_a_fault_on_the_gpu_handle_only_spares_its_mig_devices(fake_node):
         assert [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(first)] == [20]
     finally:
         pynvml.nvmlShutdown()
+
+
+def test_a_buffer_too_small_answers_insufficient_size_with_the_count(fake_node):
+    """The count in/out protocol of the NVML API reference, called without pynvml's
+    oversizing: a buffer of 1 for 2 processes (or samples) is INSUFFICIENT_SIZE (7) and
+    the count comes back as 2."""
+    fake_node(
+        "v100-2x-pcie.scn",
+        "proc gpu=0 pid=1 used=1 sm=10",
+        "proc gpu=0 pid=2 used=2 sm=20",
+    )
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        lib = pynvml.nvmlLib
+        count = ctypes.c_uint(1)
+        procs = (pynvml.c_nvmlProcessInfo_v3_t * 1)()
+        rc = lib.nvmlDeviceGetComputeRunningProcesses_v3(handle, ctypes.byref(count), procs)
+        assert (rc, count.value) == (pynvml.NVML_ERROR_INSUFFICIENT_SIZE, 2)
+        count = ctypes.c_uint(1)
+        samples = (pynvml.c_nvmlProcessUtilizationSample_t * 1)()
+        rc = lib.nvmlDeviceGetProcessUtilization(
+            handle, samples, ctypes.byref(count), ctypes.c_ulonglong(0)
+        )
+        assert (rc, count.value) == (pynvml.NVML_ERROR_INSUFFICIENT_SIZE, 2)
+        count = ctypes.c_uint(2)
+        samples = (pynvml.c_nvmlProcessUtilizationSample_t * 2)()
+        rc = lib.nvmlDeviceGetProcessUtilization(
+            handle, samples, ctypes.byref(count), ctypes.c_ulonglong(0)
+        )
+        assert (rc, count.value) == (pynvml.NVML_SUCCESS, 2)
+        assert sorted((s.pid, s.smUtil) for s in samples) == [(1, 10), (2, 20)]
+    finally:
+        pynvml.nvmlShutdown()
