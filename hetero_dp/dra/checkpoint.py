@@ -22,6 +22,7 @@ from typing import Any
 
 from hetero_dp.kits.atomic import write_atomic
 from hetero_dp.kits.foreign import ForeignFileError, load_foreign
+from hetero_dp.usage.view import ClaimHolder
 
 CHECKPOINT_VERSION = 1
 MAX_CHECKPOINT_BYTES = 64 * 1024 * 1024  # 10,000 prepared claims take ~10 MiB
@@ -42,6 +43,9 @@ class PreparedClaim:
     name: str
     spec_path: str
     devices: list[PreparedDevice] = field(default_factory=list)
+    # the pods in the claim's status.reservedFor when it was prepared (for the
+    # hetero_dp_claim_allocation_info series); absent in entries older than it
+    reserved_for: list[str] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PreparedClaim:
@@ -50,6 +54,7 @@ class PreparedClaim:
             name=str(data["name"]),
             spec_path=str(data.get("spec_path", "")),
             devices=[PreparedDevice(**d) for d in data.get("devices", [])],
+            reserved_for=[str(p) for p in data.get("reserved_for") or []],
         )
 
 
@@ -103,3 +108,14 @@ class Checkpoint:
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(self.path, json.dumps(doc, indent=2) + "\n", 0o600)
+
+
+def holders(driver: str, checkpoint: Checkpoint) -> list[ClaimHolder]:
+    """Each device of the claims in ``checkpoint``, once per pod in the claim's
+    reservedFor (``hetero_dp_claim_allocation_info``; ``pod`` empty when none)."""
+    return [
+        ClaimHolder(driver, dev.pool_name, dev.device_name, c.namespace, c.name, pod)
+        for c in list(checkpoint.claims.values())
+        for dev in c.devices
+        for pod in (c.reserved_for or [""])
+    ]

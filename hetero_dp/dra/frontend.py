@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hetero_dp.allocation.sharing import advertise
+from hetero_dp.dra.checkpoint import holders
 from hetero_dp.dra.driver import (
     DEFAULT_PLUGINS_DIR,
     DEFAULT_RESYNC_INTERVAL,
@@ -33,6 +34,7 @@ from hetero_dp.engine.resource import Resource
 from hetero_dp.engine.runtime import BackendRuntime
 from hetero_dp.model.device import Device, is_replica, replica_base
 from hetero_dp.model.errors import BackendError, ConfigError
+from hetero_dp.usage.view import ClaimHolder
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +244,10 @@ class DRAFrontEnd(Attached):
     def session(self, resource: str) -> None:
         """No device-plugin session: a DRA driver is not registered per resource."""
         return None
+
+    def claim_holders(self) -> list[ClaimHolder]:
+        """Who holds the claims the drivers prepared (:func:`.checkpoint.holders`)."""
+        return [h for d in self.drivers.values() for h in holders(d.name, d.checkpoint)]
 
     def readiness(self) -> tuple[bool, list[str]]:
         """(ready, one line per driver): a driver is ready when the kubelet registered

@@ -38,6 +38,7 @@ from hetero_dp.model.device import Device
 from hetero_dp.model.errors import ConfigError
 
 log = logging.getLogger(__name__)
+Requests = dict[str, list[str]]  # request name -> the device names it got
 
 
 PrepareHook = Callable[
@@ -169,11 +170,12 @@ class ClaimPreparer:
                 f"for {ref.uid!r} (the claim was deleted and recreated?)"
             )
         chosen, requests = self._allocated(claim, ref)
+        pods = reserved_pods(claim)
         if self.on_prepare is None:
-            return await self._record(ref, chosen, requests)
+            return await self._record(ref, chosen, requests, pods)
         chosen = await self._apply_config(claim, ref, chosen)
         try:
-            return await self._record(ref, chosen, requests)
+            return await self._record(ref, chosen, requests, pods)
         except BaseException:
             # the hooks made something (a MIG instance) that no checkpoint entry holds
             if self.on_unprepare is not None:
@@ -182,7 +184,7 @@ class ClaimPreparer:
             raise
 
     async def _record(
-        self, ref: ClaimRef, chosen: dict[str, Device], requests: dict[str, list[str]]
+        self, ref: ClaimRef, chosen: dict[str, Device], requests: Requests, pods: list[str]
     ) -> list[PreparedDevice]:
         """Checkpoint the claim and write its CDI spec."""
         spec, cdi_ids = self._spec(ref, chosen, requests)
@@ -202,9 +204,8 @@ class ClaimPreparer:
         async with self._lock:
             # Checkpoint first: a crash before the spec is written leaves an entry
             # whose unprepare removes nothing, never a spec nobody will remove.
-            self.checkpoint.claims[ref.uid] = PreparedClaim(
-                namespace=ref.namespace, name=ref.name, spec_path=str(path), devices=prepared
-            )
+            entry = PreparedClaim(ref.namespace, ref.name, str(path), prepared, pods)
+            self.checkpoint.claims[ref.uid] = entry
             try:
                 await asyncio.to_thread(self.checkpoint.save)
                 await asyncio.to_thread(write_claim_spec, path, spec)
@@ -366,3 +367,20 @@ class ClaimPreparer:
                     ref.namespace,
                     ref.name,
                 )
+
+
+def reserved_pods(claim: Mapping[str, Any]) -> list[str]:
+    """The names of the pods in a ResourceClaim's ``status.reservedFor`` (entries of
+    other kinds of consumer left out; a consumer is in the claim's namespace, as the
+    API reference's ResourceClaimConsumerReference says)."""
+    entries = (claim.get("status") or {}).get("reservedFor") or []
+    if not isinstance(entries, list):
+        return []
+    return sorted(
+        str(e["name"])
+        for e in entries
+        if isinstance(e, Mapping)
+        and e.get("resource") == "pods"
+        and not e.get("apiGroup")
+        and isinstance(e.get("name"), str)
+    )

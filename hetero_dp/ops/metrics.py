@@ -97,6 +97,10 @@ class _StateCollector(Collector):
         view = self.metrics.attribution.view if self.metrics.attribution else None
         if view is not None:
             yield from series.families(view)
+        # a front end that prepares claims (DRA) says who holds them
+        claim_holders = getattr(daemon.front_end, "claim_holders", None)
+        if callable(claim_holders):
+            yield series.claim_family(claim_holders())
         yield from self.metrics.backend_families()
 
 
@@ -242,8 +246,8 @@ class Metrics:
         """Who holds and uses what (device-plugin mode; docs/operations.md, Attribution):
         one pod-resources call at most, the rest in one worker thread."""
         daemon = self.daemon
-        if not daemon.resources:
-            return
+        if not daemon.resources or callable(getattr(daemon.front_end, "claim_holders", None)):
+            return  # DRA: the claims say who holds what
         settings = source.settings(daemon.config)
         if self.attribution is None or self.attribution.settings != settings:
             self.attribution = Attribution(settings)  # a reload may move the socket

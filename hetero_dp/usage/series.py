@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from hetero_dp.usage import names
-from hetero_dp.usage.view import View
+from hetero_dp.usage.view import ClaimHolder, View
 
 
 def families(view: View) -> Iterator[Metric]:
@@ -51,3 +51,14 @@ def families(view: View) -> Iterator[Metric]:
         if use.fair_share_bytes is not None:
             fair.add_metric(values, use.fair_share_bytes)
     yield from (memory, util, fair)
+
+
+def claim_family(holders: Iterable[ClaimHolder]) -> Metric:
+    fam = GaugeMetricFamily(
+        names.CLAIM_ALLOCATION,
+        "DRA: 1 per device of a prepared claim and per pod in its reservedFor.",
+        labels=list(names.CLAIM_LABELS),
+    )
+    for h in sorted(set(holders), key=lambda h: (h.driver, h.device, h.claim, h.pod)):
+        fam.add_metric([h.driver, h.pool, h.device, h.namespace, h.claim, h.pod], 1)
+    return fam

@@ -44,6 +44,19 @@ class Holder:
     owner: Owner
 
 
+@dataclass(frozen=True)
+class ClaimHolder:
+    """DRA: one device of a claim this node prepared, and one pod it is reserved for
+    (``pod`` empty when none was listed)."""
+
+    driver: str
+    pool: str
+    device: str
+    namespace: str
+    claim: str
+    pod: str
+
+
 @dataclass
 class ContainerUse:
     """What one container's processes use of one device (the backend's device ID)."""

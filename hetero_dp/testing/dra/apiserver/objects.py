@@ -107,8 +107,13 @@ def make_claim(
     uid: str | None = None,
     version: str = "v1",
     config: Iterable[tuple[str, Any]] = (),
+    reserved_for: Iterable[str] = (),
 ) -> dict[str, Any]:
     """An allocated ResourceClaim: ``results`` are ``(request, device name)`` pairs.
+
+    ``reserved_for``: pod names for ``status.reservedFor`` (ResourceClaimConsumerReference:
+    ``apiGroup`` empty for the core group, ``resource`` "pods", ``name``, ``uid``), as
+    the scheduler reserves the claim for the pods it schedules.
 
     ``config``: ``(source, parameters)`` pairs of opaque configuration for
     ``driver`` (source ``FromClass`` or ``FromClaim``), as the scheduler copies
@@ -124,6 +129,10 @@ def make_claim(
         else:
             item["deviceClassName"] = driver
         spec_requests.append(item)
+    consumers = [
+        {"resource": "pods", "name": p, "uid": str(uuid.uuid5(uuid.NAMESPACE_DNS, p))}
+        for p in reserved_for
+    ]
     return {
         "apiVersion": f"{GROUP}/{version}",
         "kind": "ResourceClaim",
@@ -141,6 +150,7 @@ def make_claim(
                         for src, params in config
                     ],
                 }
-            }
+            },
+            **({"reservedFor": consumers} if consumers else {}),
         },
     }

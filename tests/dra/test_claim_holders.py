@@ -1,0 +1,46 @@
+"""DRA mode's holder series: hetero_dp_claim_allocation_info from the claims this
+node prepared, one per device and pod in the claim's reservedFor (issue #34 point 5)."""
+
+from __future__ import annotations
+
+from hetero_dp.dra import device_name
+from hetero_dp.testing.dra import ClaimRef, make_claim
+from tests.ops.helpers import scrape, value
+
+from .backend import DRIVER, Npus
+
+N0, N1 = device_name("NPU-0000"), device_name("NPU-0001")
+INFO = "hetero_dp_claim_allocation_info"
+
+
+async def test_prepared_claims_name_their_pods_and_leave_with_unprepare(dra, kubelet, api_server):
+    daemon = await dra.start(Npus(2), config={"metrics": {"address": "127.0.0.1:0"}})
+    await kubelet.wait_registered(DRIVER)
+    shared = ClaimRef.of(
+        api_server.add_claim(
+            make_claim(
+                "shared",
+                [("npu", N0)],
+                driver=DRIVER,
+                pool="node-a",
+                namespace="ml",
+                reserved_for=["trainer-0", "trainer-1"],
+            )
+        )
+    )
+    lone = ClaimRef.of(
+        api_server.add_claim(make_claim("lone", [("npu", N1)], driver=DRIVER, pool="node-a"))
+    )
+    response = await kubelet.node_prepare(DRIVER, [shared, lone])
+    assert all(c.error == "" for c in response.claims.values())
+    m = await scrape(daemon)
+    base = {"driver": DRIVER, "pool": "node-a"}
+    for pod in ("trainer-0", "trainer-1"):
+        labels = dict(base, device=N0, namespace="ml", claim="shared", pod=pod)
+        assert value(m, INFO, **labels) == 1
+    assert value(m, INFO, **base, device=N1, namespace="default", claim="lone", pod="") == 1
+    assert sum(1 for (name, _l) in m if name == INFO) == 3
+
+    await kubelet.node_unprepare(DRIVER, [shared])
+    m = await scrape(daemon)
+    assert {dict(labels)["claim"] for (name, labels) in m if name == INFO} == {"lone"}
