@@ -17,16 +17,16 @@ its Go structure's printout); a torn read shows as a JSON error.
 
 from __future__ import annotations
 
-import json
-import os
-import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from hetero_dp.kits.foreign import ForeignFileError, load_foreign
+
 #: The largest checkpoint read: 110 pods (the kubelet's default limit) with a few
 #: containers each, their Allocate answers included, take well under a MiB.
 MAX_CHECKPOINT = 8 * 1024 * 1024
+MAX_DEPTH = 8  # Data.PodDeviceEntries[].DeviceIDs.<numa>[] nests 6 deep
 
 
 class CheckpointError(Exception):
@@ -41,36 +41,6 @@ class Entry:
     container: str
     resource: str
     device_ids: tuple[str, ...]
-
-
-def read_bounded(path: str, limit: int) -> tuple[bytes, os.stat_result]:
-    """A regular file's bytes, at most ``limit``; never blocks on a FIFO or device."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} is missing") from None
-    except OSError as e:
-        raise CheckpointError(f"{path} cannot be opened: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CheckpointError(f"{path} is not a regular file")
-        if st.st_size > limit:
-            raise CheckpointError(f"{path} is {st.st_size} bytes, over the {limit} read")
-        chunks, size = [], 0
-        while size <= limit:
-            chunk = os.read(fd, limit + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > limit:
-            raise CheckpointError(f"{path} grew past the {limit} bytes read")
-        return b"".join(chunks), st
-    except OSError as e:
-        raise CheckpointError(f"{path} cannot be read: {e.strerror}") from None
-    finally:
-        os.close(fd)
 
 
 def _ids(value: Any) -> tuple[str, ...] | None:
@@ -88,12 +58,8 @@ def _ids(value: Any) -> tuple[str, ...] | None:
     return tuple(out)
 
 
-def parse(data: bytes, path: str = "checkpoint") -> tuple[list[Entry], int]:
-    """The entries of a checkpoint's bytes and how many entries were skipped."""
-    try:
-        doc = json.loads(data)
-    except (ValueError, RecursionError) as e:
-        raise CheckpointError(f"{path} is not JSON (cut short?): {str(e)[:80]}") from None
+def parse(doc: Any, path: str = "checkpoint") -> tuple[list[Entry], int]:
+    """The entries of a checkpoint's document and how many entries were skipped."""
     body = doc.get("Data") if isinstance(doc, dict) else None
     entries = body.get("PodDeviceEntries") if isinstance(body, dict) else None
     if entries is None and isinstance(body, dict):
@@ -113,6 +79,10 @@ def parse(data: bytes, path: str = "checkpoint") -> tuple[list[Entry], int]:
 
 
 def read(path: str) -> tuple[list[Entry], int]:
-    """:func:`parse` of the file at ``path`` (:class:`CheckpointError` if unusable)."""
-    data, _st = read_bounded(path, MAX_CHECKPOINT)
-    return parse(data, path)
+    """:func:`parse` of the file at ``path`` (:class:`CheckpointError` if unusable),
+    read with the bounds of :func:`hetero_dp.kits.foreign.load_foreign`."""
+    try:
+        doc = load_foreign(path, max_bytes=MAX_CHECKPOINT, max_depth=MAX_DEPTH, kind="json")
+    except ForeignFileError as e:
+        raise CheckpointError(f"{path}: {'missing' if e.missing else e}") from None
+    return parse(doc, path)

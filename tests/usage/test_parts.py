@@ -76,23 +76,22 @@ ENTRY = {
 def test_the_checkpoint_as_kubelet_1_36_writes_it_and_older_lists(tmp_path):
     old = dict(ENTRY, DeviceIDs=["acme3"])  # kubelets before 1.20
     odd = dict(ENTRY, DeviceIDs="acme4")
-    data = json.dumps(_doc([ENTRY, old, odd, "x"])).encode()
-    entries, skipped = checkpoint.parse(data)
+    entries, skipped = checkpoint.parse(_doc([ENTRY, old, odd, "x"]))
     assert [e.device_ids for e in entries] == [("acme1", "acme2"), ("acme3",)]
     assert skipped == 2
-    assert checkpoint.parse(b'{"Data": {"PodDeviceEntries": null}}') == ([], 0)
+    assert checkpoint.parse({"Data": {"PodDeviceEntries": None}}) == ([], 0)
 
 
 @pytest.mark.parametrize(
     ("content", "why"),
     [
-        (None, "is missing"),
-        (json.dumps(_doc([ENTRY]))[:-20], "is not JSON"),
+        (None, "missing"),
+        (json.dumps(_doc([ENTRY]))[:-20], "not JSON"),
         (json.dumps({"Data": {"PodDeviceEntries": {"a": 1}}}), "not of the shape"),
         (json.dumps([1, 2]), "not of the shape"),
-        ("{" * 100_000, "is not JSON"),
+        ("[" * 100_000, "nested deeper"),
         ("fifo", "not a regular file"),
-        ("huge", "over the"),
+        ("huge", "more than the"),
     ],
 )
 def test_a_checkpoint_that_cannot_be_used_says_why(tmp_path, content, why):
