@@ -65,6 +65,12 @@ class Node:
     name: str = "gpu-node-1"
     ip: str = "127.0.0.1"
     host_paths: dict[str, Path] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # the node's /proc is this host's (the DaemonSets mount it read-only at /host/proc,
+        # for attribution); a test may still give another
+        self.host_paths.setdefault("/proc", Path("/proc"))
+
     # files the node's container runtime adds to every container (host file -> path in
     # the container), as the NVIDIA container runtime injects the driver's libraries
     runtime_mounts: dict[Path, str] = field(default_factory=dict)

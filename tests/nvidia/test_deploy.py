@@ -189,7 +189,10 @@ def test_least_privilege_by_default():
         "/var/lib/kubelet/device-plugins": False,
         "/driver-root/dev": True,
         NFD_DIR: False,  # the node label file
+        "/var/lib/kubelet/pod-resources": True,  # attribution: who holds which GPU
+        "/host/proc": True,  # attribution: the pod of a PID NVML reports
     }
+    assert env(c)["HETERO_DP_PROC_ROOT"] == "/host/proc"
 
 
 def test_pass_device_specs_makes_it_privileged():
@@ -358,3 +361,12 @@ def test_pod_security_context_values_keep_seccomp_unless_they_name_a_profile():
     own = {"type": "Localhost", "localhostProfile": "profiles/hetero-dp.json"}
     pod = container(render_chart(chart_values(podSecurityContext={"seccompProfile": own})))[0]
     assert pod["spec"]["template"]["spec"]["securityContext"] == {"seccompProfile": own}
+
+
+def test_attribution_off_mounts_neither_the_pod_resources_dir_nor_proc():
+    ds, c = container(render_chart(chart_values(attribution={"enabled": False})))
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    assert not mounts & {"/var/lib/kubelet/pod-resources", "/host/proc"}
+    assert "HETERO_DP_PROC_ROOT" not in env(c)
+    volumes = {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert not volumes & {"pod-resources", "host-proc"}

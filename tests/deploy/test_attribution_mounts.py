@@ -1,0 +1,49 @@
+"""Every DaemonSet we ship (the NVIDIA chart, the static manifests, the scaffold's) gives
+the plugin what attribution reads (docs/operations.md, "Attribution"): the kubelet's
+pod-resources dir at its own path, where the default socket path points, and the host's
+/proc, both read-only, with HETERO_DP_PROC_ROOT naming where /proc is mounted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from hetero_dp.cli import scaffold
+
+from .conftest import DEPLOY
+from .objects import render_values
+
+POD_RESOURCES = "/var/lib/kubelet/pod-resources"  # of kubelet.sock, the default socket
+
+
+def daemonsets(helm: str, tmp: Path) -> dict[str, dict]:
+    out = {
+        "chart": render_values(helm, DEPLOY / "nvidia/helm/hetero-dp-nvidia", {}),
+        "nvidia": list(
+            yaml.safe_load_all((DEPLOY / "nvidia/nvidia-device-plugin.yml").read_text())
+        ),
+        "udev": list(yaml.safe_load_all((DEPLOY / "udev/daemonset.yaml").read_text())),
+    }
+    values = {"vendor_domain": "acme.example.com", "resource": "npu", "device_glob": "/dev/acme*"}
+    project, _ = scaffold.generate(values, tmp / "proj")
+    out["scaffold"] = list(yaml.safe_load_all((project / "deploy/daemonset.yaml").read_text()))
+    return {k: next(d for d in docs if d and d["kind"] == "DaemonSet") for k, docs in out.items()}
+
+
+def test_every_daemonset_mounts_pod_resources_and_the_hosts_proc_read_only(
+    helm: str, tmp_path: Path
+):
+    for name, ds in daemonsets(helm, tmp_path).items():
+        pod = ds["spec"]["template"]["spec"]
+        host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+        c = pod["containers"][0]
+        mounts = {host[m["name"]]: m for m in c["volumeMounts"] if m["name"] in host}
+        assert mounts[POD_RESOURCES]["mountPath"] == POD_RESOURCES, name
+        assert mounts[POD_RESOURCES].get("readOnly") is True, name
+        assert mounts["/proc"].get("readOnly") is True, name
+        proc_at = mounts["/proc"]["mountPath"]
+        assert proc_at != "/proc", f"{name}: the host's /proc over the container's own"
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env.get("HETERO_DP_PROC_ROOT") == proc_at, name
+        assert not pod.get("hostPID"), f"{name}: reading /proc/<pid>/cgroup needs no hostPID"
