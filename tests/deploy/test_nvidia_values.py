@@ -183,7 +183,11 @@ def test_names_namespace_annotations_and_security_contexts_are_honoured(helm: st
     pod = ds["spec"]["template"]
     assert pod["metadata"]["labels"] == {"app": "gpu"}
     assert pod["metadata"]["annotations"] == {"example.com/owner": "ml"}
-    assert pod["spec"]["securityContext"] == {"runAsNonRoot": False}
+    # the chart's seccomp default stays beside what the user gives (RuntimeDefault, #36.8)
+    assert pod["spec"]["securityContext"] == {
+        "runAsNonRoot": False,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     assert pod["spec"]["containers"][0]["securityContext"] == {"privileged": True}
     cm = next(d for d in docs if d["kind"] == "ConfigMap")
     assert cm["metadata"]["name"] == "gpu-plugin-config"
@@ -230,7 +234,8 @@ def test_manifests_roll_with_surge_and_pass_the_pod_uid(helm: str, tmp_path: Pat
         "scaffold": list(yaml.safe_load_all((project / "deploy/daemonset.yaml").read_text())),
     }
     for path in sorted(DEPLOY.rglob("*.y*ml")):
-        if "helm" not in path.relative_to(DEPLOY).parts:
+        # (deploy/cleanup/ holds the clean-up DaemonSet, no device plugin)
+        if not {"helm", "cleanup"} & set(path.relative_to(DEPLOY).parts):
             docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
             if any(d.get("kind") == "DaemonSet" for d in docs):
                 sources[str(path.relative_to(DEPLOY))] = docs
