@@ -119,6 +119,7 @@ proto: $(DEV)
 
 docs: $(DEV)
 	$(PYTHON) scripts/gen_hook_docs.py --check
+	$(PYTHON) scripts/gen_config_docs.py --check
 	$(PYTHON) -m mkdocs build --strict -d site
 
 # make bench [BENCH="bench_backends --quick"]: all modules into docs/benchmarks.md, or those named

@@ -306,7 +306,7 @@ class DRAFrontEnd(Attached):
     # --- reload (engine/frontend.py Reloadable) ---------------------------------
 
     def _cdi_dir(self, cfg: Config) -> Path:
-        return self.dra.cdi_dir or Path(cfg.cdi["dir"])
+        return self.dra.cdi_dir or Path(cfg.cdi.dir)
 
     async def prepare(self, old: Config, new: Config) -> None:
         """A new ``cdi.dir`` is checked (made if missing, takes files) before anything

@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hetero_dp.allocation.cdi import (
     DEFAULT_CDI_DIR,
@@ -34,6 +34,9 @@ from hetero_dp.kits.atomic import create_unique, write_atomic
 from hetero_dp.kits.foreign import Complaints, ForeignFileError, load_foreign, read_foreign
 from hetero_dp.model.device import Device
 from hetero_dp.model.errors import BackendError, ConfigError
+
+if TYPE_CHECKING:
+    from hetero_dp.engine.settings import CdiSection
 
 log = logging.getLogger(__name__)
 
@@ -444,7 +447,7 @@ class CDIPublisher:
 
 
 def make_cdi_publisher(
-    cdi: Mapping[str, Any], settings_for: Callable[[str], Mapping[str, Any]], source: str
+    cdi: CdiSection, settings_for: Callable[[str], Mapping[str, Any]], source: str
 ) -> CDIPublisher | None:
     """The publisher for a config's ``cdi`` section, or None when CDI is off.
 
@@ -455,10 +458,10 @@ def make_cdi_publisher(
     writing a probe) when the first spec is needed, so a daemon without CDI
     resources never creates or writes it.
     """
-    enabled = cdi.get("enabled")
+    enabled = cdi.enabled
     if enabled is False:
         return None
-    writer = CDIWriter(cdi["dir"])
+    writer = CDIWriter(cdi.dir)
     try:
         if enabled:
             writer.check(field="cdi.dir")

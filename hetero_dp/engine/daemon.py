@@ -93,7 +93,7 @@ class Daemon:
             b.timeout = self.config.hook_timeout
             await b.configure_from(self.config)
         # a CDI delivery the runtime would ignore falls back (resource.py)
-        self.cdi_off = await read_cdi_off(self.config.cdi["runtimeConfig"])
+        self.cdi_off = await read_cdi_off(self.config.cdi.runtime_config)
         cdi = make_cdi_publisher(self.config.cdi, self.settings_for, self.config.source)
         if cdi is not None:
             self.publishers.append(cdi)

@@ -74,6 +74,19 @@ class OptionInfo:
     # a path on this node: absolute, no NUL, within PATH_MAX and NAME_MAX ('' still
     # allowed where the default is '': it means none)
     path: bool = False
+    # the core's own settings (engine/config.py): the flag of ``hetero-dp run`` that
+    # sets it, other keys of its section that flag (or ``env``) also sets, and what a
+    # config reload does with a change (RELOADS)
+    flag: str | None = None
+    also: tuple[tuple[str, Any], ...] = ()
+    reload: str = "applied"
+
+
+#: What a config reload does with a changed setting: ``applied`` (it takes effect),
+#: ``refused`` (the reload is refused: where sockets live; restart to change it) or
+#: ``next start`` (read only at start-up: the reload is applied and says, naming the
+#: key, that this one waits for a restart).
+RELOADS = ("applied", "refused", "next start")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +112,9 @@ def option(
     off: float | None = None,
     strict: bool = False,
     path: bool = False,
+    flag: str | None = None,
+    also: Mapping[str, Any] | None = None,
+    reload: str = "applied",
 ) -> Any:
     """A field of a backend's options dataclass, with its help text and limits.
 
@@ -115,7 +131,14 @@ def option(
     values as typed, such as the ``sharing`` block). ``path`` makes a ``str`` or ``Path``
     option a path on this node: a NUL byte, a relative path or one longer than the
     system takes is refused naming the option (:func:`~hetero_dp.model.names.path_problem`).
+
+    For the core's own settings: ``flag`` is the flag of ``hetero-dp run`` that sets it
+    (generated from this declaration), ``also`` other keys of the same section that the
+    flag or ``env`` sets too (``--labels-dir`` turns ``labels.enabled`` on), ``reload``
+    what a config reload does with a change (one of :data:`RELOADS`).
     """
+    if reload not in RELOADS:
+        raise ValueError(f"reload must be one of {', '.join(RELOADS)}, got {reload!r}")
     info = OptionInfo(
         help=help,
         key=key,
@@ -126,6 +149,9 @@ def option(
         off=off,
         strict=strict,
         path=path,
+        flag=flag,
+        also=tuple((also or {}).items()),
+        reload=reload,
     )
     meta = {_META: info}
     if default is REQUIRED:
@@ -182,6 +208,35 @@ def _fields(schema: type) -> tuple[tuple[dataclasses.Field[Any], Any], ...]:
     was most of the time reading a config took)."""
     hints = typing.get_type_hints(schema)
     return tuple((f, hints[f.name]) for f in dataclasses.fields(schema) if f.init)
+
+
+@dataclasses.dataclass(frozen=True)
+class Declared:
+    """One declared option, nested sections flattened (:func:`declared`)."""
+
+    key: str  # the dotted config key: ``metrics.address``
+    path: tuple[str, ...]  # the attribute names: ``("metrics", "address")``
+    hint: Any  # its type
+    info: OptionInfo
+    default: Any  # REQUIRED when there is none
+
+
+def declared(schema: type, prefix: str = "", path: tuple[str, ...] = ()) -> list[Declared]:
+    """Every option of ``schema``, a nested section's options under its dotted key."""
+    rows: list[Declared] = []
+    for f, hint in _fields(schema):
+        key, at = prefix + _key(f), (*path, f.name)
+        if is_schema(hint):
+            rows.extend(declared(hint, key + ".", at))
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = REQUIRED
+        rows.append(Declared(key, at, hint, _info(f), default))
+    return rows
 
 
 def _has_default(f: dataclasses.Field[Any]) -> bool:
@@ -330,7 +385,7 @@ def _value(
         # a section written with nothing under it (``metrics:`` whose keys are all
         # commented out) is null in YAML: it means the section's defaults
         return _parse(hint, {} if value is None else value, where, source, env, flagged, path)
-    if hint is str and info.strict and not isinstance(value, str):
+    if (hint is str or hint is pathlib.Path) and info.strict and not isinstance(value, str):
         raise fail("a string")
     if origin in (list, tuple, set, frozenset, Sequence) or hint in (list, tuple):
         item = args[0] if args else Any

@@ -93,7 +93,7 @@ class Operations:
         if _address(old) == _address(new) or not _address(new):
             return
         try:
-            parse_address(str(new.metrics["address"]))
+            parse_address(new.metrics.address)
         except ConfigError as e:
             raise ConfigError(e.reason, field=e.field, source=new.source) from None
         from hetero_dp.ops.metrics import (
@@ -101,7 +101,7 @@ class Operations:
         )
 
         metrics = self.metrics or Metrics(self.daemon)  # counters survive an address change
-        server = ProbeServer(self.daemon, str(new.metrics["address"]), metrics)
+        server = ProbeServer(self.daemon, new.metrics.address, metrics)
         try:
             await server.start()
         except ConfigError as e:
@@ -130,7 +130,7 @@ class Operations:
             # with the process: a reset would read as a restart, issue #29).
             if pending is not None:
                 self.server, self.metrics = pending, pending.metrics
-        if old.metrics.get("readyFile") != new.metrics.get("readyFile"):
+        if old.metrics.ready_file != new.metrics.ready_file:
             await self._stop_ready_file()
             self._start_ready_file(new)
         if old.labels != new.labels:
@@ -140,7 +140,7 @@ class Operations:
                 await self.labels.refresh()
 
     async def _start_server(self, cfg: Config) -> None:
-        address = str(cfg.metrics.get("address") or "")
+        address = cfg.metrics.address
         if not address:
             return
         from hetero_dp.ops.metrics import (
@@ -149,7 +149,7 @@ class Operations:
 
         self.metrics = Metrics(self.daemon)
         self.server = ProbeServer(
-            self.daemon, address, self.metrics, wait_for_port=bool(cfg.metrics.get("waitForPort"))
+            self.daemon, address, self.metrics, wait_for_port=cfg.metrics.wait_for_port
         )
         try:
             await self.server.start()
@@ -167,7 +167,7 @@ class Operations:
             self.metrics = None
 
     def _start_ready_file(self, cfg: Config) -> None:
-        path = str(cfg.metrics.get("readyFile") or "")
+        path = cfg.metrics.ready_file
         if path:
             self.ready_file = ReadyFile(self.daemon, path)
             self.ready_file.start()
@@ -178,10 +178,10 @@ class Operations:
             self.ready_file = None
 
     def _start_labels(self, cfg: Config) -> None:
-        if not cfg.labels.get("enabled"):
+        if not cfg.labels.enabled:
             return
         name = file_name(cfg.socket_prefix, [b.name for b in self.daemon.backends])
-        self.labels = LabelWriter(self.daemon, str(cfg.labels["dir"]), name)
+        self.labels = LabelWriter(self.daemon, cfg.labels.dir, name)
         self.daemon.add_publisher(self.labels)
 
     def _stop_labels(self) -> None:
@@ -192,4 +192,4 @@ class Operations:
 
 
 def _address(cfg: Config) -> str:
-    return str(cfg.metrics.get("address") or "")
+    return cfg.metrics.address

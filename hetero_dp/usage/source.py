@@ -34,8 +34,8 @@ def inventory(daemon: Daemon) -> Inventory:
 def settings(config: Config) -> Settings:
     section = config.attribution
     return Settings(
-        pod_resources_socket=str(section["podResourcesSocket"]),
-        proc_root=str(section["procRoot"]),
+        pod_resources_socket=section.pod_resources_socket,
+        proc_root=section.proc_root,
         checkpoint=str(config.kubelet_dir / CHECKPOINT_FILE),
     )
 

@@ -154,3 +154,29 @@ async def test_dra_runner_reads_the_section_of_a_backend_loaded_from_a_file(acme
         finally:
             await runner.stop_all()
             shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_settings_table_in_the_docs_is_generated_from_the_declarations():
+    """docs/configuration.md's table of every setting is rendered from
+    engine/settings.py (scripts/gen_config_docs.py): a setting changed without it fails."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location(
+        "gen_config_docs", root / "scripts/gen_config_docs.py"
+    )
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    page = gen.PAGE.read_text()
+    assert gen.render(page) == page, (
+        "docs/configuration.md is stale: run scripts/gen_config_docs.py"
+    )
+
+
+def test_every_core_setting_declares_what_a_reload_does():
+    from hetero_dp.engine.settings import SETTINGS
+    from hetero_dp.model.options import RELOADS
+
+    assert {s.info.reload for s in SETTINGS} <= set(RELOADS)
+    assert len(SETTINGS) == len({s.key for s in SETTINGS}) > 15

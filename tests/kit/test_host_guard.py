@@ -117,13 +117,13 @@ async def test_the_fixtures_keep_every_host_path_of_the_daemon_in_temp_dirs(
     daemon = await plugin_runner.start("simulated", config={"labels": {"enabled": True}})
     cfg = daemon.config
     root = fake_kubelet.plugin_dir.parent
-    for path in (cfg.kubelet_dir, cfg.plugins_registry_dir, cfg.cdi["dir"], cfg.labels["dir"]):
+    for path in (cfg.kubelet_dir, cfg.plugins_registry_dir, cfg.cdi.dir, cfg.labels.dir):
         assert Path(path).is_relative_to(root), path
     # a path the test gives is kept
     other = await plugin_runner.start(
         "simulated", config={"cdi": {"dir": "/tmp/x-cdi"}, "socketPrefix": "other"}
     )
-    assert other.config.cdi["dir"] == "/tmp/x-cdi"
+    assert other.config.cdi.dir == "/tmp/x-cdi"
 
 
 NEIGHBOUR_TESTS = """

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
-from hetero_dp.engine.reconfigure.fixed import FIXED
+from hetero_dp.engine.settings import NEXT_START, REFUSED
 from hetero_dp.ops.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,4 +34,4 @@ def test_every_nvidia_sample_name_is_documented():
 
 
 def test_fixed_reload_keys_are_documented():
-    assert all(f"`{key}`" in PAGE for key in FIXED.values())
+    assert all(f"`{key}`" in PAGE for key in (*REFUSED, *NEXT_START))

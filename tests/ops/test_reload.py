@@ -503,3 +503,52 @@ async def test_a_refused_reload_calls_no_hook_of_the_live_backend(
         assert backend.configured == [1, 2]
     finally:
         await reloader.stop()
+
+
+async def test_each_setting_a_reload_cannot_apply_is_refused_or_said_by_key(
+    fake_kubelet, plugin_runner, tmp_path, caplog
+):
+    """Every core setting declares what a reload does with it (engine/settings.py). Each
+    one that decides where sockets live refuses a reload that changes it, naming it; one
+    read only at start-up (metrics.waitForPort) is applied with the rest and said, by
+    key, to wait for the next start. Before, waitForPort changed by a reload said
+    "applied" and nothing else."""
+    from hetero_dp.engine.settings import NEXT_START, REFUSED
+
+    assert set(REFUSED) == {"kubeletDir", "pluginsRegistryDir", "registration", "socketPrefix"}
+    assert NEXT_START == ("metrics.waitForPort",)
+    path = tmp_path / "config.yaml"
+    doc = base_doc(fake_kubelet)
+    path.write_text(yaml.safe_dump(doc))
+    _, daemon = await start_two(fake_kubelet, plugin_runner, load_config(path, env={}).raw)
+    original = daemon.config
+    reloader = ConfigReloader(daemon, path, lambda: load_config(path, env={}))
+    reloader.start()
+    try:
+        changes = {
+            "kubeletDir": str(tmp_path / "elsewhere"),
+            "pluginsRegistryDir": str(tmp_path / "registry"),
+            "registration": "watcher",
+            "socketPrefix": "other",
+        }
+        for i, (key, value) in enumerate(changes.items(), 1):
+            path.write_text(yaml.safe_dump(dict(doc, **{key: value})))
+            results = await reloader.wait_results(i)
+            assert results[-1].startswith("rejected: "), results
+            assert f"field '{key}'" in results[-1] and "restart the daemon" in results[-1]
+            assert daemon.config is original
+
+        doc["metrics"] = {"waitForPort": True}
+        doc["resources"][A] = {"preferredAllocation": False}
+        path.write_text(yaml.safe_dump(doc))
+        results = await reloader.wait_results(len(changes) + 1)
+        assert results[-1].startswith("applied: "), results
+        assert "'next start': ['metrics.waitForPort']" in results[-1]
+        assert A in results[-1]  # the rest was applied
+        assert daemon.config.metrics.wait_for_port is True
+        assert any(
+            "'metrics.waitForPort'" in r.getMessage() and "restarts" in r.getMessage()
+            for r in caplog.records
+        )
+    finally:
+        await reloader.stop()

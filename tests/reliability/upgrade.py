@@ -187,7 +187,7 @@ class HostNetwork:
 
     @staticmethod
     def ready_file(daemon: Any) -> Path:
-        return Path(daemon.config.metrics["readyFile"])
+        return Path(daemon.config.metrics.ready_file)
 
     def ready(self, daemon: Any) -> bool:
         return self.ready_file(daemon).exists()

@@ -117,7 +117,7 @@ def test_configuration_page_example_file_loads():
     block = _block("configuration.md", "## A complete file")
     cfg = load_config(raw=yaml.safe_load(block), env={})
     assert cfg.backends["acme"]["deviceGlob"] == "/dev/acme*"
-    assert cfg.metrics["address"] == "0.0.0.0:9400"
+    assert cfg.metrics.address == "0.0.0.0:9400"
 
 
 # -- the site -------------------------------------------------------------------------

@@ -43,8 +43,9 @@ async def apply_config(engine: Target, new: Config) -> dict[str, list[str]]:
     backends = BackendOptions(engine)
     resources = ResourceSettings(engine, backends)
     # prepared in this order, applied in this order
+    fixed = FixedSettings()
     components: list[Reloadable] = [
-        FixedSettings(),
+        fixed,
         RuntimeSettings(engine),
         engine.front_end,
         resources,
@@ -73,6 +74,8 @@ async def apply_config(engine: Target, new: Config) -> dict[str, list[str]]:
         "restarted": sorted(resources.restart),
         "reconfigured": [b.name for b in backends.changed],
     }
+    if fixed.next_start:  # said by key: these wait for the next start
+        summary["next start"] = fixed.next_start
     log.info(
         "applied the new config from %s: restarted %s; re-configured %s",
         new.source,

@@ -90,7 +90,7 @@ def _needs(
 ) -> set[str]:
     """What the runtime must offer: ``cdi`` when some resource delivers through CDI."""
     needs = set()
-    if config.cdi.get("enabled"):
+    if config.cdi.enabled:
         needs.add("cdi")
     for settings in [*resources.values(), *config.resources.values()]:
         deliver = settings.get("deliver") or []

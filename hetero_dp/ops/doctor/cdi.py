@@ -10,7 +10,7 @@ from hetero_dp.ops.doctor.findings import DoctorSettings, Finding
 
 def check_cdi_specs(config: Config, settings: DoctorSettings, needs: set[str]) -> list[Finding]:
     step = "cdi"
-    dirs = list(dict.fromkeys(settings.cdi_dirs or [str(config.cdi["dir"]), "/etc/cdi"]))
+    dirs = list(dict.fromkeys(settings.cdi_dirs or [config.cdi.dir, "/etc/cdi"]))
     files = [
         p
         for d in dirs

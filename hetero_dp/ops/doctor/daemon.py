@@ -15,7 +15,7 @@ from hetero_dp.ops.probes import parse_address
 
 def check_daemon(config: Config, settings: DoctorSettings) -> list[Finding]:
     step = "daemon"
-    address = settings.daemon_address or str(config.metrics.get("address") or "")
+    address = settings.daemon_address or config.metrics.address
     if not address:
         return [
             Finding(

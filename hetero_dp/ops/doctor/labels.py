@@ -21,9 +21,9 @@ def check_labels(
     config: Config, settings: DoctorSettings, backends: Sequence[Backend]
 ) -> list[Finding]:
     step = "labels"
-    if not config.labels.get("enabled"):
+    if not config.labels.enabled:
         return [Finding(step, "label file", "skip", "labels.enabled is false")]
-    directory = settings.path(config.labels["dir"])
+    directory = settings.path(config.labels.dir)
     prefix = config.socket_prefix
     if backends:
         paths = [directory / file_name(prefix, [b.name for b in backends])]

@@ -1,0 +1,312 @@
+"""Every core setting, declared once: its type, default, limits, environment variable,
+flag of ``hetero-dp run``, help and what a config reload does with a change.
+
+The config file's top-level keys are :class:`CoreSettings`; its sections the core reads
+itself are the fields of :class:`CoreSections` (``cdi``, ``labels``, ``metrics``,
+``attribution``), each
+a dataclass of :func:`~hetero_dp.model.options.option` fields like a backend's options.
+Everything else is derived from these declarations: the reader
+(:func:`hetero_dp.engine.config.load_config`), the environment variables it reads, the
+flags of ``hetero-dp run`` (:mod:`hetero_dp.cli.settings`), which changes a reload
+refuses (:mod:`hetero_dp.engine.reconfigure.fixed`) and the settings table of
+docs/configuration.md (``scripts/gen_config_docs.py``). Adding a core setting is one
+field here and the code that uses it (docs/contributing.md shows one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from hetero_dp.allocation.sharing import SharingSection
+from hetero_dp.model.names import DEFAULT_DEVICE_PLUGIN_DIR, DEFAULT_PLUGINS_REGISTRY_DIR
+from hetero_dp.model.options import Declared, camel, declared, option
+
+ENV_PREFIX = "HETERO_DP_"
+
+# where sockets live: a reload cannot move them (restart the daemon)
+_SOCKETS = "refused"
+
+
+@dataclass(frozen=True)
+class CoreSettings:
+    """The top-level keys of the config file. Intervals and timeouts are in seconds: the
+    largest values are a day for a loop and an hour for one wait, beyond that a value is
+    a typo (or ``.inf``) rather than a choice."""
+
+    kubelet_dir: Path = option(
+        Path(DEFAULT_DEVICE_PLUGIN_DIR),
+        help="the kubelet's device-plugin dir: kubelet.sock and the plugin sockets; "
+        "`hetero-dp run` stops (exit 2) when it does not exist, unless "
+        "`--create-kubelet-dir`, or when this user cannot write it",
+        env="HETERO_DP_KUBELET_DIR",
+        flag="--kubelet-dir",
+        reload=_SOCKETS,
+        min=1,
+        strict=True,
+        path=True,
+    )
+    plugins_registry_dir: Path = option(
+        Path(DEFAULT_PLUGINS_REGISTRY_DIR),
+        help="where watcher-mode registration sockets go (the kubelet's plugin registry; "
+        "checked as kubeletDir in watcher mode)",
+        env="HETERO_DP_PLUGINS_REGISTRY_DIR",
+        flag="--plugins-registry-dir",
+        reload=_SOCKETS,
+        min=1,
+        strict=True,
+        path=True,
+    )
+    registration: Literal["classic", "watcher"] = option(
+        "classic",
+        help="classic: call Register on kubelet.sock; watcher: serve a registration "
+        "socket in pluginsRegistryDir",
+        env="HETERO_DP_REGISTRATION",
+        flag="--registration",
+        reload=_SOCKETS,
+    )
+    socket_prefix: str = option(
+        "hetero-dp",
+        help="plugin socket names: `<prefix>-<vendor.com>_<name>-<pod>.sock`, `<pod>` from "
+        "POD_UID (12 hex digits) or POD_NAME, else random; letters, digits, `-`, `_`, `.`, "
+        "starting with a letter or digit (it can never leave its dir)",
+        env="HETERO_DP_SOCKET_PREFIX",
+        reload=_SOCKETS,
+        min=1,
+        strict=True,
+    )
+    health_interval: float = option(
+        10.0,
+        help="seconds between `check_health` polls",
+        env="HETERO_DP_HEALTH_INTERVAL",
+        flag="--health-interval",
+        min=0.01,
+        max=86_400.0,
+        off=0,
+    )
+    rediscover_interval: float = option(
+        60.0,
+        help="seconds between rediscoveries (events from `watch` still work when off)",
+        env="HETERO_DP_REDISCOVER_INTERVAL",
+        flag="--rediscover-interval",
+        min=0.01,
+        max=86_400.0,
+        off=0,
+    )
+    hook_timeout: float = option(
+        10.0,
+        help="seconds a hook may take before it counts as failed",
+        env="HETERO_DP_HOOK_TIMEOUT",
+        min=0.01,
+        max=3_600.0,
+    )
+    stream_timeout: float = option(
+        30.0,
+        help="seconds to wait for the kubelet to open (or reopen) `ListAndWatch` after "
+        "registering, before registering again",
+        env="HETERO_DP_STREAM_TIMEOUT",
+        min=0.01,
+        max=3_600.0,
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = option(
+        "info", help="the log level", env="HETERO_DP_LOG_LEVEL", flag="--log-level"
+    )
+    log_format: Literal["text", "json"] = option(
+        "text",
+        help="text, or json (one object per line)",
+        env="HETERO_DP_LOG_FORMAT",
+        flag="--log-format",
+    )
+
+
+@dataclass(frozen=True)
+class CdiSection:
+    """``cdi``: CDI specs for the resources that deliver through CDI (docs/cdi.md)."""
+
+    enabled: bool | None = option(
+        None,
+        help="unset: write CDI specs for the resources that deliver through CDI (a relative "
+        "dir or a file in its path is refused at start-up; the dir is created and written "
+        "when first needed); true: the same, the dir checked at start-up; false: never",
+    )
+    dir: str = option(
+        "/var/run/cdi",
+        help="where CDI spec files go (DRA claims' specs too)",
+        min=1,
+        strict=True,
+        path=True,
+    )
+    runtime_config: str = option(
+        "",
+        strict=True,
+        path=True,
+        help="the node's container runtime config (containerd's config.toml or dockerd's "
+        "daemon.json, mounted read-only); where it says CDI is off, a CDI delivery falls "
+        "back to device specs with a warning",
+        env="HETERO_DP_CDI_RUNTIME_CONFIG",
+        flag="--cdi-runtime-config",
+    )
+
+
+@dataclass(frozen=True)
+class LabelsSection:
+    """``labels``: the node label file for Node Feature Discovery."""
+
+    enabled: bool = option(False, help="write node labels for Node Feature Discovery")
+    dir: str = option(
+        "/etc/kubernetes/node-feature-discovery/features.d",
+        help="where the labels file goes: Node Feature Discovery's features.d (the flag "
+        "and the environment variable also turn labels.enabled on)",
+        env="HETERO_DP_LABELS_DIR",
+        flag="--labels-dir",
+        also={"enabled": True},
+        min=1,
+        strict=True,
+        path=True,
+    )
+
+
+@dataclass(frozen=True)
+class MetricsSection:
+    """``metrics``: the Prometheus endpoint, /healthz and /readyz."""
+
+    address: str = option(
+        "",
+        help="HOST:PORT or :PORT to serve /metrics, /healthz and /readyz on ('' = off)",
+        env="HETERO_DP_METRICS_ADDRESS",
+        flag="--metrics-address",
+        strict=True,
+    )
+    wait_for_port: bool = option(
+        False,
+        help="when the port is taken (the old pod of a surge rollout in the host network), "
+        "start anyway and serve once it is free, instead of refusing to start",
+        reload="next start",  # a start-up choice: a reload to a taken port is refused
+    )
+    ready_file: str = option(
+        "",
+        strict=True,
+        path=True,
+        help="a file kept present exactly while /readyz answers 200, holding its lines "
+        "('' = none): an exec readiness probe reads the instance's own readiness where "
+        "/readyz on a shared host port may be another instance's",
+    )
+
+
+@dataclass(frozen=True)
+class AttributionSection:
+    """``attribution``: which container holds and uses each device (docs/operations.md).
+    On while the pod-resources socket exists."""
+
+    pod_resources_socket: str = option(
+        "/var/lib/kubelet/pod-resources/kubelet.sock",
+        help="the kubelet's pod-resources API: attribution of devices to pods is on while "
+        "it exists",
+        env="HETERO_DP_POD_RESOURCES_SOCKET",
+        flag="--pod-resources-socket",
+        min=1,
+        strict=True,
+        path=True,
+    )
+    proc_root: str = option(
+        "/proc",
+        help="the host's /proc, where the PIDs the driver reports are read (mounted "
+        "read-only, /host/proc in the DaemonSets)",
+        env="HETERO_DP_PROC_ROOT",
+        flag="--proc-root",
+        min=1,
+        strict=True,
+        path=True,
+    )
+
+
+@dataclass(frozen=True)
+class CoreSections:
+    """The sections of the config file the core reads itself, each typed: the loaded
+    :class:`~hetero_dp.engine.config.Config` has them as these dataclasses."""
+
+    cdi: CdiSection = option(CdiSection(), help="CDI specs (docs/cdi.md)")
+    labels: LabelsSection = option(LabelsSection(), help="the node label file")
+    metrics: MetricsSection = option(MetricsSection(), help="metrics and probes")
+    attribution: AttributionSection = option(
+        AttributionSection(), help="which container holds and uses each device"
+    )
+
+
+@dataclass(frozen=True)
+class ResourceSettings:
+    """``resources.<name>``: one resource's settings (docs/configuration.md); a key left
+    out keeps the backend's default. ``deliver``, ``cdiKind`` and ``cdiAnnotationPrefix``
+    are checked together (allocation/delivery.py) once read here."""
+
+    deliver: Any = option(None, help="delivery strategies, a list (docs/cdi.md)")
+    cdi_kind: str | None = option(None, help="the CDI kind (vendor.com/class)", strict=True)
+    cdi_annotation_prefix: str | None = option(
+        None, help="the prefix of CDI annotation keys", strict=True
+    )
+    replica_policy: Literal["distributed", "packed", "spread"] | None = option(
+        None, help="which replicas a shared device's pick takes (docs/sharing.md)"
+    )
+    preferred_allocation: bool | None = option(None, help="answer GetPreferredAllocation")
+
+
+@dataclass(frozen=True)
+class ConfigFile(CoreSettings, CoreSections):
+    """The whole file as the core reads it: the top-level settings, the core's own
+    sections, and the sections read by other parts (``backends`` by each backend's
+    options, ``sharing`` as declared in allocation/sharing.py, ``resources`` entry by
+    entry as :class:`ResourceSettings`, keyed by resource name)."""
+
+    version: Literal["v1"] = option("v1", help="the schema version (optional; only v1)")
+    backends: Any = option(None, help="each backend's options, under its name")
+    sharing: SharingSection | None = option(None, help="time-slicing and MPS (docs/sharing.md)")
+    resources: Any = option(None, help="settings per resource name")
+
+
+#: every core setting (the top-level keys and the core's sections), dotted key first
+SETTINGS: tuple[Declared, ...] = (*declared(CoreSettings), *declared(CoreSections))
+BY_KEY = {s.key: s for s in SETTINGS}
+#: top-level key -> (type, default), for docs and tests
+SCALARS: dict[str, tuple[type, Any]] = {
+    s.key: (float if s.hint is float else str, s.default) for s in declared(CoreSettings)
+}
+#: the core's sections: section -> {key: (type, default)}
+SECTION_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
+    camel(f.name): {
+        s.key.split(".", 1)[1]: (s.hint, s.default) for s in SETTINGS if s.path[0] == f.name
+    }
+    for f in dataclasses.fields(CoreSections)
+}
+SECTIONS = ("backends", "sharing", "resources", *SECTION_KEYS)
+RESOURCE_KEYS = {camel(f.name) for f in dataclasses.fields(ResourceSettings)}
+#: keys a reload cannot change (restart the daemon), and keys read only at start-up
+REFUSED = tuple(s.key for s in SETTINGS if s.info.reload == "refused")
+NEXT_START = tuple(s.key for s in SETTINGS if s.info.reload == "next start")
+
+
+def env_name(key: str) -> str:
+    """The environment variable of a core setting (``kubeletDir`` ->
+    ``HETERO_DP_KUBELET_DIR``); for a key that declares none, the one it would have."""
+    declared_env = BY_KEY[key].info.env if key in BY_KEY else None
+    if declared_env:
+        return declared_env
+    snake = "".join("_" + c if c.isupper() else c for c in key.replace(".", "_")).upper()
+    return ENV_PREFIX + snake
+
+
+def flag_name(key: str) -> str:
+    """The flag of a core setting (``metrics.address`` -> ``--metrics-address``); for a
+    key that declares none, the one it would have."""
+    declared_flag = BY_KEY[key].info.flag if key in BY_KEY else None
+    if declared_flag:
+        return declared_flag
+    return "--" + "".join("-" + c.lower() if c.isupper() else c for c in key).replace(".", "-")
+
+
+def value_at(obj: Any, path: tuple[str, ...]) -> Any:
+    """``obj.metrics.address`` for ``("metrics", "address")``."""
+    for name in path:
+        obj = getattr(obj, name)
+    return obj
