@@ -83,7 +83,7 @@ def _url(url: str | None, config: str | None) -> str:
         cfg = load_config(config)
     except ConfigError as e:
         raise ViewError(f"cannot read the config: {e}") from None
-    address = str(cfg.metrics.get("address") or "")
+    address = cfg.metrics.address
     if not address:
         raise ViewError(
             "no metrics.address configured, so there is no /metrics to read: "

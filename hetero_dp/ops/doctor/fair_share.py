@@ -15,7 +15,7 @@ MIB = 1 << 20
 
 
 def check_fair_share(config: Config, settings: DoctorSettings) -> list[Finding]:
-    address = settings.daemon_address or str(config.metrics.get("address") or "")
+    address = settings.daemon_address or config.metrics.address
     if not address:
         return [Finding(STEP, NAME, "skip", "no metrics.address configured: no usage to read")]
     try:
