@@ -65,7 +65,7 @@ def test_an_impossible_path_from_a_flag_names_the_flag() -> None:
 
 def test_an_empty_optional_path_still_means_none() -> None:
     cfg = load_config(raw={"cdi": {"runtimeConfig": ""}, "metrics": {"readyFile": ""}}, env={})
-    assert cfg.cdi["runtimeConfig"] == "" and cfg.metrics["readyFile"] == ""
+    assert cfg.cdi.runtime_config == "" and cfg.metrics.ready_file == ""
 
 
 @dataclass(frozen=True)
