@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, TextIO
 import click
 
 if TYPE_CHECKING:  # the reader (urllib, the Prometheus parser) loads when top runs
-    from hetero_dp.ops.nodeview import DeviceRow
+    from hetero_dp.ops.nodeview import DeviceRow, Series
 
 EXIT_NO_DAEMON = 2
 HOME_CLEAR = "\x1b[H\x1b[2J"
@@ -71,6 +71,26 @@ def table_lines(devices: Sequence[DeviceRow]) -> list[str]:
     return lines
 
 
+def node_rows(series: Series) -> list[DeviceRow]:
+    """The device rows, with DRA mode's claim holders on the devices they name (a
+    ResourceSlice names a device by :func:`hetero_dp.dra.device_name` of its ID)."""
+    from hetero_dp.dra.names import device_name
+    from hetero_dp.ops.nodeview import DeviceRow, claim_holders, rows
+
+    table = rows(series)
+    by_name: dict[str, list[DeviceRow]] = {}
+    for r in table:
+        by_name.setdefault(device_name(r.device), []).append(r)
+    for driver, device, holder in claim_holders(series):
+        found = by_name.get(device, [])
+        if len(found) != 1:  # unknown here, or the name is ambiguous: a row of its own
+            found = [DeviceRow(driver, device)]
+            table.append(found[0])
+            by_name[device] = found
+        found[0].holders.append(holder)
+    return table
+
+
 def _url(url: str | None, config: str | None) -> str:
     from hetero_dp.engine.config import load_config
     from hetero_dp.model.errors import ConfigError
@@ -107,7 +127,7 @@ def run_top(
     """Draw until ``stop`` is set (or once); the exit code. Only a daemon that never
     answered ends it with :data:`EXIT_NO_DAEMON`: one that goes away later is shown as
     gone, and top waits for it to come back."""
-    from hetero_dp.ops.nodeview import MAX_BYTES, TIMEOUT, ViewError, read
+    from hetero_dp.ops.nodeview import MAX_BYTES, TIMEOUT, ViewError, read_series
 
     timeout = TIMEOUT if timeout is None else timeout
     stop = stop or threading.Event()
@@ -116,7 +136,7 @@ def run_top(
     while True:
         stamp = time.strftime("%H:%M:%S")
         try:
-            lines = table_lines(read(url, timeout, MAX_BYTES))
+            lines = table_lines(node_rows(read_series(url, timeout, MAX_BYTES)))
         except ViewError as e:
             if not drawn:
                 click.echo(f"hetero-dp top: {e}", err=True)

@@ -30,6 +30,7 @@ ALLOCATION = "hetero_dp_device_allocation_info"
 MEMORY = "hetero_dp_container_memory_used_bytes"
 UTILIZATION = "hetero_dp_container_utilization_ratio"
 FAIR_SHARE = "hetero_dp_container_memory_fair_share_bytes"
+CLAIM_ALLOCATION = "hetero_dp_claim_allocation_info"  # DRA mode
 
 
 class ViewError(Exception):
@@ -48,9 +49,12 @@ class Holder:
     memory: float | None = None
     utilization: float | None = None
     fair_share: float | None = None
+    claim: str = ""  # DRA mode: the ResourceClaim (its consumers name no container)
 
     @property
     def name(self) -> str:
+        if self.claim:
+            return f"{self.namespace}/{self.pod or '-'} (claim {self.claim})"
         return f"{self.namespace}/{self.pod}/{self.container}"
 
     @property
@@ -191,9 +195,28 @@ def rows(series: Series) -> list[DeviceRow]:
     return sorted(table.values(), key=lambda r: (r.resource, r.device))
 
 
+def claim_holders(series: Series) -> list[tuple[str, str, Holder]]:
+    """DRA mode: (driver, device name in the ResourceSlice, holder) per prepared claim
+    and pod in its ``reservedFor``."""
+    out = []
+    for labels, _ in series.get(CLAIM_ALLOCATION, []):
+        device = labels.get("device", "")
+        holder = Holder(
+            labels.get("namespace", ""), labels.get("pod", ""), "", device,
+            claim=labels.get("claim", ""),
+        )  # fmt: skip
+        out.append((labels.get("driver", ""), device, holder))
+    return sorted(out, key=lambda t: (t[0], t[1], t[2].name))
+
+
 def read(url: str, timeout: float = TIMEOUT, max_bytes: int = MAX_BYTES) -> list[DeviceRow]:
     """Fetch, parse and fold: the rows, or a :class:`ViewError` saying why not."""
     return rows(parse(fetch(url, timeout, max_bytes), url))
+
+
+def read_series(url: str, timeout: float = TIMEOUT, max_bytes: int = MAX_BYTES) -> Series:
+    """Fetch and parse: the series by name, or a :class:`ViewError` saying why not."""
+    return parse(fetch(url, timeout, max_bytes), url)
 
 
 def over_fair_share(devices: Iterable[DeviceRow]) -> list[tuple[DeviceRow, Holder]]:
