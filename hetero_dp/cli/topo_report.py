@@ -26,13 +26,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hetero_dp.allocation.preferred import explain_preferred, link_scores, scoring_id
 from hetero_dp.allocation.sharing import DEFAULT_REPLICA_POLICY, advertise
 from hetero_dp.engine.backend import Backend
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.publishing import check_names
+from hetero_dp.kits.foreign import ForeignFileError, parse_foreign, read_foreign
 from hetero_dp.model.device import Device, Link
 from hetero_dp.model.errors import ConfigError
 
@@ -182,9 +181,9 @@ def topology_document(devices: Sequence[Device], links: Iterable[Link]) -> dict[
 def load_topology(path: str | Path) -> tuple[list[Device], list[Link]]:
     """Devices and links from a YAML or JSON file; ConfigError names the file and field."""
     source = str(path)
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e:
+    try:  # bounded: a FIFO, a huge file or an alias bomb is refused (kits/foreign.py)
+        raw = parse_foreign(read_foreign(path, follow=True), as_json=False)
+    except ForeignFileError as e:
         raise ConfigError(f"cannot read a topology: {e}", source=source) from None
     return parse_topology(raw, source)
 

@@ -113,11 +113,17 @@ def load_foreign(
     :func:`read_foreign`; ForeignFileError when it cannot be read, is not UTF-8, does
     not parse, or nests deeper than ``max_depth``."""
     data = read_foreign(path, max_bytes=max_bytes, follow=follow)
+    as_json = kind == "json" or (not kind and Path(path).suffix == ".json")
+    return parse_foreign(data, as_json=as_json, max_depth=max_depth)
+
+
+def parse_foreign(data: bytes, *, as_json: bool, max_depth: int = MAX_DEPTH) -> Any:
+    """JSON or YAML from bytes another wrote, depth bounded; ForeignFileError otherwise."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ForeignFileError(f"not UTF-8 (a bad byte at offset {e.start})") from None
-    if kind == "json" or (not kind and Path(path).suffix == ".json"):
+    if as_json:
         try:
             doc = json.loads(text)
         except RecursionError:

@@ -10,13 +10,13 @@ containerd 2.0) and dockerd's daemon.json reference (``features.cdi``).
 from __future__ import annotations
 
 import glob
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hetero_dp.kits.foreign import parse_foreign, read_foreign
 from hetero_dp.kits.mappings import deep_merge
 
 try:
@@ -29,12 +29,18 @@ except ImportError:  # Python 3.10
 
 log = logging.getLogger(__name__)
 
+MAX_RUNTIME_CONFIG = 4 * 1024 * 1024  # containerd's config.toml is a few KiB
+
 
 def _read_toml(path: Path) -> dict[str, Any]:
     if tomllib is None:
         raise ValueError("cannot read TOML on this Python (install tomli)")
-    with path.open("rb") as f:
-        return dict(tomllib.load(f))
+    # the host's file, mounted: read as any file another wrote (a FIFO must not block)
+    data = read_foreign(path, max_bytes=MAX_RUNTIME_CONFIG, follow=True)
+    try:
+        return dict(tomllib.loads(data.decode("utf-8")))
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 @dataclass
@@ -74,7 +80,8 @@ def containerd_view(path: Path, root: Path = Path("/")) -> RuntimeView:
 
 
 def docker_view(path: Path) -> RuntimeView:
-    doc = json.loads(path.read_text() or "{}")
+    raw = read_foreign(path, max_bytes=MAX_RUNTIME_CONFIG, follow=True)
+    doc = parse_foreign(raw, as_json=True) if raw.strip() else {}
     if not isinstance(doc, dict):
         raise ValueError("the top level is not a JSON object")
     runtimes = {

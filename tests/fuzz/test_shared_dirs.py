@@ -219,3 +219,20 @@ def test_a_dra_checkpoint_replaced_by_a_fifo_or_nested_deep_is_refused(tmp_path:
     missing = Checkpoint(tmp_path / "none.json")
     missing.load()
     assert missing.claims == {}
+
+
+def test_the_runtime_config_and_a_topology_file_are_read_the_same_way(tmp_path: Path) -> None:
+    from hetero_dp.cli.topo_report import load_topology
+    from hetero_dp.kits.runtimeconf import runtime_cdi_off
+    from hetero_dp.model.errors import ConfigError
+
+    (tmp_path / "etc/containerd").mkdir(parents=True)
+    os.mkfifo(tmp_path / "etc/containerd/config.toml")  # cdi.runtimeConfig, mounted
+    (tmp_path / "daemon.json").write_text('{"features": ' * 50_000)
+    assert in_time(lambda: runtime_cdi_off(tmp_path / "etc/containerd/config.toml")) is None
+    assert runtime_cdi_off(tmp_path / "daemon.json") is None  # logged; nothing assumed
+    (tmp_path / "topo.yaml").write_text(alias_bomb(key="devices"))
+    with pytest.raises(ConfigError, match="stands for more than"):
+        load_topology(tmp_path / "topo.yaml")
+    with pytest.raises(ConfigError, match="a FIFO"):
+        in_time(lambda: load_topology(tmp_path / "etc/containerd/config.toml"))
