@@ -2,8 +2,11 @@
 advertised under, creating those resources (and their front-end side) on first sight,
 then calling every publisher (CDI specs, labels, DRA drivers).
 
-The order is the daemon's (:mod:`.daemon`); the plan of what goes where is
-:mod:`.publishing`'s."""
+:class:`Advertiser` owns what a resource is advertised with besides its devices: the
+settings each resource gets (its backend's ``resource_defaults`` under the config's
+section, asked once per resource and again when a reload changes the backend's
+options) and which backend serves it. When a publish runs is the daemon's
+(:mod:`.daemon`); the plan of what goes where is :mod:`.publishing`'s."""
 
 from __future__ import annotations
 
@@ -34,28 +37,48 @@ class Host(Protocol):
 
     config: Config
     resources: dict[str, Resource]
-    resource_defaults: dict[str, dict[str, Any]]
     publishers: list[Publisher]
     front_end: FrontEnd
     cdi_off: str | None
     started: bool
 
-    def settings_for(self, name: str) -> dict[str, Any]: ...
-
     def hook_error(self, rt: BackendRuntime, hook: str, e: Exception) -> None: ...
 
 
 class Advertiser:
+    """Publishes backends' devices to their resources, and owns each resource's
+    settings (defaults from its backend under the config file's section)."""
+
     def __init__(self, engine: Host) -> None:
         self.engine = engine
         self._oversize = OversizeHold()
+        # resource -> the settings defaults its backend's resource_defaults gave
+        self.resource_defaults: dict[str, dict[str, Any]] = {}
+
+    def settings_for(self, name: str) -> dict[str, Any]:
+        """A resource's settings: the backend's defaults under the config file's section."""
+        return {
+            **self.resource_defaults.get(name, {}),
+            **self.engine.config.resource_settings(name),
+        }
+
+    @property
+    def owner(self) -> dict[str, str]:
+        """Advertised resource -> the name of the backend serving it."""
+        return {name: res.backend.name for name, res in self.engine.resources.items()}
+
+    async def renew_defaults(self, rt: BackendRuntime) -> None:
+        """Ask ``rt``'s backend again for the defaults of every resource it serves (its
+        options changed: its defaults may follow them)."""
+        for name in [n for n, owner in self.owner.items() if owner == rt.backend.name]:
+            self.resource_defaults.pop(name, None)
+            await self.load_defaults(name, rt)
 
     def _wants_defaults(self, name: str, rt: BackendRuntime) -> bool:
-        return name not in self.engine.resource_defaults and rt.backend.implements(
-            "resource_defaults"
-        )
+        return name not in self.resource_defaults and rt.backend.implements("resource_defaults")
 
     async def load_defaults(self, name: str, rt: BackendRuntime) -> None:
+        """Ask the backend for ``name``'s settings defaults, once."""
         if not self._wants_defaults(name, rt):  # loaded already (by a concurrent publish too)
             return
         try:
@@ -68,7 +91,7 @@ class Advertiser:
         except (BackendError, ConfigError) as e:
             self.engine.hook_error(rt, "resource_defaults", e)
             defaults = {}
-        self.engine.resource_defaults[name] = dict(defaults)
+        self.resource_defaults[name] = dict(defaults)
 
     def _ensure_resource(self, name: str, rt: BackendRuntime) -> Resource | None:
         res = self.engine.resources.get(name)
@@ -84,7 +107,7 @@ class Advertiser:
         res = Resource(
             name,
             rt.backend,
-            settings=self.engine.settings_for(name),
+            settings=self.settings_for(name),
             sharing=self.engine.config.sharing,
             cdi_off=self.engine.cdi_off,
             undefined_cdi=self.undefined_cdi,

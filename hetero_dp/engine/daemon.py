@@ -62,7 +62,6 @@ class Daemon:
         self.claim_hooks = ClaimHooks(self.runtimes)  # what a claim-based front end calls
         self.cdi_off: str | None = None  # why the runtime cannot consume CDI (cdi.runtimeConfig)
         self.resources: dict[str, Resource] = {}
-        self.resource_defaults: dict[str, dict[str, Any]] = {}  # from backends' hook
         self.publishers: list[Publisher] = []
         self.tasks = Tasks("daemon")
         self.started = False  # the first publishes are done: refusals are logged, not raised
@@ -71,8 +70,8 @@ class Daemon:
         # day-two pieces (metrics, probes, labels, reload) that plug in from above
         self.extensions: list[Extension] = []
         self._repeats = Repeats()  # how often a failing hook is logged
-        self.health = HealthPolls(self.publish, self.hook_error, self.tasks.spawn)
-        self.advertiser = Advertiser(self)
+        self.advertiser = Advertiser(self)  # publishes; each resource's settings
+        self.health = HealthPolls(self.advertiser.publish, self.hook_error, self.tasks.spawn)
         self.front_end = front_end
         front_end.attach(self)
 
@@ -94,7 +93,7 @@ class Daemon:
             await b.configure_from(self.config)
         # a CDI delivery the runtime would ignore falls back (resource.py)
         self.cdi_off = await read_cdi_off(self.config.cdi.runtime_config)
-        cdi = make_cdi_publisher(self.config.cdi, self.settings_for, self.config.source)
+        cdi = make_cdi_publisher(self.config.cdi, self.advertiser.settings_for, self.config.source)
         if cdi is not None:
             self.publishers.append(cdi)
         # The config is checked (backends' options, cdi.dir) before any port is bound;
@@ -106,7 +105,7 @@ class Daemon:
         found = {rt.backend.name: rt.discovered.values() for rt in self.runtimes.values()}
         check_names(found, self.config.sharing)
         for rt in self.runtimes.values():
-            await self.publish(rt)
+            await self.advertiser.publish(rt)
         if cdi is not None and cdi.unusable is not None:  # specs are needed and cannot be
             raise ConfigError(cdi.unusable.reason, field="cdi.dir", source=self.config.source)
         self.started = True
@@ -159,23 +158,6 @@ class Daemon:
 
     # --- resources -------------------------------------------------------
 
-    @property
-    def owner(self) -> dict[str, str]:
-        """Advertised resource -> the name of the backend serving it."""
-        return {name: res.backend.name for name, res in self.resources.items()}
-
-    def settings_for(self, name: str) -> dict[str, Any]:
-        """A resource's settings: the backend's defaults under the config file's section."""
-        return {**self.resource_defaults.get(name, {}), **self.config.resource_settings(name)}
-
-    async def load_defaults(self, name: str, rt: BackendRuntime) -> None:
-        """Ask the backend for ``name``'s settings defaults, once."""
-        await self.advertiser.load_defaults(name, rt)
-
-    async def publish(self, rt: BackendRuntime) -> None:
-        """Push the backend's effective devices to its resources (:mod:`.advertising`)."""
-        await self.advertiser.publish(rt)
-
     def hook_error(self, rt: BackendRuntime, hook: str, e: Exception) -> None:
         """Log a hook's failure: once per hook and device, then ever more rarely while it
         goes on (:class:`~hetero_dp.kits.logs.Repeats`; the rest at debug level). The
@@ -197,7 +179,7 @@ class Daemon:
         for rt in self.runtimes.values():
             if backend_name is None or rt.backend.name == backend_name:
                 await rt.discover(functools.partial(self.hook_error, rt))
-                await self.publish(rt)
+                await self.advertiser.publish(rt)
 
     async def _rediscover_loop(self, rt: BackendRuntime) -> None:
         interval = self.config.rediscover_interval or None
@@ -241,7 +223,7 @@ class Daemon:
         """Record a pushed health event (fans out to slices and replicas) and publish."""
         rt = self.runtimes[backend_name]
         rt.event_health[device_id] = (healthy, reason, rt.tick())
-        self.tasks.spawn(self.publish(rt))
+        self.tasks.spawn(self.advertiser.publish(rt))
 
     # --- watch hooks -----------------------------------------------------
 
@@ -260,12 +242,12 @@ class Daemon:
         err = BackendError(f"backend {rt.backend.name!r} hook watch raised {e!r}")
         self.hook_error(rt, "watch", err)
         rt.faults["watch"] = f"health watcher failed: {e!r}"
-        self.tasks.spawn(self.publish(rt))
+        self.tasks.spawn(self.advertiser.publish(rt))
 
     def _watch_restarted(self, rt: BackendRuntime) -> None:
         if rt.faults.pop("watch", None):
             log.info("restarted the health watcher of backend %r", rt.backend.name)
-            self.tasks.spawn(self.publish(rt))
+            self.tasks.spawn(self.advertiser.publish(rt))
 
     # --- reconfiguration (engine/reconfigure/) ------------------------------
 

@@ -65,4 +65,4 @@ class BackendOptions:
             await self.engine.rediscover(b.name)
         for rt in self.engine.runtimes.values():
             if rt.backend not in self.changed:
-                await self.engine.publish(rt)
+                await self.engine.advertiser.publish(rt)

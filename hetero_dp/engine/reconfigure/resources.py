@@ -38,25 +38,28 @@ class ResourceSettings:
                 new.sharing.validate_devices(physical)
             except ConfigError as e:
                 raise ConfigError(e.reason, field=e.field, source=new.source) from None
-        self._before = {name: self.engine.settings_for(name) for name in self.engine.resources}
+        settings_for = self.engine.advertiser.settings_for
+        self._before = {name: settings_for(name) for name in self.engine.resources}
 
     async def discard(self) -> None:
         self._before = {}
 
     async def apply(self, old: Config, new: Config) -> None:
         engine = self.engine
+        advertiser = engine.advertiser
         for b in self.backends.changed:
-            rt = engine.runtimes[b.name]
-            for name in [n for n, owner in engine.owner.items() if owner == b.name]:
-                engine.resource_defaults.pop(name, None)
-                await engine.load_defaults(name, rt)
+            await advertiser.renew_defaults(engine.runtimes[b.name])
         restart = {
-            name for name in engine.resources if engine.settings_for(name) != self._before.get(name)
+            name
+            for name in engine.resources
+            if advertiser.settings_for(name) != self._before.get(name)
         }
         affected = self._sharing_affected(old, new)
         for res in engine.resources.values():
             res.sharing = new.sharing
-            res.settings = engine.settings_for(res.name)  # backend defaults under the new section
+            res.settings = advertiser.settings_for(
+                res.name
+            )  # backend defaults under the new section
         self.restart = restart | (affected & set(engine.resources))
 
     def _sharing_affected(self, old: Config, new: Config) -> set[str]:
