@@ -128,11 +128,11 @@ def test_a_fifo_in_the_configs_place_is_refused_without_blocking(tmp_path: Path)
     assert "a FIFO, not a regular file" in str(result[0])
 
 
-def test_a_config_over_a_configmaps_size_is_refused_unread(tmp_path: Path) -> None:
+def test_a_config_over_the_size_bound_is_refused_unread(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     with open(path, "wb") as f:
         f.truncate(64 * 1024 * 1024 * 1024)  # sparse: 64 GiB that nobody reads
-    assert "more than the 1048576 read" in refused(path).reason
+    assert "more than the 262144 read" in refused(path).reason
 
 
 class Counted:
