@@ -236,3 +236,23 @@ def test_the_runtime_config_and_a_topology_file_are_read_the_same_way(tmp_path: 
         load_topology(tmp_path / "topo.yaml")
     with pytest.raises(ConfigError, match="a FIFO"):
         in_time(lambda: load_topology(tmp_path / "etc/containerd/config.toml"))
+
+
+async def test_a_label_file_that_cannot_be_written_is_said_once(
+    fake_kubelet, plugin_runner, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A directory (anyone's) where the label file goes: one error line, not one per
+    publish; the daemon serves on."""
+    labels = tmp_path / "features.d"
+    (labels / "hetero-dp-acme" / "x").mkdir(parents=True)  # rename() cannot replace it
+    backend = Acme(2)
+    caplog.set_level(logging.INFO)
+    raw = {"labels": {"enabled": True, "dir": str(labels)}}
+    daemon = await plugin_runner.start(backend, config=raw)
+    await fake_kubelet.wait_registered(RES, timeout=20)
+    for n in (3, 1):
+        backend.devices = Acme(n).devices
+        await daemon.rediscover()
+        await fake_kubelet.wait_devices(RES, lambda d, n=n: len(d) == n)
+    lines = [r.getMessage() for r in caplog.records if "node label file" in r.getMessage()]
+    assert len(lines) == 1 and "hetero-dp-acme" in lines[0], lines
