@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from hetero_dp.model.device import Sample
 from hetero_dp.model.usage import ProcessUsage
 from hetero_dp.usage import checkpoint
-from hetero_dp.usage.cgroups import ContainerRef, Vanished, read_cgroup
+from hetero_dp.usage.cgroups import CgroupCache, ContainerRef, Vanished
 from hetero_dp.usage.neighbours import FairShareWatch
 from hetero_dp.usage.podresources import PodResourcesClient, PodResourcesUnavailable
 from hetero_dp.usage.view import Inventory, Owner, Pod, View, build, owner_of_pid, pods_by_uid
@@ -64,6 +64,7 @@ class Attribution:
         self.client = PodResourcesClient(settings.pod_resources_socket)
         self.notes = OnceLog()
         self.watch = FairShareWatch()
+        self.cgroups = CgroupCache(settings.proc_root)
         self.view: View | None = None
         self._pods: dict[str, Pod] = {}
         self._refs: dict[int, ContainerRef | None] = {}
@@ -140,13 +141,14 @@ class Attribution:
         vanished, unreadable = [], []
         for pid in sorted(pids):
             try:
-                refs[pid] = read_cgroup(self.settings.proc_root, pid)
+                refs[pid] = self.cgroups.lookup(pid)
             except Vanished:
                 refs[pid] = None
                 vanished.append(pid)
             except OSError as e:
                 refs[pid] = None
                 unreadable.append(f"{pid} ({e.strerror})")
+        self.cgroups.keep_only(pids)
         root = self.settings.proc_root
         if vanished:
             self.notes.note(

@@ -72,30 +72,31 @@ class ContainerUse:
     pids: list[int] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
 class Inventory:
-    """The devices a daemon advertises: per resource, advertised ID -> its record."""
+    """The devices a daemon advertises: per resource, advertised ID -> its record.
+    Per record ID, how many advertised IDs stand for it (2 or more: shared) and its
+    memory in bytes where the record says it, worked out once."""
 
-    records: Mapping[str, Mapping[str, Device]]
-
-    def replicas(self) -> dict[str, int]:
-        """Record ID -> how many advertised IDs stand for it (2 or more: shared)."""
-        out: dict[str, int] = {}
-        for ids in self.records.values():
-            for advertised in ids:
+    def __init__(self, records: Mapping[str, Mapping[str, Device]]) -> None:
+        self.records = records
+        self.replicas: dict[str, int] = {}
+        self.memory: dict[tuple[str, str], int] = {}
+        for resource, ids in records.items():
+            for advertised, record in ids.items():
                 base = replica_base(advertised)
-                out[base] = out.get(base, 0) + 1
-        return out
+                self.replicas[base] = self.replicas.get(base, 0) + 1
+                if (resource, base) not in self.memory:
+                    memory = _memory_bytes(record)
+                    if memory is not None:
+                        self.memory[(resource, base)] = memory
 
-    def memory_bytes(self, resource: str, physical: str) -> int | None:
-        for advertised, record in self.records.get(resource, {}).items():
-            if replica_base(advertised) == physical:
-                for key in MEMORY_KEYS:
-                    v = record.attributes.get(key)
-                    if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
-                        return int(v * MIB)
-                return None
-        return None
+
+def _memory_bytes(record: Device) -> int | None:
+    for key in MEMORY_KEYS:
+        v = record.attributes.get(key)
+        if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
+            return int(v * MIB)
+    return None
 
 
 @dataclass
@@ -114,7 +115,8 @@ class View:
 @dataclass
 class Pod:
     owner_of: dict[str, Owner] = field(default_factory=dict)  # container -> owner
-    holds: list[tuple[str, str, tuple[str, ...]]] = field(default_factory=list)
+    #: record ID -> (owner, resource, the advertised IDs of it held) per container
+    by_device: dict[str, list[tuple[Owner, str, tuple[str, ...]]]] = field(default_factory=dict)
 
 
 def pods_by_uid(listed: Iterable[ContainerDevices], entries: Iterable[Entry]) -> dict[str, Pod]:
@@ -131,8 +133,12 @@ def pods_by_uid(listed: Iterable[ContainerDevices], entries: Iterable[Entry]) ->
         if uid is None:
             continue
         pod = pods.setdefault(uid, Pod())
-        pod.owner_of[c.container] = Owner(c.pod, c.namespace, c.container)
-        pod.holds.append((c.container, c.resource, c.device_ids))
+        owner = pod.owner_of[c.container] = Owner(c.pod, c.namespace, c.container)
+        held: dict[str, list[str]] = {}
+        for i in c.device_ids:
+            held.setdefault(replica_base(i), []).append(i)
+        for base, ids in held.items():
+            pod.by_device.setdefault(base, []).append((owner, c.resource, tuple(sorted(ids))))
     return pods
 
 
@@ -147,7 +153,7 @@ def build(
     it names no container or the process vanished)."""
     ours = [c for c in listed if c.resource in inventory.records]
     view = View()
-    replicas = inventory.replicas()
+    replicas = inventory.replicas
     holders_of: dict[str, list[Owner]] = {}
     for c in ours:
         owner = Owner(c.pod, c.namespace, c.container)
@@ -178,7 +184,7 @@ def build(
         view.by_pid[u.pid] = owner
     for use in uses.values():
         n = replicas.get(use.physical, 1)
-        memory = inventory.memory_bytes(use.resource, use.physical) if n > 1 else None
+        memory = inventory.memory.get((use.resource, use.physical)) if n > 1 else None
         if memory is not None:
             use.fair_share_bytes = memory * use.held // n
     view.uses = sorted(uses.values(), key=lambda x: (x.resource, x.device, x.owner.pod))
@@ -191,13 +197,7 @@ def _container_of(
     """The one container of ``ref``'s pod holding ``device`` (a record ID): its
     owner, resource and the advertised IDs of that device it holds."""
     pod = pods.get(ref.pod_uid) if ref is not None else None
-    if pod is None:
-        return None
-    found = []
-    for container, resource, ids in pod.holds:
-        mine = tuple(sorted(i for i in ids if replica_base(i) == device))
-        if mine:
-            found.append((pod.owner_of[container], resource, mine))
+    found = pod.by_device.get(device, []) if pod is not None else []
     return found[0] if len(found) == 1 else None
 
 

@@ -151,3 +151,27 @@ def test_the_join_sums_each_containers_processes_and_leaves_out_the_unknown():
     assert fair == {"a": 8192 * 1024 * 1024, "b": 8192 * 1024 * 1024, "w": None}
     assert view.unattributed == 1
     assert view.sole == {"g1": Owner("w", "ns", "c")}  # a shared device has no sole holder
+
+
+def test_a_process_is_read_once_and_a_reused_pid_afresh(tmp_path):
+    from hetero_dp.usage.cgroups import CgroupCache
+
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "cgroup").write_text(KNOWN[0])
+    cache = CgroupCache(str(tmp_path))
+    assert cache.lookup(7) == ContainerRef(UID, CID)
+    assert cache.lookup(7) == ContainerRef(UID, CID)
+    assert cache.reads == 1
+    # the process ends and a new one gets PID 7, in another pod
+    (tmp_path / "7" / "cgroup").unlink()
+    (tmp_path / "7").rmdir()
+    (tmp_path / "keep").mkdir()  # tmpfs may hand a freed inode number out again at once
+    (tmp_path / "7").mkdir()
+    other = "0::/kubepods/pod11111111-2222-3333-4444-555555555555/" + "b" * 64
+    (tmp_path / "7" / "cgroup").write_text(other)
+    assert cache.lookup(7) == ContainerRef("11111111-2222-3333-4444-555555555555", "b" * 64)
+    assert cache.reads == 2
+    (tmp_path / "7" / "cgroup").unlink()
+    (tmp_path / "7").rmdir()
+    with pytest.raises(Vanished):
+        cache.lookup(7)
