@@ -18,6 +18,7 @@ from typing import Any
 
 from hetero_dp.allocation.sharing import advertise
 from hetero_dp.dra.checkpoint import holders
+from hetero_dp.dra.claimread import ClaimError, ClaimRef
 from hetero_dp.dra.driver import (
     DEFAULT_PLUGINS_DIR,
     DEFAULT_RESYNC_INTERVAL,
@@ -25,7 +26,6 @@ from hetero_dp.dra.driver import (
     DriverSettings,
 )
 from hetero_dp.dra.names import driver_name_for, driver_name_problem
-from hetero_dp.dra.prepare import ClaimError, ClaimRef
 from hetero_dp.dra.slices import VERSIONS
 from hetero_dp.engine.cdi_publisher import CDIWriter
 from hetero_dp.engine.config import Config

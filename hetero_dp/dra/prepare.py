@@ -32,6 +32,13 @@ from hetero_dp.dra.checkpoint import (
     PreparedDevice,
     lock_file,
 )
+from hetero_dp.dra.claimread import (
+    ClaimError,
+    ClaimRef,
+    allocated,
+    opaque_config,
+    reserved_pods,
+)
 from hetero_dp.dra.claimspec import build_claim_spec, spec_path, write_claim_spec
 from hetero_dp.kits import observe
 from hetero_dp.model.device import Device
@@ -49,23 +56,10 @@ UnprepareHook = Callable[["ClaimRef", list[str]], Awaitable[None]]
 SpecEditsHook = Callable[[str, list[Device]], Awaitable[Mapping[str, Any]]]
 
 
-@dataclass(frozen=True)
-class ClaimRef:
-    """A claim as the kubelet names it."""
-
-    namespace: str
-    uid: str
-    name: str
-
-
 @dataclass
 class PrepareResult:
     devices: list[PreparedDevice] = field(default_factory=list)
     error: str = ""
-
-
-class ClaimError(Exception):
-    """This claim cannot be prepared; the message is what the kubelet shows."""
 
 
 class ClaimPreparer:
@@ -169,7 +163,7 @@ class ClaimPreparer:
                 f"ResourceClaim {ref.namespace}/{ref.name} has UID {uid!r}, the kubelet asked "
                 f"for {ref.uid!r} (the claim was deleted and recreated?)"
             )
-        chosen, requests = self._allocated(claim, ref)
+        chosen, requests = allocated(claim, ref, self.driver, self.pool, self.devices())
         pods = reserved_pods(claim)
         if self.on_prepare is None:
             return await self._record(ref, chosen, requests, pods)
@@ -224,73 +218,11 @@ class ClaimPreparer:
         )
         return prepared
 
-    def _allocated(
-        self, claim: Mapping[str, Any], ref: ClaimRef
-    ) -> tuple[dict[str, Device], dict[str, list[str]]]:
-        allocation = (claim.get("status") or {}).get("allocation")
-        if not allocation:
-            raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} is not allocated")
-        results = [
-            r
-            for r in ((allocation.get("devices") or {}).get("results") or [])
-            if r.get("driver") == self.driver
-        ]
-        if not results:
-            raise ClaimError(
-                f"ResourceClaim {ref.namespace}/{ref.name} has no allocation results for "
-                f"driver {self.driver}"
-            )
-        have = self.devices()
-        chosen: dict[str, Device] = {}
-        requests: dict[str, list[str]] = {}
-        foreign = []
-        for r in results:
-            name, pool = str(r.get("device", "")), str(r.get("pool", ""))
-            if pool != self.pool or name not in have:
-                foreign.append(f"{pool}/{name}")
-                continue
-            chosen[name] = have[name]
-            # "main/sub" (a prioritized-list subrequest): containers name the main request
-            request = str(r.get("request", "")).partition("/")[0]
-            requests.setdefault(request, [])
-            if name not in requests[request]:
-                requests[request].append(name)
-        if foreign:
-            raise ClaimError(
-                f"ResourceClaim {ref.namespace}/{ref.name} was allocated devices this node "
-                f"(pool {self.pool}) does not have: {', '.join(foreign)}"
-            )
-        return chosen, requests
-
-    def opaque_config(self, claim: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """This driver's opaque config entries of an allocated claim, class first.
-
-        The scheduler copies the DeviceClass's and the claim's config into
-        ``status.allocation.devices.config`` (``source`` FromClass/FromClaim).
-        """
-        entries = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
-            "config"
-        ) or []
-        out = []
-        for e in entries:
-            opaque = e.get("opaque") or {}
-            if opaque.get("driver") != self.driver:
-                continue
-            out.append(
-                {
-                    "source": e.get("source", ""),
-                    "requests": list(e.get("requests") or []),
-                    "parameters": opaque.get("parameters"),
-                }
-            )
-        out.sort(key=lambda e: 0 if e["source"] == "FromClass" else 1)  # stable: class first
-        return out
-
     async def _apply_config(
         self, claim: Mapping[str, Any], ref: ClaimRef, chosen: dict[str, Device]
     ) -> dict[str, Device]:
         assert self.on_prepare is not None
-        config = self.opaque_config(claim)
+        config = opaque_config(claim, self.driver)
         try:
             result = await self.on_prepare(ref, dict(chosen), config)
         except ClaimError:
@@ -367,20 +299,3 @@ class ClaimPreparer:
                     ref.namespace,
                     ref.name,
                 )
-
-
-def reserved_pods(claim: Mapping[str, Any]) -> list[str]:
-    """The names of the pods in a ResourceClaim's ``status.reservedFor`` (entries of
-    other kinds of consumer left out; a consumer is in the claim's namespace, as the
-    API reference's ResourceClaimConsumerReference says)."""
-    entries = (claim.get("status") or {}).get("reservedFor") or []
-    if not isinstance(entries, list):
-        return []
-    return sorted(
-        str(e["name"])
-        for e in entries
-        if isinstance(e, Mapping)
-        and e.get("resource") == "pods"
-        and not e.get("apiGroup")
-        and isinstance(e.get("name"), str)
-    )

@@ -15,7 +15,8 @@ from typing import Any
 import grpc
 
 from hetero_dp.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
-from hetero_dp.dra.prepare import ClaimPreparer, ClaimRef
+from hetero_dp.dra.claimread import ClaimRef
+from hetero_dp.dra.prepare import ClaimPreparer
 from hetero_dp.engine.pluginwatcher import PluginWatcherServicer
 
 log = logging.getLogger(__name__)
