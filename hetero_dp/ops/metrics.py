@@ -98,7 +98,7 @@ class _StateCollector(Collector):
         if view is not None:
             yield from series.families(view)
         # a front end that prepares claims (DRA) says who holds them
-        claim_holders = getattr(daemon.front_end, "claim_holders", None)
+        claim_holders = getattr(getattr(daemon, "front_end", None), "claim_holders", None)
         if callable(claim_holders):
             yield series.claim_family(claim_holders())
         yield from self.metrics.backend_families()
