@@ -26,8 +26,9 @@ ifneq ($(NEED_VENV)$(VIRTUAL_ENV),)
 endif
 VENDORS := vendors/simulated $(wildcard vendors/udev) $(wildcard vendors/nvidia)
 # gcc builds the fake NVML library; umockdev fakes udev for the udev backend's tests;
-# chromium (headless) measures the docs site's pages (tests/kit/test_site.py).
-APT_PACKAGES := gcc umockdev libumockdev0 python3-venv chromium
+# chromium (headless) measures the docs site's pages (tests/kit/test_site.py); openssl
+# makes the TLS stand-in API server's certificate (tests/dra/test_hostile_server.py).
+APT_PACKAGES := gcc umockdev libumockdev0 python3-venv chromium openssl
 DIST ?= dist
 # What a target needs is installed on first use and recorded by a stamp in the environment
 # (removed with it; remade when a pyproject.toml changes), so every target works from a

@@ -9,9 +9,23 @@ and stacks urllib3's retries under our own; this module is ``http.client`` and
 - **One connection attempt per call.** A call that cannot connect raises
   :class:`APIError` (status 0, ``Unreachable``) at once; retrying is the
   caller's, through the one policy :class:`Backoff`. The only second try is on
-  a *kept-alive* connection the server closed while it sat idle (no answer
-  byte came back): that one is sent again on a fresh connection, which is the
-  call's first connection attempt.
+  a *kept-alive* connection that failed before a byte of the answer came back
+  (the server closed it while it sat idle): that one is sent again at once on a
+  fresh connection, which is the call's first connection attempt, and the other
+  idle connections, as old, are dropped. kube-apiserver closes connections idle
+  for 90 s (its ``IdleTimeout``) without a TLS ``close_notify``, so the next
+  request on one fails with ``ssl.SSLEOFError`` ("EOF occurred in violation of
+  protocol"), a reset or a broken pipe rather than an empty answer (issue #36,
+  measured against kube-apiserver 1.36).
+- **Deadlines, not only timeouts.** A socket timeout bounds one read, and a
+  server sending a byte every few seconds would hold a call for ever: each call
+  has a whole deadline (:data:`REQUEST_TIMEOUT`, connecting included), after
+  which its socket is cut (:mod:`.deadlines`) and the call fails with
+  ``Timeout``, logged. An answer is read up to :data:`MAX_RESPONSE_BYTES` and
+  refused beyond (``TooLarge``), before it is decoded. A watch stream has no
+  whole deadline but an idle one (no complete event within the stream's time)
+  and a cap per event (:data:`MAX_EVENT_BYTES`). :meth:`KubeClient.close` cuts
+  every call in flight, so a stopping driver never waits on the server.
 - **Configuration** as client-go loads it: in a pod the service account
   (``KUBERNETES_SERVICE_HOST``/``_PORT``, the token and ``ca.crt`` under
   ``/var/run/secrets/kubernetes.io/serviceaccount``, ``rest.InClusterConfig``),
@@ -32,9 +46,9 @@ import base64
 import contextlib
 import http.client
 import json
+import logging
 import os
 import random
-import socket
 import ssl
 import tempfile
 import threading
@@ -45,7 +59,18 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
+from hetero_dp.dra.deadlines import Deadline, Watchdog, cut
+
+log = logging.getLogger(__name__)
+
+#: Seconds one call may take, all of it (connect, send, the whole answer).
 REQUEST_TIMEOUT = 10.0
+#: The largest answer read. etcd refuses a request over 1.5 MiB (its default
+#: ``--max-request-bytes``; "etcd: System limits"), so one object is below it,
+#: and DRA's largest answer, one node's pool of one driver, is a few slices.
+MAX_RESPONSE_BYTES = 16 << 20
+#: The largest watch event (one line of a watch stream: one object).
+MAX_EVENT_BYTES = 4 << 20
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD = 60.0  # seconds, as client-go's cached file token source
 
@@ -264,29 +289,99 @@ def _ssl_context(cfg: ClusterConfig) -> ssl.SSLContext:
     return ctx
 
 
-class Stream:
-    """An open streaming answer (a watch): :meth:`lines` yields its JSON lines."""
+class _Connection(http.client.HTTPConnection):
+    """An HTTP connection that notes whether a byte of the answer came back."""
 
-    def __init__(self, conn: http.client.HTTPConnection, response: http.client.HTTPResponse):
+    answered = False  # a byte of the current answer arrived
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.response_class = self._response  # type: ignore[assignment]
+
+    def _response(self, sock: Any, *args: Any, **kwargs: Any) -> http.client.HTTPResponse:
+        return _Response(self, sock, *args, **kwargs)
+
+
+class _TLSConnection(http.client.HTTPSConnection, _Connection):
+    pass
+
+
+class _Response(http.client.HTTPResponse):
+    def __init__(self, conn: _Connection, sock: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(sock, *args, **kwargs)
+        self._conn = conn
+
+    def _read_status(self) -> Any:
+        if self.fp is not None and self.fp.peek(1):  # raises or is b"" when nothing came
+            self._conn.answered = True
+        return super()._read_status()  # type: ignore[misc]
+
+
+class TooLarge(Exception):
+    pass
+
+
+class Stream:
+    """An open streaming answer (a watch): :meth:`lines` yields its JSON lines.
+
+    ``idle``: seconds a complete line may take; the socket is cut when one does
+    not come in time (``timed_out`` then says so)."""
+
+    def __init__(
+        self,
+        conn: http.client.HTTPConnection,
+        response: http.client.HTTPResponse,
+        watchdog: Watchdog | None = None,
+        idle: float | None = None,
+        max_line: int = MAX_EVENT_BYTES,
+    ):
         self._conn = conn
         self._response = response
+        self._watchdog = watchdog
+        self._idle = idle
+        self.max_line = max_line
+        self._deadline: Deadline | None = None
+        if watchdog is not None and idle is not None:
+            self._deadline = watchdog.arm(conn, time.monotonic() + idle)
+
+    @property
+    def timed_out(self) -> bool:
+        return self._deadline is not None and self._deadline.fired
 
     def lines(self) -> Iterator[bytes]:
-        while True:
-            line = self._response.readline()
-            if not line:
-                return
-            if line.strip():
-                yield line
+        """The stream's non-empty lines; raises :class:`APIError` (``TooLarge``) on a
+        line over ``max_line``, and ``Timeout`` when the idle deadline cut it."""
+        try:
+            while True:
+                line = self._response.readline(self.max_line + 1)
+                if len(line) > self.max_line:
+                    raise APIError(
+                        0, "TooLarge", f"a watch event over {self.max_line} bytes; stream dropped"
+                    )
+                if not line:
+                    break
+                if self._deadline is not None and self._watchdog is not None and self._idle:
+                    self._watchdog.move(self._deadline, time.monotonic() + self._idle)
+                if line.strip():
+                    yield line
+        except (OSError, http.client.HTTPException, ValueError):
+            if not self.timed_out:
+                raise
+        if self._deadline is not None and self._deadline.stopped:
+            raise APIError(0, "Closed", "the watch was cut: the API client was closed")
+        if self.timed_out:
+            log.warning(
+                "API server: no watch event within %.0fs; the stream was cut", self._idle or 0
+            )
+            raise APIError(0, "Timeout", f"no watch event within {self._idle:.0f}s")
 
     def shutdown(self) -> None:
         """From another thread: cut the connection, so a blocked read returns."""
-        sock = self._conn.sock
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        cut(self._conn.sock)
 
     def close(self) -> None:
+        if self._deadline is not None and self._watchdog is not None:
+            self._watchdog.disarm(self._deadline)
         with contextlib.suppress(Exception):
             self._conn.close()
 
@@ -309,13 +404,16 @@ class KubeClient:
         self.port = url.port or (443 if url.scheme == "https" else 80)
         self.prefix = url.path.rstrip("/")
         self._ssl = _ssl_context(config) if url.scheme == "https" else None
-        self._idle: list[http.client.HTTPConnection] = []
+        self._idle: list[_Connection] = []
         self._lock = threading.Lock()
         self._token = config.token
         self._token_read = -TOKEN_REREAD
         self.connects = 0
         self.calls = 0
         self.most_connects = 0  # the most connection attempts one call made
+        self.max_response = MAX_RESPONSE_BYTES
+        self._watchdog = Watchdog(f"API deadlines {self.host}")
+        self._closed = False
 
     @property
     def server(self) -> str:
@@ -342,27 +440,32 @@ class KubeClient:
                 self._token_read = now
         return self._token
 
-    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+    def _connection(self, timeout: float) -> _Connection:
         with self._lock:
             self.connects += 1
         if self._ssl is not None:
-            return http.client.HTTPSConnection(
-                self.host, self.port, timeout=timeout, context=self._ssl
-            )
-        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+            return _TLSConnection(self.host, self.port, timeout=timeout, context=self._ssl)
+        return _Connection(self.host, self.port, timeout=timeout)
 
-    def _take(self) -> tuple[http.client.HTTPConnection, bool]:
+    def _take(self) -> tuple[_Connection, bool]:
         with self._lock:
             if self._idle:
                 return self._idle.pop(), True
         return self._connection(self.timeout), False
 
-    def _give_back(self, conn: http.client.HTTPConnection) -> None:
+    def _give_back(self, conn: _Connection) -> None:
         with self._lock:
-            if len(self._idle) < 4:
+            if len(self._idle) < 4 and not self._closed:
                 self._idle.append(conn)
                 return
         conn.close()
+
+    def _drop_idle(self) -> None:
+        """A kept-alive connection went stale: the others, as old, go too."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
 
     def url(self, path: str, query: Mapping[str, Any] | None = None) -> str:
         q = {k: v for k, v in (query or {}).items() if v not in (None, "")}
@@ -378,33 +481,46 @@ class KubeClient:
         query: Mapping[str, Any] | None = None,
         body: Any = None,
     ) -> dict[str, Any]:
-        """One call; the decoded JSON answer, or :class:`APIError`."""
+        """One call, within :data:`REQUEST_TIMEOUT` (``timeout``) all of it; the decoded
+        JSON answer, or :class:`APIError`."""
         data = None if body is None else json.dumps(body).encode()
         target = self.url(path, query)
         with self._lock:
             self.calls += 1
+        if self._closed:
+            raise APIError(0, "Closed", "the API client is closed (the driver stops)")
+        when = time.monotonic() + self.timeout
         conn, reused = self._take()
         made = 0 if reused else 1
         while True:
+            conn.answered = False
+            guard = self._watchdog.arm(conn, when)
             try:
+                conn.timeout = max(0.001, guard.left())  # bounds connecting (no socket yet)
                 conn.request(method, target, body=data, headers=self._headers(data is not None))
                 response = conn.getresponse()
-                payload = response.read()
-                break
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as e:
+                payload = self._read_body(response)
+            except (OSError, http.client.HTTPException, TooLarge) as e:
+                fired = self._watchdog.disarm(guard)
                 conn.close()
-                if reused:  # the server closed a kept-alive connection: a fresh one
+                if fired or isinstance(e, TimeoutError):
+                    self._note(made)
+                    raise self._timed_out(method, path, guard) from None
+                if isinstance(e, TooLarge):
+                    self._note(made)
+                    raise APIError(0, "TooLarge", f"{method} {path}: {e}") from None
+                if reused and not conn.answered and not self._closed:
+                    # a kept-alive connection the server had closed: once more, fresh
+                    self._drop_idle()
                     conn, reused = self._connection(self.timeout), False
                     made += 1
                     continue
                 self._note(made)
-                raise APIError(0, "Unreachable", f"cannot reach the API server: {e}") from None
-            except (OSError, http.client.HTTPException) as e:
-                conn.close()
-                self._note(made)
-                raise APIError(0, "Unreachable", f"cannot reach the API server: {e}") from None
+                raise APIError(0, "Unreachable", f"cannot reach the API server: {e!r}") from None
+            fired = self._watchdog.disarm(guard)
+            break
         self._note(made)
-        if response.will_close:
+        if response.will_close or fired:
             conn.close()
         else:
             self._give_back(conn)
@@ -416,32 +532,72 @@ class KubeClient:
             raise APIError(response.status, "BadResponse", f"not JSON: {e}") from None
         return answer
 
+    def _read_body(self, response: http.client.HTTPResponse) -> bytes:
+        """The whole answer, refused (:class:`TooLarge`) beyond ``max_response``."""
+        cap = self.max_response
+        if response.length is not None and response.length > cap:
+            raise TooLarge(f"an answer of {response.length} bytes (the most read is {cap})")
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            chunk = response.read(min(1 << 16, cap + 1 - total))
+            if not chunk:
+                return b"".join(chunks)
+            total += len(chunk)
+            if total > cap:
+                raise TooLarge(f"an answer of more than {cap} bytes, not read further")
+            chunks.append(chunk)
+
+    def _timed_out(self, method: str, path: str, guard: Deadline) -> APIError:
+        if guard.stopped:
+            return APIError(0, "Closed", f"{method} {path}: cut, the API client was closed")
+        log.warning(
+            "API server: %s %s got no whole answer within %.0fs; connection cut",
+            method,
+            path,
+            self.timeout,
+        )
+        return APIError(0, "Timeout", f"no whole answer within {self.timeout:.0f}s")
+
     def stream(
         self, path: str, *, query: Mapping[str, Any] | None = None, timeout: float
     ) -> Stream:
-        """A streaming GET (a watch) on a connection of its own; ``timeout``: how
-        long a read may wait for the next line."""
+        """A streaming GET (a watch) on a connection of its own. Its answer's head
+        comes within the request deadline; then ``timeout`` is how long a complete
+        line (an event) may take, each one starting the wait over."""
         with self._lock:
             self.calls += 1
-        conn = self._connection(timeout)
+        if self._closed:
+            raise APIError(0, "Closed", "the API client is closed (the driver stops)")
+        conn = self._connection(self.timeout)
+        guard = self._watchdog.arm(conn, time.monotonic() + self.timeout)
         try:
             conn.request("GET", self.url(path, query), headers=self._headers(False))
             response = conn.getresponse()
-        except (OSError, http.client.HTTPException) as e:
+            if response.status != 200:
+                payload = self._read_body(response)
+        except (OSError, http.client.HTTPException, TooLarge) as e:
+            fired = self._watchdog.disarm(guard)
             conn.close()
-            raise APIError(0, "Unreachable", f"cannot reach the API server: {e}") from None
+            if fired or isinstance(e, TimeoutError):
+                raise self._timed_out("WATCH", path, guard) from None
+            raise APIError(0, "Unreachable", f"cannot reach the API server: {e!r}") from None
+        self._watchdog.disarm(guard)
         if response.status != 200:
-            payload = response.read()
             conn.close()
             raise APIError.from_status(response.status, payload, response.reason)
-        return Stream(conn, response)
+        if conn.sock is not None:  # the idle deadline below bounds the reads now
+            conn.sock.settimeout(None)
+        return Stream(conn, response, self._watchdog, idle=timeout)
 
     def _note(self, made: int) -> None:
         with self._lock:
             self.most_connects = max(self.most_connects, made)
 
     def close(self) -> None:
+        """No more calls: the idle connections close and every call in flight (a
+        watch too) is cut, so no thread waits on the server past this."""
         with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
+            self._closed = True
+        self._drop_idle()
+        self._watchdog.cut_all()

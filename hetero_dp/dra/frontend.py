@@ -38,6 +38,10 @@ from hetero_dp.usage.view import ClaimHolder
 
 log = logging.getLogger(__name__)
 
+#: Seconds a stop gives the API server (removing the pool), well inside a pod's
+#: default grace period of 30 s (``terminationGracePeriodSeconds``).
+STOP_API_BUDGET = 10.0
+
 
 @dataclass
 class DRAOptions:
@@ -132,6 +136,7 @@ class DRAFrontEnd(Attached):
         self._served: dict[str, set[str]] = {}  # backend -> resources it had devices for
         self._dra_started = False
         self._errors: list[ConfigError] = []
+        self._cutoff: asyncio.TimerHandle | None = None  # cuts the API calls (stopping)
 
     def attach(self, engine: Engine) -> None:
         super().attach(engine)
@@ -287,9 +292,21 @@ class DRAFrontEnd(Attached):
     async def serve(self) -> None:
         if self._errors:
             raise self._errors[0]
+        starting = asyncio.ensure_future(self._start_drivers())
+        stopping = asyncio.ensure_future(self.engine.wait_stopped())
+        try:
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not starting.done():  # SIGTERM while the start waits on the API server
+                log.info("asked to stop while starting: the API server has %.0fs", STOP_API_BUDGET)
+                self._cut_api_later()
+            await starting
+        finally:
+            stopping.cancel()
+        self._dra_started = True
+
+    async def _start_drivers(self) -> None:
         for driver in self.drivers.values():
             await driver.start()
-        self._dra_started = True
 
     def restart(self, names: Mapping[str, str]) -> None:
         """A driver follows its devices on every publish: nothing to restart."""
@@ -297,11 +314,31 @@ class DRAFrontEnd(Attached):
     async def stop(self) -> None:
         # first: a publish still in flight must not start a driver stopped meanwhile
         self._dra_started = False
-        for driver in self.drivers.values():
-            try:
-                await driver.stop()
-            except Exception:
-                log.exception("stopping DRA driver %s failed", driver.name)
+        self._cut_api_later()
+        try:
+            for driver in self.drivers.values():
+                try:
+                    await driver.stop()
+                except Exception:
+                    log.exception("stopping DRA driver %s failed", driver.name)
+        finally:
+            if self._cutoff is not None:
+                self._cutoff.cancel()
+            self.api_client.close()  # no worker thread is left waiting on the server
+
+    def _cut_api_later(self) -> None:
+        """From the stop request on, the API server has STOP_API_BUDGET seconds for the
+        calls of the start still running and of the stop (the pool removed); then every
+        call in flight is cut, whatever the server does."""
+        if self._cutoff is None:
+            self._cutoff = asyncio.get_running_loop().call_later(STOP_API_BUDGET, self._cut_api)
+
+    def _cut_api(self) -> None:
+        log.warning(
+            "the API server did not answer the stop's calls within %.0fs; they are cut",
+            STOP_API_BUDGET,
+        )
+        self.api_client.close()
 
     # --- reload (engine/frontend.py Reloadable) ---------------------------------
 

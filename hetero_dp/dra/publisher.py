@@ -23,9 +23,9 @@ Following the server, not a picture of it taken once:
   drops empty fields; a slice is rewritten only when it differs from the
   server's after both are normalised (:func:`normalize_spec`).
 - *Retries.* A sync that gets no answer, a 429 or a 5xx is tried again after
-  the one back-off policy (:class:`~hetero_dp.dra.client.Backoff`); while a
-  watch runs, an unreachable server is left to the watch, which syncs when it
-  reconnects (one stream of attempts per node, not two).
+  the one back-off policy (:class:`~hetero_dp.dra.client.Backoff`); while the
+  watch has lost the server too, an unreachable server is left to the watch,
+  which syncs when it reconnects (one stream of attempts per node, not two).
 - *API version.* A ``404`` on the slice collection means the server stopped
   serving the version in use (an upgrade from ``v1beta1`` to ``v1``, or a
   rollback): the version is detected again and the sync repeated. The watch
@@ -243,11 +243,14 @@ class SlicePublisher:
             observe.emit("dra_slice_refused", driver=self.driver, slice=name, reason=reason)
 
     def _schedule_retry(self, e: APIError) -> None:
-        """Sync again after the back-off, unless a watch will: it syncs when it gets
-        through to a server that did not answer at all."""
+        """Sync again after the back-off, unless a failing watch will: a watch that
+        cannot reach the server syncs when it gets through again (one stream of
+        attempts per node, not two). While the watch is live the server answers it,
+        so a failed write (a stale connection, a timeout) is retried here, not left
+        to the periodic check."""
         if not e.retriable or self._retry is not None:
             return
-        if e.status == 0 and self.cache.watched:
+        if e.status == 0 and self.cache.watched and not self.cache.live:
             return
         loop = asyncio.get_running_loop()
         self._retry = loop.call_later(self.backoff.next(), self._retry_now)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Callable
 
 from hetero_dp.dra.api import APIError, ResourceAPI
@@ -23,6 +24,7 @@ from hetero_dp.model.device import Device
 log = logging.getLogger(__name__)
 
 WATCH_STOP_TIMEOUT = 5.0
+RESYNC_JITTER = 0.5  # as client-go's wait.JitterUntil spreads periodic work, downwards
 
 
 class SliceSync:
@@ -42,8 +44,10 @@ class SliceSync:
         watch_slices: bool,
         devices: Callable[[], list[Device]],
         running: Callable[[], bool],
+        rand: Callable[[], float] = random.random,
     ) -> None:
         self.name = name
+        self.rand = rand
         self.api = api
         self.publisher = publisher
         self.api_versions = api_versions
@@ -111,14 +115,22 @@ class SliceSync:
         await self.publisher.sync()
 
     async def _resync_loop(self) -> None:
-        interval = self.resync_interval() or None
         while True:
-            await wait_event(self._resync_now, interval)
+            await wait_event(self._resync_now, self._next_check())
             self._resync_now.clear()
             try:
                 await self.resync()
             except Exception:
                 log.exception("DRA driver %s: resync failed", self.name)
+
+    def _next_check(self) -> float | None:
+        """Seconds to the next periodic check: the interval scaled by a random factor
+        in [1 - RESYNC_JITTER, 1], so drivers started together (a fleet rolled out at
+        once) do not check the server in the same second (None: no periodic check)."""
+        interval = self.resync_interval()
+        if not interval:
+            return None
+        return interval * (1.0 - RESYNC_JITTER * self.rand())
 
     async def stop_watch(self) -> None:
         """Stop publishing retries and the slice watch (first in a stop)."""

@@ -64,6 +64,10 @@ class Engine(Protocol):
 
     def add_publisher(self, publisher: Publisher) -> None: ...
 
+    async def wait_stopped(self) -> None:
+        """Returns once a stop was asked (SIGTERM), also during start-up."""
+        ...
+
 
 class Served(Protocol):
     """What a front end says of one resource's session with the kubelet (metrics):

@@ -136,3 +136,21 @@ async def test_a_cdi_dir_reload_moves_the_drivers_claim_specs(dra, kubelet, api_
     response = await kubelet.node_unprepare(DRIVER, [first, second])
     assert all(c.error == "" for c in response.claims.values())
     assert list(dra.cdi_dir.glob("*.json")) == [] and list(moved.glob("*.json")) == []
+
+
+async def test_a_rediscovery_keeps_a_health_flip_the_watch_made(dra, api_server):
+    """A flip the backend's watch pushed is what the next discovery reports too: a
+    rediscovery (a reload, a set change) does not bring the failed device back."""
+    from hetero_dp_simulated.backend import SimulatedBackend
+
+    backend = SimulatedBackend()
+    daemon = await dra.start(backend, options={"simulated": {"count": 2}})
+    [driver] = daemon.front_end.drivers.values()
+    first = device_name("sim0")
+    await api_server.wait_for(lambda: first in api_server.devices_of(driver.name))
+    backend.set_health("sim0", False, "simulated fault")  # the watch's own path
+    await api_server.wait_for(lambda: first not in api_server.devices_of(driver.name))
+    await daemon.rediscover()
+    assert first not in api_server.devices_of(driver.name)
+    backend.set_health("sim0", True, "simulated recovery")
+    await api_server.wait_for(lambda: first in api_server.devices_of(driver.name))

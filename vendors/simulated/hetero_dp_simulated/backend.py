@@ -173,12 +173,12 @@ class SimulatedBackend:
                 if ticked and period == self.flip_every:
                     faulty = not faulty
                     if faulty:
-                        events.set_health(first, False, "simulated fault")
+                        self._report(events, first, False, "simulated fault")
                     else:
-                        events.set_health(first, True, "simulated recovery")
+                        self._report(events, first, True, "simulated recovery")
                 elif faulty and self.flip_every <= 0:  # flips turned off: leave it healthy
                     faulty = False
-                    events.set_health(first, True, "flips turned off")
+                    self._report(events, first, True, "flips turned off")
         finally:
             self._wakeups.remove(entry)
             self.sinks.remove(events)
@@ -209,10 +209,20 @@ class SimulatedBackend:
         """What the next scrapes' ``usage`` hook reports."""
         self.processes = list(processes)
 
+    def _report(self, sink: EventSink, device_id: str, healthy: bool, reason: str) -> None:
+        """Push a health event, remembered first: a rediscovery after it reports the
+        same health (a real device that failed is still failed when found again)."""
+        with self._lock:
+            if healthy:
+                self.unhealthy.pop(device_id, None)
+            else:
+                self.unhealthy[device_id] = reason or "unhealthy"
+        sink.set_health(device_id, healthy, reason)
+
     def set_health(self, device_id: str, healthy: bool, reason: str = "") -> None:
         """Push a health event, as a real backend's watcher would."""
         for sink in list(self.sinks):
-            sink.set_health(device_id, healthy, reason)
+            self._report(sink, device_id, healthy, reason)
 
     def set_count(self, count: int) -> None:
         """Change how many devices exist and ask the framework to rediscover."""

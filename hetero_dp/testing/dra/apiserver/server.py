@@ -28,7 +28,12 @@ from hetero_dp.dra.features import forget_probes
 from hetero_dp.testing.dra.apiserver.objects import Request, RequestLog
 from hetero_dp.testing.dra.apiserver.schema import SCHEMA_VERSION
 from hetero_dp.testing.dra.apiserver.store import ObjectStore
-from hetero_dp.testing.dra.apiserver.transport import HTTPTransport, answer, route
+from hetero_dp.testing.dra.apiserver.transport import (
+    HTTPTransport,
+    Misbehaviour,
+    answer,
+    route,
+)
 from hetero_dp.testing.dra.apiserver.watch import Serving, WatchStreams
 from hetero_dp.testing.waiting import wait_on
 
@@ -43,7 +48,10 @@ class FakeAPIServer:
     every slice write is refused with this message and ``refuse_status``: 403
     Forbidden (an admission webhook saying no), or 429/503 (a server shedding load).
     ``requests`` records every call. ``history``, ``bookmark_interval`` and
-    ``expired_as``: see :mod:`.store` and :mod:`.watch`.
+    ``expired_as``: see :mod:`.store` and :mod:`.watch`. ``tls`` (certificate and
+    key files) serves HTTPS, ``idle_timeout`` drops idle connections as
+    kube-apiserver does, and ``misbehaviour`` makes it hostile on purpose (see
+    :mod:`.transport`).
     """
 
     def __init__(
@@ -56,7 +64,10 @@ class FakeAPIServer:
         history: int = 1000,
         bookmark_interval: float = 60.0,
         expired_as: str = "event",
+        tls: tuple[str, str] | None = None,
+        idle_timeout: float | None = None,
     ) -> None:
+        self.misbehaviour = Misbehaviour()
         self.store = ObjectStore(features=features, schema=schema, history=history)
         self.serving = Serving(tuple(versions))
         self.streams = WatchStreams(
@@ -69,7 +80,9 @@ class FakeAPIServer:
         self.restarts = 0
         self.log = RequestLog(self.store.cond)
         self._cond = self.store.cond
-        self.transport = HTTPTransport(self, self.store.cond, port)
+        self.transport = HTTPTransport(
+            self, self.store.cond, port, tls=tls, idle_timeout=idle_timeout
+        )
         self._url = ""
 
     # the pieces' state, under the names tests use
@@ -81,6 +94,14 @@ class FakeAPIServer:
     @property
     def connections(self) -> int:
         return self.transport.connections  # connections accepted
+
+    @property
+    def open_connections(self) -> int:
+        return self.transport.open_connections  # connections open now (watches too)
+
+    @property
+    def idle_drops(self) -> int:
+        return self.transport.idle_drops  # connections closed for sitting idle
 
     @property
     def versions(self) -> tuple[str, ...]:
@@ -169,6 +190,7 @@ class FakeAPIServer:
         with self._cond:
             self.serving.stopping = True
             self._cond.notify_all()
+        self.misbehaviour.end()
         self.transport.stop()
 
     def __enter__(self) -> FakeAPIServer:
@@ -184,8 +206,10 @@ class FakeAPIServer:
         return self._url
 
     def client(self) -> KubeClient:
-        """A :class:`~hetero_dp.dra.client.KubeClient` pointed at this server."""
-        return KubeClient(ClusterConfig(server=self.url))
+        """A :class:`~hetero_dp.dra.client.KubeClient` pointed at this server (trusting
+        its certificate, over TLS)."""
+        tls = self.transport.tls
+        return KubeClient(ClusterConfig(server=self.url, ca_file=tls[0] if tls else ""))
 
     # test-side state
 
@@ -289,6 +313,12 @@ class FakeAPIServer:
     def verbs(self, since: int = 0) -> dict[str, int]:
         """See :meth:`RequestLog.verbs`."""
         return self.log.verbs(since)
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Block until ``predicate()`` holds (re-checked on every request and change);
+        True if it did within ``timeout`` seconds."""
+        with self._cond:
+            return self._cond.wait_for(predicate, timeout)
 
     async def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         """Wait until ``predicate()`` holds, re-checked on every request and change (in a

@@ -10,7 +10,14 @@ It serves only the endpoints DRA mode uses, for the versions it is told to serve
   ``GET /api/v1/nodes/{name}``
 - ``GET|PUT|DELETE /apis/resource.k8s.io/{v}/resourceslices/{name}``
 
-HTTP/1.1 with keep-alive, as the official ``kubernetes`` client talks it.
+HTTP/1.1 with keep-alive, as the official ``kubernetes`` client talks it;
+over TLS when given a certificate (``tls``), dropping connections idle for
+``idle_timeout`` seconds as kube-apiserver does after its ``IdleTimeout``
+(90 s), without a TLS ``close_notify`` (issue #36, measured against
+kube-apiserver 1.36: the client's next request on such a connection failed
+with ``ssl.SSLEOFError``). :class:`Misbehaviour` makes it a hostile server on
+purpose (answers trickled a byte at a time, or endless), for the client's
+deadlines and caps.
 """
 
 from __future__ import annotations
@@ -18,8 +25,10 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import ssl
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
@@ -93,8 +102,68 @@ def answer(
             store.cond.notify_all()
 
 
+@dataclass
+class Misbehaviour:
+    """A hostile server, on purpose (adversarial tests; nothing a real API server does).
+
+    For requests whose method is in ``methods`` (all when empty): with ``trickle``
+    (seconds), a ``200`` whose body comes one byte every ``trickle`` seconds and never
+    ends (nor ends a line, for a watch); with ``body_bytes``, a ``200`` whose body is
+    that many spaces (``chunked``: without a ``Content-Length``), written as fast as
+    the client reads. ``sent``: the bytes written so far; ``hit``: set on the
+    first request misbehaved at. :meth:`end` ends them all."""
+
+    trickle: float = 0.0
+    body_bytes: int = 0
+    chunked: bool = False
+    methods: frozenset[str] = frozenset()
+    sent: int = 0
+    hit: threading.Event = field(default_factory=threading.Event)
+    ended: threading.Event = field(default_factory=threading.Event)
+
+    def applies(self, method: str) -> bool:
+        return bool(self.trickle or self.body_bytes) and (
+            not self.methods or method in self.methods
+        )
+
+    def end(self) -> None:
+        self.ended.set()
+
+    def serve(self, wfile: Any) -> None:
+        """Misbehave on ``wfile`` until the client goes, the answer ends or :meth:`end`."""
+        self.hit.set()
+        with contextlib.suppress(OSError, ValueError):
+            if self.trickle:  # a whole head, then a body that never ends a line
+                wfile.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Transfer-Encoding: chunked\r\n\r\n"
+                )
+                wfile.flush()
+                while not self.ended.wait(self.trickle):
+                    wfile.write(b"1\r\n \r\n")  # one byte, in a chunk of its own
+                    wfile.flush()
+                    self.sent += 1
+                return
+            head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            head += (
+                "Transfer-Encoding: chunked\r\n\r\n"
+                if self.chunked
+                else f"Content-Length: {self.body_bytes}\r\n\r\n"
+            )
+            wfile.write(head.encode())
+            block = b" " * (1 << 16)
+            left = self.body_bytes
+            while left > 0 and not self.ended.is_set():
+                piece = block[: min(left, len(block))]
+                wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece) if self.chunked else piece)
+                self.sent += len(piece)
+                left -= len(piece)
+
+
 class Served(Protocol):
     """What the handler asks of the server it belongs to."""
+
+    misbehaviour: Misbehaviour
 
     def is_watch(self, method: str, raw_path: str) -> bool: ...
     def serve_watch(self, handler: BaseHTTPRequestHandler) -> None: ...
@@ -107,12 +176,21 @@ def handler_for(server: Served, transport: HTTPTransport) -> type[BaseHTTPReques
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = transport.idle_timeout  # waiting for the next request on a connection
 
         def log_message(self, format: str, *args: Any) -> None:  # quiet
             pass
 
+        def log_error(self, format: str, *args: Any) -> None:
+            # BaseHTTPRequestHandler's words when a connection sat idle past ``timeout``
+            if format.startswith("Request timed out"):
+                transport.idle_closed()
+
         def setup(self) -> None:
             super().setup()
+            if isinstance(self.connection, ssl.SSLSocket):
+                with contextlib.suppress(OSError):
+                    self.connection.do_handshake()  # here, not in the accepting thread
             transport.connection_opened(self.connection)
 
         def finish(self) -> None:
@@ -126,6 +204,10 @@ def handler_for(server: Served, transport: HTTPTransport) -> type[BaseHTTPReques
             return json.loads(raw) if raw else None
 
         def _answer(self) -> None:
+            if server.misbehaviour.applies(self.command):
+                server.misbehaviour.serve(self.wfile)
+                self.close_connection = True
+                return
             if server.is_watch(self.command, self.path):
                 server.serve_watch(self)
                 return
@@ -160,10 +242,21 @@ class HTTPTransport:
     """The listening socket on 127.0.0.1, its serving thread and the connections open
     (``connections`` counts those accepted); ``cond`` guards them."""
 
-    def __init__(self, server: Served, cond: threading.Condition, port: int = 0) -> None:
+    def __init__(
+        self,
+        server: Served,
+        cond: threading.Condition,
+        port: int = 0,
+        *,
+        tls: tuple[str, str] | None = None,
+        idle_timeout: float | None = None,
+    ) -> None:
         self.server = server
         self.cond = cond
         self.port = port
+        self.tls = tls  # (certificate file, key file), PEM
+        self.idle_timeout = idle_timeout
+        self.idle_drops = 0  # connections closed for sitting idle
         self.connections = 0  # connections accepted
         self._open: set[Any] = set()  # connections open now
         self._httpd: ThreadingHTTPServer | None = None
@@ -179,21 +272,40 @@ class HTTPTransport:
             self.connections += 1
             self._open.add(connection)
 
+    @property
+    def open_connections(self) -> int:
+        with self.cond:
+            return len(self._open)
+
+    def idle_closed(self) -> None:
+        with self.cond:
+            self.idle_drops += 1
+            self.cond.notify_all()
+
     def connection_closed(self, connection: Any) -> None:
         with self.cond:
             self._open.discard(connection)
+            self.cond.notify_all()
 
     def start(self) -> str:
         """Listen (on ``port``, or a free one the first time) and serve; the URL."""
         self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), handler_for(self.server, self))
         self._httpd.daemon_threads = True
+        scheme = "http"
+        if self.tls is not None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*self.tls)
+            self._httpd.socket = ctx.wrap_socket(
+                self._httpd.socket, server_side=True, do_handshake_on_connect=False
+            )
+            scheme = "https"
         host, port = self._httpd.server_address[:2]
         self.port = int(port)
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, name="fake-apiserver", daemon=True
         )
         self._thread.start()
-        return f"http://{host!s}:{port}"
+        return f"{scheme}://{host!s}:{port}"
 
     def stop(self) -> None:
         """The listening socket closes and every open connection (kept alive, or a
