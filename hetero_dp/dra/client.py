@@ -42,24 +42,22 @@ and stacks urllib3's retries under our own; this module is ``http.client`` and
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import http.client
 import json
 import logging
-import os
 import random
-import ssl
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 from hetero_dp.dra.deadlines import Deadline, Watchdog, cut
+from hetero_dp.dra.kubeconfig import ClusterConfig, load_config, ssl_context
+
+__all__ = ["APIError", "Backoff", "ClusterConfig", "KubeClient", "Stream", "load_config"]
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +69,6 @@ REQUEST_TIMEOUT = 10.0
 MAX_RESPONSE_BYTES = 16 << 20
 #: The largest watch event (one line of a watch stream: one object).
 MAX_EVENT_BYTES = 4 << 20
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD = 60.0  # seconds, as client-go's cached file token source
 
 
@@ -151,144 +148,6 @@ class Backoff:
         self.failures = 0
 
 
-@dataclass
-class ClusterConfig:
-    """Where the API server is and how to authenticate to it."""
-
-    server: str
-    token: str = ""
-    token_file: str = ""
-    ca_file: str = ""
-    ca_data: str = ""  # PEM
-    cert_file: str = ""
-    key_file: str = ""
-    cert_data: bytes = b""  # PEM
-    key_data: bytes = b""  # PEM
-    insecure: bool = False
-
-    @classmethod
-    def in_cluster(
-        cls, env: Mapping[str, str] | None = None, account: Path = SERVICE_ACCOUNT
-    ) -> ClusterConfig:
-        """The pod's service account, as client-go's ``rest.InClusterConfig``."""
-        env = os.environ if env is None else env
-        host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
-        if not host or not port:
-            raise ValueError(
-                "not in a cluster: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT must be set"
-            )
-        token_file = account / "token"
-        if not token_file.is_file():
-            raise ValueError(f"no service account token at {token_file}")
-        if ":" in host:  # an IPv6 address
-            host = f"[{host}]"
-        ca = account / "ca.crt"
-        return cls(
-            server=f"https://{host}:{port}",
-            token_file=str(token_file),
-            ca_file=str(ca) if ca.is_file() else "",
-        )
-
-    @classmethod
-    def from_kubeconfig(
-        cls, path: str | None = None, env: Mapping[str, str] | None = None
-    ) -> ClusterConfig:
-        """The current context of a kubeconfig (``path``, else ``$KUBECONFIG``'s first
-        file, else ``~/.kube/config``)."""
-        env = os.environ if env is None else env
-        if not path:
-            listed = [p for p in env.get("KUBECONFIG", "").split(os.pathsep) if p]
-            path = listed[0] if listed else str(Path.home() / ".kube" / "config")
-        import yaml  # only here: in a pod (the usual case) no YAML is read
-
-        where = Path(path)
-        try:
-            doc = yaml.safe_load(where.read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise ValueError(f"cannot read kubeconfig {path}: {e}") from None
-        if not isinstance(doc, dict):
-            raise ValueError(f"kubeconfig {path}: not a mapping")
-
-        def named(kind: str, name: str) -> dict[str, Any]:
-            for item in doc.get(kind) or []:
-                if isinstance(item, dict) and item.get("name") == name:
-                    found = item.get(kind[:-1]) or {}
-                    return found if isinstance(found, dict) else {}
-            raise ValueError(f"kubeconfig {path}: no {kind[:-1]} named {name!r}")
-
-        current = doc.get("current-context")
-        if not current:
-            raise ValueError(f"kubeconfig {path}: no current-context")
-        context = named("contexts", current)
-        cluster = named("clusters", str(context.get("cluster", "")))
-        user = named("users", str(context.get("user", ""))) if context.get("user") else {}
-        if not cluster.get("server"):
-            raise ValueError(f"kubeconfig {path}: cluster of context {current!r} has no server")
-        if "exec" in user or "auth-provider" in user:
-            raise ValueError(
-                f"kubeconfig {path}: user of context {current!r} authenticates through an "
-                "exec or auth-provider plugin, which DRA mode does not run; use a token or a "
-                "client certificate (or run in the cluster)"
-            )
-        base = where.parent
-
-        def file(key: str, source: dict[str, Any]) -> str:
-            value = source.get(key)
-            return str(base / value) if value else ""
-
-        def data(key: str, source: dict[str, Any]) -> bytes:
-            value = source.get(key)
-            return base64.b64decode(value) if value else b""
-
-        return cls(
-            server=str(cluster["server"]).rstrip("/"),
-            token=str(user.get("token") or ""),
-            token_file=file("tokenFile", user),
-            ca_file=file("certificate-authority", cluster),
-            ca_data=data("certificate-authority-data", cluster).decode(),
-            cert_file=file("client-certificate", user),
-            key_file=file("client-key", user),
-            cert_data=data("client-certificate-data", user),
-            key_data=data("client-key-data", user),
-            insecure=bool(cluster.get("insecure-skip-tls-verify")),
-        )
-
-
-def load_config(
-    api_server: str | None = None,
-    kubeconfig: str | None = None,
-    env: Mapping[str, str] | None = None,
-) -> ClusterConfig:
-    """``api_server`` (a URL, no authentication) if given, else in-cluster when
-    ``KUBERNETES_SERVICE_HOST`` is set and no kubeconfig is named, else a kubeconfig."""
-    env = os.environ if env is None else env
-    if api_server:
-        return ClusterConfig(server=api_server.rstrip("/"))
-    if not kubeconfig and env.get("KUBERNETES_SERVICE_HOST"):
-        return ClusterConfig.in_cluster(env)
-    return ClusterConfig.from_kubeconfig(kubeconfig, env)
-
-
-def _ssl_context(cfg: ClusterConfig) -> ssl.SSLContext:
-    ctx = ssl.create_default_context()
-    if cfg.insecure:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    elif cfg.ca_file or cfg.ca_data:
-        ctx = ssl.create_default_context(cafile=cfg.ca_file or None, cadata=cfg.ca_data or None)
-    if cfg.cert_file:
-        ctx.load_cert_chain(cfg.cert_file, cfg.key_file or None)
-    elif cfg.cert_data:
-        # load_cert_chain takes files only: a private file for the moment of loading
-        with tempfile.TemporaryDirectory(prefix="hetero-dp-") as tmp:
-            cert, key = Path(tmp) / "cert.pem", Path(tmp) / "key.pem"
-            cert.write_bytes(cfg.cert_data)
-            key.touch(mode=0o600)
-            key.write_bytes(cfg.key_data)
-            ctx.load_cert_chain(str(cert), str(key) if cfg.key_data else None)
-    return ctx
-
-
 class _Connection(http.client.HTTPConnection):
     """An HTTP connection that notes whether a byte of the answer came back."""
 
@@ -311,10 +170,10 @@ class _Response(http.client.HTTPResponse):
         super().__init__(sock, *args, **kwargs)
         self._conn = conn
 
-    def _read_status(self) -> Any:
+    def begin(self) -> None:
         if self.fp is not None and self.fp.peek(1):  # raises or is b"" when nothing came
             self._conn.answered = True
-        return super()._read_status()  # type: ignore[misc]
+        super().begin()
 
 
 class TooLarge(Exception):
@@ -403,7 +262,7 @@ class KubeClient:
         self.host = url.hostname
         self.port = url.port or (443 if url.scheme == "https" else 80)
         self.prefix = url.path.rstrip("/")
-        self._ssl = _ssl_context(config) if url.scheme == "https" else None
+        self._ssl = ssl_context(config) if url.scheme == "https" else None
         self._idle: list[_Connection] = []
         self._lock = threading.Lock()
         self._token = config.token

@@ -27,6 +27,7 @@ from hetero_dp.dra.driver import (
 )
 from hetero_dp.dra.names import driver_name_for, driver_name_problem
 from hetero_dp.dra.slices import VERSIONS
+from hetero_dp.dra.stopping import StopBudget
 from hetero_dp.engine.cdi_publisher import CDIWriter
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.frontend import Attached, Engine
@@ -37,10 +38,6 @@ from hetero_dp.model.errors import BackendError, ConfigError
 from hetero_dp.usage.view import ClaimHolder
 
 log = logging.getLogger(__name__)
-
-#: Seconds a stop gives the API server (removing the pool), well inside a pod's
-#: default grace period of 30 s (``terminationGracePeriodSeconds``).
-STOP_API_BUDGET = 10.0
 
 
 @dataclass
@@ -136,7 +133,7 @@ class DRAFrontEnd(Attached):
         self._served: dict[str, set[str]] = {}  # backend -> resources it had devices for
         self._dra_started = False
         self._errors: list[ConfigError] = []
-        self._cutoff: asyncio.TimerHandle | None = None  # cuts the API calls (stopping)
+        self._stop_budget = StopBudget(api_client)  # how long a stop waits on the server
 
     def attach(self, engine: Engine) -> None:
         super().attach(engine)
@@ -292,16 +289,7 @@ class DRAFrontEnd(Attached):
     async def serve(self) -> None:
         if self._errors:
             raise self._errors[0]
-        starting = asyncio.ensure_future(self._start_drivers())
-        stopping = asyncio.ensure_future(self.engine.wait_stopped())
-        try:
-            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            if not starting.done():  # SIGTERM while the start waits on the API server
-                log.info("asked to stop while starting: the API server has %.0fs", STOP_API_BUDGET)
-                self._cut_api_later()
-            await starting
-        finally:
-            stopping.cancel()
+        await self._stop_budget.start(self._start_drivers(), self.engine.wait_stopped())
         self._dra_started = True
 
     async def _start_drivers(self) -> None:
@@ -314,7 +302,7 @@ class DRAFrontEnd(Attached):
     async def stop(self) -> None:
         # first: a publish still in flight must not start a driver stopped meanwhile
         self._dra_started = False
-        self._cut_api_later()
+        self._stop_budget.arm()
         try:
             for driver in self.drivers.values():
                 try:
@@ -322,23 +310,7 @@ class DRAFrontEnd(Attached):
                 except Exception:
                     log.exception("stopping DRA driver %s failed", driver.name)
         finally:
-            if self._cutoff is not None:
-                self._cutoff.cancel()
-            self.api_client.close()  # no worker thread is left waiting on the server
-
-    def _cut_api_later(self) -> None:
-        """From the stop request on, the API server has STOP_API_BUDGET seconds for the
-        calls of the start still running and of the stop (the pool removed); then every
-        call in flight is cut, whatever the server does."""
-        if self._cutoff is None:
-            self._cutoff = asyncio.get_running_loop().call_later(STOP_API_BUDGET, self._cut_api)
-
-    def _cut_api(self) -> None:
-        log.warning(
-            "the API server did not answer the stop's calls within %.0fs; they are cut",
-            STOP_API_BUDGET,
-        )
-        self.api_client.close()
+            self._stop_budget.done()
 
     # --- reload (engine/frontend.py Reloadable) ---------------------------------
 

@@ -141,7 +141,7 @@ async def test_sigterm_ends_a_driver_whose_start_the_server_holds(
 async def test_the_stop_cuts_what_the_server_holds_after_its_budget(
     dra, api_server, monkeypatch, caplog
 ):
-    monkeypatch.setattr("hetero_dp.dra.frontend.STOP_API_BUDGET", 0.5)
+    monkeypatch.setattr("hetero_dp.dra.stopping.STOP_API_BUDGET", 0.5)
     await dra.start(Npus(2))
     api_server.misbehaviour.trickle = 0.05  # from now on, every call is held
     started = time.monotonic()
@@ -195,18 +195,18 @@ def test_a_kept_alive_tls_connection_dropped_while_idle_is_replaced_at_once(tmp_
         client = server.client()
         assert client.request("GET", "/api/v1/nodes/n")["metadata"]["name"] == "n"
         # the server drops the idle connection, no close_notify
-        assert server.wait_until(lambda: server.idle_drops >= 1, 10)
+        assert server.transport.wait_until(lambda: server.transport.idle_drops >= 1, 10)
         body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice"}
         for method, path, payload in [
             ("GET", "/api/v1/nodes/n", None),
             ("POST", "/apis/resource.k8s.io/v1/resourceslices?dryRun=All", body),
         ]:
-            drops = server.idle_drops
+            drops = server.transport.idle_drops
             try:
                 client.request(method, path, body=payload)
             except APIError as e:
                 assert e.status != 0, f"{method} on a dropped connection failed: {e}"
-            assert server.wait_until(lambda d=drops: server.idle_drops > d, 10)
+            assert server.transport.wait_until(lambda d=drops: server.transport.idle_drops > d, 10)
         assert client.most_connects == 1  # one fresh connection per call, no more
 
 
@@ -219,12 +219,15 @@ async def test_a_health_change_after_a_quiet_spell_reaches_a_tls_server_at_once(
         try:
             daemon = await runner.start(Npus(2))
             assert len(server.devices_of(DRIVER)) == 2
-            drops = server.idle_drops
+            drops = server.transport.idle_drops
             # the quiet spell: every kept-alive connection sits idle and is dropped; the
             # watch's stays open
             assert await asyncio.to_thread(
-                server.wait_until,
-                lambda: server.idle_drops > drops and server.open_connections == server.watches,
+                server.transport.wait_until,
+                lambda: (
+                    server.transport.idle_drops > drops
+                    and server.transport.open_connections == server.watches
+                ),
                 10,
             )
             writes = len(server.writes())

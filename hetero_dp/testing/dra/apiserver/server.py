@@ -48,10 +48,8 @@ class FakeAPIServer:
     every slice write is refused with this message and ``refuse_status``: 403
     Forbidden (an admission webhook saying no), or 429/503 (a server shedding load).
     ``requests`` records every call. ``history``, ``bookmark_interval`` and
-    ``expired_as``: see :mod:`.store` and :mod:`.watch`. ``tls`` (certificate and
-    key files) serves HTTPS, ``idle_timeout`` drops idle connections as
-    kube-apiserver does, and ``misbehaviour`` makes it hostile on purpose (see
-    :mod:`.transport`).
+    ``expired_as``: see :mod:`.store` and :mod:`.watch`; ``tls``, ``idle_timeout``
+    and ``misbehaviour`` (a hostile server): see :mod:`.transport`.
     """
 
     def __init__(
@@ -94,14 +92,6 @@ class FakeAPIServer:
     @property
     def connections(self) -> int:
         return self.transport.connections  # connections accepted
-
-    @property
-    def open_connections(self) -> int:
-        return self.transport.open_connections  # connections open now (watches too)
-
-    @property
-    def idle_drops(self) -> int:
-        return self.transport.idle_drops  # connections closed for sitting idle
 
     @property
     def versions(self) -> tuple[str, ...]:
@@ -313,12 +303,6 @@ class FakeAPIServer:
     def verbs(self, since: int = 0) -> dict[str, int]:
         """See :meth:`RequestLog.verbs`."""
         return self.log.verbs(since)
-
-    def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
-        """Block until ``predicate()`` holds (re-checked on every request and change);
-        True if it did within ``timeout`` seconds."""
-        with self._cond:
-            return self._cond.wait_for(predicate, timeout)
 
     async def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         """Wait until ``predicate()`` holds, re-checked on every request and change (in a

@@ -27,7 +27,7 @@ import json
 import socket
 import ssl
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
@@ -271,6 +271,12 @@ class HTTPTransport:
         with self.cond:
             self.connections += 1
             self._open.add(connection)
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Block until ``predicate()`` holds (re-checked on every request, connection
+        and change); True if it did within ``timeout`` seconds."""
+        with self.cond:
+            return self.cond.wait_for(predicate, timeout)
 
     @property
     def open_connections(self) -> int:
