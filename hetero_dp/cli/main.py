@@ -209,6 +209,12 @@ def run(
     from hetero_dp.kits.signals import hold_signals
 
     hold_signals()  # first: a signal during start-up must not kill the daemon halfway
+    from hetero_dp.kits.limits import check_limits
+
+    try:  # before gRPC starts a thread: under a low ulimit -v it cannot, and aborts
+        check_limits()
+    except ConfigError as e:
+        _fail_config(e)
     from hetero_dp.kits.logs import setup_logging
     from hetero_dp.ops.assembly import assemble
 

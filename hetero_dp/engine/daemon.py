@@ -42,6 +42,7 @@ from hetero_dp.engine.runtime import BackendRuntime
 from hetero_dp.engine.watching import HookWatch
 from hetero_dp.kits import observe
 from hetero_dp.kits.aiotools import wait_event
+from hetero_dp.kits.limits import check_limits, report_exhaustion
 from hetero_dp.kits.logs import Repeats
 from hetero_dp.kits.signals import held
 from hetero_dp.kits.tasks import Tasks
@@ -85,6 +86,8 @@ class Daemon:
 
     async def start(self) -> None:
         """Configure, discover, validate, then serve and register. ConfigError = bad setup."""
+        report_exhaustion(asyncio.get_running_loop())
+        check_limits()  # what any daemon needs, before a port or socket is bound
         await self.front_end.open()
         for rt in self.runtimes.values():
             self.health.wire(rt)
@@ -109,6 +112,8 @@ class Daemon:
         if cdi is not None and cdi.unusable is not None:  # specs are needed and cannot be
             raise ConfigError(cdi.unusable.reason, field="cdi.dir", source=self.config.source)
         self.started = True
+        # what these resources need, before the first registration: none, or all of them
+        check_limits(len(self.resources), sum(len(rt.discovered) for rt in self.runtimes.values()))
         await self.front_end.serve()
         for rt in self.runtimes.values():
             self._start_watch(rt)
