@@ -105,7 +105,7 @@ class View:
 
     holders: list[Holder] = field(default_factory=list)
     uses: list[ContainerUse] = field(default_factory=list)
-    #: record ID -> the one container holding that device whole (not shared)
+    #: record ID -> the one container holding that device whole (every replica of it)
     sole: dict[str, Owner] = field(default_factory=dict)
     #: pid -> its container, for the processes the backends named
     by_pid: dict[int, Owner] = field(default_factory=dict)
@@ -161,7 +161,8 @@ def build(
             view.holders.append(Holder(c.resource, device, owner))
             holders_of.setdefault(replica_base(device), []).append(owner)
     for physical, owners in holders_of.items():
-        if replicas.get(physical, 1) == 1 and len(owners) == 1:
+        # whole: every advertised ID of the device held, all by the same container
+        if len(owners) == replicas.get(physical, 1) and len(set(owners)) == 1:
             view.sole[physical] = owners[0]
     pods = pods_by_uid(ours, entries)
     uses: dict[tuple[Owner, str, str], ContainerUse] = {}

@@ -176,3 +176,12 @@ async def test_the_kubelet_going_away_and_back_is_survived(
     await fake_kubelet.serve_pod_resources()
     assert set(series(await scrape(daemon), HELD)) == {"a"}
     assert sum("attribution on" in r.getMessage() for r in caplog.records) == 2  # start, back
+
+
+async def test_a_kubelet_restart_is_survived(fake_kubelet, plugin_runner, proc):
+    daemon = await start(fake_kubelet, plugin_runner, proc, count=2)
+    await fake_kubelet.admit_pod("a", {"main": {RES: 1}})
+    assert set(series(await scrape(daemon), HELD)) == {"a"}
+    await fake_kubelet.restart()  # its pod-resources server stops and comes back with it
+    await fake_kubelet.wait_registered(RES, after=1)
+    assert set(series(await scrape(daemon), HELD)) == {"a"}

@@ -175,3 +175,12 @@ def test_a_process_is_read_once_and_a_reused_pid_afresh(tmp_path):
     (tmp_path / "7").rmdir()
     with pytest.raises(Vanished):
         cache.lookup(7)
+
+
+def test_a_container_holding_every_replica_holds_the_device_whole():
+    g0 = _dev(0)
+    inv = Inventory({"r/x": {"g0::0": g0, "g0::1": g0}})
+    both = [ContainerDevices("a", "ns", "c", "r/x", ("g0::0", "g0::1"))]
+    assert build(inv, both, [], [], {}).sole == {"g0": Owner("a", "ns", "c")}
+    one = [ContainerDevices("a", "ns", "c", "r/x", ("g0::0",))]
+    assert build(inv, one, [], [], {}).sole == {}
