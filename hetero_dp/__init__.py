@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import pluggy
 
 from hetero_dp.kits.atomic import write_atomic
+from hetero_dp.kits.foreign import read_foreign
 from hetero_dp.model.device import (
     HEALTHY,
     REPLICA_SEPARATOR,
@@ -42,6 +43,7 @@ hookimpl = pluggy.HookimplMarker("hetero_dp")
 _LAZY = {
     name: "hetero_dp.allocation.sharing" for name in ("SharingConfig", "advertise", "parse_sharing")
 }
+_LAZY["load_yaml"] = "hetero_dp.kits.yamlread"  # PyYAML only for a backend that reads YAML
 
 
 def __getattr__(name: str) -> object:
@@ -57,6 +59,7 @@ def __getattr__(name: str) -> object:
 
 if TYPE_CHECKING:
     from hetero_dp.allocation.sharing import SharingConfig, advertise, parse_sharing
+    from hetero_dp.kits.yamlread import load_yaml
 
 __version__ = "0.1.0"
 
@@ -82,11 +85,13 @@ __all__ = [
     "device_settings",
     "hookimpl",
     "is_replica",
+    "load_yaml",
     "option",
     "parse_options",
     "parse_sharing",
     "pci_address_of",
     "pci_facts",
+    "read_foreign",
     "replica_base",
     "resource_name_problem",
     "unknown_key",

@@ -50,8 +50,10 @@ class ForeignFileError(ValueError):
 def read_foreign(
     path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES, follow: bool = False
 ) -> bytes:
-    """The bytes of the regular file ``path``, at most ``max_bytes`` of them; raises
-    ForeignFileError saying why not (not a regular file, too large, an OSError).
+    """The bytes of the regular file ``path``, at most ``max_bytes`` of them, opened
+    without blocking (a FIFO with no writer blocks a plain ``open()`` for ever); raises
+    ForeignFileError (a ValueError) saying why not: what is there when it is no regular
+    file (a FIFO, a socket, a device, a symlink loop), too large, an OSError.
     ``follow``: a symlink is followed (a ConfigMap's files are links); else refused."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:

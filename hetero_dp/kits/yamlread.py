@@ -133,8 +133,13 @@ def load_yaml(
     max_nodes: int = MAX_NODES,
     max_depth: int = MAX_DEPTH,
 ) -> tuple[Any, list[Surprise]]:
-    """The first document of ``text`` and its YAML 1.1 surprises; YamlRefused otherwise
-    (bad YAML, or beyond the bounds: see the module's docs)."""
+    """The first document of ``text``, and the plain numbers YAML 1.1 reads unlike their
+    digits (``12:30:00`` is 45000, ``0x10`` 16) as :class:`Surprise` records to warn of.
+
+    Raises YamlRefused (a ValueError with ``line`` and ``field``) for text that is no
+    YAML, more than ``max_aliases`` aliases, more than ``max_nodes`` values with each
+    alias counted as all it names (an alias bomb), nesting deeper than ``max_depth``,
+    an alias inside what it names, or a key given twice in one mapping."""
     loader: _Loader | None = None
     try:
         loader = _Loader(text, max_aliases, max_nodes, max_depth)

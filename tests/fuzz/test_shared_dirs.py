@@ -256,3 +256,18 @@ async def test_a_label_file_that_cannot_be_written_is_said_once(
         await fake_kubelet.wait_devices(RES, lambda d, n=n: len(d) == n)
     lines = [r.getMessage() for r in caplog.records if "node label file" in r.getMessage()]
     assert len(lines) == 1 and "hetero-dp-acme" in lines[0], lines
+
+
+def test_a_udev_rules_file_is_read_the_same_way(tmp_path: Path) -> None:
+    rules = pytest.importorskip("hetero_dp_udev.rules")
+    from hetero_dp.model.errors import ConfigError
+
+    os.mkfifo(tmp_path / "fifo.yaml")  # the rules ConfigMap's file replaced by a FIFO
+    with pytest.raises(ConfigError, match="a FIFO"):
+        in_time(lambda: rules.load_rules(str(tmp_path / "fifo.yaml")))
+    (tmp_path / "bomb.yaml").write_text(alias_bomb(key="resources"))
+    with pytest.raises(ConfigError, match="stands for more than"):
+        rules.load_rules(str(tmp_path / "bomb.yaml"))
+    (tmp_path / "twice.yaml").write_text("version: 1\nresources: []\nversion: 1\n")
+    with pytest.raises(ConfigError, match="given twice"):
+        rules.load_rules(str(tmp_path / "twice.yaml"))

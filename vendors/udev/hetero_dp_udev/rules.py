@@ -13,9 +13,7 @@ from collections.abc import Iterable, Sequence
 from importlib import resources
 from pathlib import Path
 
-import yaml
-
-from hetero_dp import ConfigError
+from hetero_dp import ConfigError, load_yaml, read_foreign
 
 from .entries import attribute_name_problem, no_unknown, parse_entry
 from .ruletypes import NAMES, Companion, Match, Rule, render, template_fields
@@ -34,6 +32,7 @@ __all__ = [
 ]
 
 SHIPPED_PACKAGE = "hetero_dp_udev.rulesets"
+MAX_RULES_BYTES = 1024 * 1024  # the shipped rule sets are a few KiB each
 
 
 def shipped_rule_sets() -> list[str]:
@@ -69,10 +68,10 @@ def load_rules(spec: object, names: str = "vendor") -> list[Rule]:
     for item in items:
         if _looks_like_path(item):
             path = Path(item)
-            try:
-                text = path.read_text(encoding="utf-8")
-            except OSError as exc:
-                raise ConfigError(f"cannot read rules file: {exc.strerror}", source=item) from exc
+            try:  # a ConfigMap's file: a FIFO or a huge file in its place is refused
+                text = read_foreign(path, max_bytes=MAX_RULES_BYTES, follow=True).decode()
+            except ValueError as exc:  # ForeignFileError, UnicodeDecodeError
+                raise ConfigError(f"cannot read rules file: {exc}", source=item) from None
             rules.extend(parse_rules(text, source=item, names=names))
         else:
             rules.extend(load_shipped(item, names=names))
@@ -111,10 +110,10 @@ def _check_unique(rules: Iterable[Rule]) -> None:
 def parse_rules(text: str, source: str, names: str = "vendor") -> list[Rule]:
     """Parse one rules document; ``source`` names it in error messages. With
     ``names="generic"`` its ``generic`` list (if any) replaces ``resources``."""
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"not valid YAML: {exc}", source=source) from exc
+    try:  # bounded: aliases, depth, a key given twice (hetero_dp.load_yaml)
+        doc, _surprises = load_yaml(text)
+    except ValueError as exc:
+        raise ConfigError(f"not valid YAML: {exc}", source=source) from None
     if not isinstance(doc, dict):
         raise ConfigError("must be a mapping with a 'resources' list", source=source)
     no_unknown(doc, {"version", "resources", "generic"}, source, "")
