@@ -185,3 +185,27 @@ async def test_a_kubelet_restart_is_survived(fake_kubelet, plugin_runner, proc):
     await fake_kubelet.restart()  # its pod-resources server stops and comes back with it
     await fake_kubelet.wait_registered(RES, after=1)
     assert set(series(await scrape(daemon), HELD)) == {"a"}
+
+
+async def test_a_reload_that_moves_the_socket_is_followed(fake_kubelet, plugin_runner, proc):
+    from hetero_dp.engine.config import load_config
+
+    real = await fake_kubelet.serve_pod_resources()
+    doc = {
+        "kubeletDir": str(fake_kubelet.plugin_dir),
+        "pluginsRegistryDir": str(fake_kubelet.registry_dir),
+        "healthInterval": 0,
+        "rediscoverInterval": 0,
+        "metrics": {"address": "127.0.0.1:0"},
+        "cdi": {"dir": str(proc.parent / "cdi")},
+        "labels": {"dir": str(proc.parent / "labels")},
+        "attribution": {"procRoot": str(proc), "podResourcesSocket": str(real) + ".moved"},
+        "backends": {"simulated": {"count": 2, "numaNodes": 0}},
+    }
+    daemon = await plugin_runner.start("simulated", config=doc)
+    await fake_kubelet.wait_registered(RES)
+    await fake_kubelet.admit_pod("a", {"main": {RES: 1}})
+    assert series(await scrape(daemon), HELD) == {}  # no socket there
+    doc["attribution"]["podResourcesSocket"] = str(real)
+    await daemon.apply_config(load_config(raw=doc, env={}))
+    assert set(series(await scrape(daemon), HELD)) == {"a"}
