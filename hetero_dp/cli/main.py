@@ -14,6 +14,8 @@ from typing import Any
 
 import click
 
+from hetero_dp.cli.settings import overrides as setting_overrides
+from hetero_dp.cli.settings import setting_flags
 from hetero_dp.engine.config import Config, check_backend_names, load_config, set_option
 from hetero_dp.model.errors import BackendError, ConfigError, StartError
 
@@ -108,43 +110,7 @@ def main() -> None:
 @click.argument("backends", nargs=-1, required=True, type=click.UNPROCESSED)
 @config_option
 @set_option_flag
-@click.option("--kubelet-dir", help="Device-plugin dir (env HETERO_DP_KUBELET_DIR).")
-@click.option(
-    "--registration",
-    type=click.Choice(["classic", "watcher"]),
-    help="Register through kubelet.sock (classic) or plugins_registry (watcher).",
-)
-@click.option("--plugins-registry-dir", help="Watcher-mode registration dir.")
-@click.option("--health-interval", type=float, help="Seconds between health polls (0: off).")
-@click.option("--rediscover-interval", type=float, help="Seconds between rediscoveries (0: off).")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
-@click.option("--log-format", type=click.Choice(["text", "json"]))
-@click.option(
-    "--metrics-address",
-    envvar="HETERO_DP_METRICS_ADDRESS",
-    help="Serve /metrics, /healthz, /readyz on HOST:PORT or :PORT (config metrics.address).",
-)
-@click.option(
-    "--labels-dir",
-    envvar="HETERO_DP_LABELS_DIR",
-    help="Write node labels for Node Feature Discovery into DIR (config labels.enabled/dir).",
-)
-@click.option(
-    "--cdi-runtime-config",
-    envvar="HETERO_DP_CDI_RUNTIME_CONFIG",
-    help="The container runtime's config (containerd config.toml, docker daemon.json); "
-    "where it has CDI off, CDI delivery falls back to device specs (config cdi.runtimeConfig).",
-)
-@click.option(
-    "--pod-resources-socket",
-    envvar="HETERO_DP_POD_RESOURCES_SOCKET",
-    help="The kubelet's pod-resources socket (config attribution.podResourcesSocket).",
-)
-@click.option(
-    "--proc-root",
-    envvar="HETERO_DP_PROC_ROOT",
-    help="The host's /proc, read-only (config attribution.procRoot).",
-)
+@setting_flags
 @click.option(
     "--mode",
     default="device-plugin",
@@ -180,18 +146,6 @@ def run(
     backends: tuple[str, ...],
     config: str | None,
     options: tuple[str, ...],
-    kubelet_dir: str | None,
-    registration: str | None,
-    plugins_registry_dir: str | None,
-    health_interval: float | None,
-    rediscover_interval: float | None,
-    log_level: str | None,
-    log_format: str | None,
-    metrics_address: str | None,
-    labels_dir: str | None,
-    cdi_runtime_config: str | None,
-    pod_resources_socket: str | None,
-    proc_root: str | None,
     mode: str,
     node_name: str | None,
     driver_names: tuple[str, ...],
@@ -200,6 +154,7 @@ def run(
     kubeconfig: str | None,
     fake_kubelet: bool,
     create_kubelet_dir: bool,
+    **settings: Any,
 ) -> None:
     """Serve BACKENDS (installed names or .py files) to the kubelet until SIGTERM.
 
@@ -218,27 +173,7 @@ def run(
     from hetero_dp.kits.logs import setup_logging
     from hetero_dp.ops.assembly import assemble
 
-    flags: dict[str, Any] = dict(
-        # a relative dir on the command line is the shell's: made absolute here
-        kubeletDir=os.path.abspath(kubelet_dir) if kubelet_dir else kubelet_dir,
-        registration=registration,
-        pluginsRegistryDir=(
-            os.path.abspath(plugins_registry_dir) if plugins_registry_dir else None
-        ),
-        healthInterval=health_interval,
-        rediscoverInterval=rediscover_interval,
-        logLevel=log_level,
-        logFormat=log_format,
-    )
-    if metrics_address:
-        flags["metrics"] = {"address": metrics_address}
-    if labels_dir:
-        flags["labels"] = {"enabled": True, "dir": labels_dir}
-    if cdi_runtime_config:
-        flags["cdi"] = {"runtimeConfig": cdi_runtime_config}
-    attribution = {"podResourcesSocket": pod_resources_socket, "procRoot": proc_root}
-    if any(attribution.values()):
-        flags["attribution"] = {k: v for k, v in attribution.items() if v}
+    flags = setting_overrides(settings)  # the settings' own flags (cli/settings.py)
     trial_root = None
     fake_nodes: str | None = None
     if fake_kubelet:

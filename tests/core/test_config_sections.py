@@ -180,3 +180,43 @@ def test_every_core_setting_declares_what_a_reload_does():
 
     assert {s.info.reload for s in SETTINGS} <= set(RELOADS)
     assert len(SETTINGS) == len({s.key for s in SETTINGS}) > 15
+
+
+def test_run_has_a_flag_for_every_setting_that_declares_one():
+    """The flags of ``hetero-dp run`` are generated from the declarations: each one
+    declared is there, typed as declared, and what it gives reaches load_config."""
+    import click
+
+    from hetero_dp.cli.main import run
+    from hetero_dp.cli.settings import FLAGGED, overrides, param_name
+    from hetero_dp.engine.config import load_config
+
+    by_flag = {o: p for p in run.params for o in getattr(p, "opts", [])}
+    for s in FLAGGED:
+        assert s.info.flag in by_flag, s.key
+        assert by_flag[s.info.flag].name == param_name(s)
+    assert isinstance(by_flag["--registration"].type, click.Choice)
+    given = {param_name(s): None for s in FLAGGED}
+    given.update({"s_kubeletDir": "rel/dp", "s_healthInterval": 2.5, "s_metrics__address": ":9400"})
+    cfg = load_config(raw={}, env={}, overrides=overrides(given))
+    assert cfg.kubelet_dir.is_absolute() and cfg.kubelet_dir.name == "dp"  # the shell's
+    assert (cfg.health_interval, cfg.metrics.address) == (2.5, ":9400")
+
+
+def test_a_sections_env_var_is_read_by_the_config_and_named_when_refused():
+    """HETERO_DP_LABELS_DIR (the DaemonSets set it) turns labels on, as its flag does;
+    a bad HETERO_DP_METRICS_ADDRESS is refused naming the variable."""
+    from hetero_dp.engine.config import load_config
+    from hetero_dp.model.errors import ConfigError
+
+    cfg = load_config(raw={}, env={"HETERO_DP_LABELS_DIR": "/run/features.d"})
+    assert (cfg.labels.enabled, cfg.labels.dir) == (True, "/run/features.d")
+    cfg = load_config(raw={"labels": {"dir": "/x"}}, env={"HETERO_DP_LABELS_DIR": ""})
+    assert (cfg.labels.enabled, cfg.labels.dir) == (False, "/x")  # empty: unset
+    cfg = load_config(
+        raw={}, env={"HETERO_DP_LABELS_DIR": "/e"}, overrides={"labels": {"dir": "/f"}}
+    )
+    assert cfg.labels.dir == "/f"  # the flag wins
+    with pytest.raises(ConfigError) as e:
+        load_config(raw={}, env={"HETERO_DP_PROC_ROOT": "relative"})
+    assert (e.value.field, e.value.source) == ("attribution.procRoot", "env HETERO_DP_PROC_ROOT")
