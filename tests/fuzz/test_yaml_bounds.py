@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -184,3 +185,29 @@ def test_list_on_the_bomb_exits_2_at_once_in_bounded_memory(
     assert message[0].startswith(f"hetero-dp: configuration error: {path}"), proc.stderr
     assert "stands for more than" in proc.stderr
     assert int(peak) < 400 * 1024, f"peak RSS {int(peak) // 1024} MiB"
+
+
+TOKENS = [
+    "a", "b", ": ", "- ", "\n", "\n  ", "\n    ", "[", "]", "{", "}", ", ", "&x ", "&y ",
+    "*x", "*y", "<<: ", "? ", "'q'", '"\\u0000"', "12:30", "0x1F", "010", "1_0", ".inf", "~",
+    "!!str ", "!!python/object:os.system ", "---\n", "...\n", "#c\n", "|\n  t\n", "9" * 5000,
+    "\t", "%YAML 1.1\n",
+]  # fmt: skip
+
+
+def test_random_yaml_loads_or_is_refused_never_anything_else() -> None:
+    """400 seeded documents of YAML's own tokens (anchors, aliases, merges, tags,
+    directives, huge numbers): a document or a YamlRefused, nothing else escapes."""
+    from hetero_dp.kits.yamlread import YamlRefused
+
+    rng = random.Random(3636)
+    escaped = []
+    for _ in range(400):
+        text = "".join(rng.choice(TOKENS) for _ in range(rng.randint(1, 60)))
+        try:
+            load_yaml(text)
+        except YamlRefused:
+            pass
+        except Exception as e:
+            escaped.append(f"{type(e).__name__}: {e} for {text!r}")
+    assert not escaped, "\n".join(escaped[:5])
