@@ -71,11 +71,27 @@ class Attribution:
         self._entries: list[checkpoint.Entry] = []
         self._stamp: tuple[int, int, int] | None = None
         self._on: bool | None = None  # unknown until the first refresh
+        self._lock = asyncio.Lock()
 
     async def refresh(
         self, inventory: Inventory, usages: Iterable[ProcessUsage], pids: Iterable[int] = ()
     ) -> View | None:
-        """Read everything once and join it; None while attribution is off."""
+        """Read everything once and join it; None while attribution is off. Two scrapes
+        at once refresh one after the other (the caches are not shared between threads);
+        anything unforeseen costs this refresh (one ERROR line per kind), never the scrape."""
+        async with self._lock:
+            try:
+                return await self._refresh(inventory, usages, pids)
+            except Exception as e:  # the scrape answers without attribution
+                self.view = None
+                self.notes.note(
+                    "failed", f"attribution failed, left out of this scrape: {e!r}", logging.ERROR
+                )
+                return None
+
+    async def _refresh(
+        self, inventory: Inventory, usages: Iterable[ProcessUsage], pids: Iterable[int]
+    ) -> View | None:
         try:
             listed = await self.client.list(self._checkpoint_stamp())
         except PodResourcesUnavailable as e:
@@ -98,6 +114,7 @@ class Attribution:
         self._refs = refs
         self.view = view
         self.watch.check(view.uses)
+        self.notes.clear("failed")
         return view
 
     def _read(

@@ -173,3 +173,23 @@ async def test_a_vanished_pid_costs_its_own_usage(node, caplog):
     await a.refresh(INV, usage)
     gone = [m for m in lines(caplog) if "ended before" in m]
     assert len(gone) == 1 and "999" in gone[0]
+
+
+async def test_anything_unforeseen_costs_the_refresh_not_the_scrape(node, caplog):
+    caplog.set_level(logging.INFO, logger="hetero_dp.usage")
+    a = node.attribution()
+    a.client.min_gap = 0
+    broken = Inventory(INV.records)
+    broken.replicas = None  # type: ignore[assignment]  # a state nothing expects
+    for _ in range(2):
+        assert await a.refresh(broken, USAGE) is None
+    errors = [m for m in lines(caplog, logging.ERROR) if "attribution failed" in m]
+    assert len(errors) == 1, errors
+    assert (await a.refresh(INV, USAGE)) is not None
+
+
+async def test_two_scrapes_at_once_refresh_one_after_the_other(node):
+    a = node.attribution()
+    views = await asyncio.gather(*(a.refresh(INV, USAGE) for _ in range(5)))
+    assert all(v is not None and len(v.uses) == 2 for v in views)
+    assert node.server.calls == 1
