@@ -4,9 +4,10 @@ On whenever the pod-resources socket exists; without it, or while the kubelet do
 not answer, a refresh returns None (``/metrics`` answers as before), the log says
 once why, and the next refresh that gets an answer turns it on again with a line.
 The checkpoint is parsed again only when it changed (its inode, size or mtime); the
-cgroups of the PIDs the backends named are read once per refresh, in one worker
-thread. Each problem costs only its own item and is logged once until it clears:
-a vanished PID, an unreadable cgroup file, a checkpoint that cannot be used.
+PIDs the backends named are looked up in one worker thread, each process's cgroup file
+read once (:class:`~hetero_dp.usage.cgroups.CgroupCache`). Each problem costs only
+its own item and is logged once until it clears: a vanished PID, an unreadable cgroup
+file, a checkpoint that cannot be used.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hetero_dp.model.device import Sample
@@ -197,7 +198,3 @@ class Attribution:
         if sample.device_id:
             return view.sole.get(sample.device_id)
         return None
-
-
-def sample_pids(samples: Mapping[str, list[Sample]]) -> set[int]:
-    return {s.pid for ss in samples.values() for s in ss if s.pid is not None}
