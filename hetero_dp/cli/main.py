@@ -209,7 +209,7 @@ def run(
             create_kubelet_dir=create_kubelet_dir,
             node_name=node_name,
             driver_names=driver_names,
-            plugins_dir=dra_plugins_dir,
+            plugins_dir=os.path.abspath(dra_plugins_dir) if dra_plugins_dir else None,
             api_server=api_server,
             kubeconfig=kubeconfig,
         )

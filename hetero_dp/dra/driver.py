@@ -101,11 +101,18 @@ class DRADriver:
         part = f"-{settings.instance}" if settings.instance else ""
         self.socket_path = self.dir / f"dra{part}.sock"
         self.registry_socket = Path(settings.registry_dir) / f"{self.name}{part}-reg.sock"
-        for p in (self.socket_path, self.registry_socket):
+        for p, field, advice in (
+            (self.socket_path, "pluginsDir", "use a shorter --dra-plugins-dir"),
+            (
+                self.registry_socket,
+                "pluginsRegistryDir",
+                "use a shorter pluginsRegistryDir (--plugins-registry-dir)",
+            ),
+        ):
             try:
-                check_socket_path(p)
+                check_socket_path(p, f"{advice} or driver name")
             except ValueError as e:
-                raise ConfigError(str(e), field="pluginsDir") from None
+                raise ConfigError(str(e), field=field) from None
         self.api = ResourceAPI(api_client)
         self.checkpoint = Checkpoint(self.dir / "checkpoint.json")
         self.by_name: dict[str, Device] = {}

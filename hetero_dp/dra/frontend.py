@@ -35,6 +35,7 @@ from hetero_dp.engine.resource import Resource
 from hetero_dp.engine.runtime import BackendRuntime
 from hetero_dp.model.device import Device, is_replica, replica_base
 from hetero_dp.model.errors import BackendError, ConfigError
+from hetero_dp.model.names import path_problem
 from hetero_dp.usage.view import ClaimHolder
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,9 @@ class DRAOptions:
         opts = cls(node_name=node, driver_names=names)
         opts.instance = env.get("HETERO_DP_POD_UID") or env.get("POD_UID") or ""
         if plugins_dir:
+            problem = path_problem(plugins_dir)
+            if problem:  # a relative one is made absolute by the command line
+                raise ConfigError(problem, field="pluginsDir", source="flag --dra-plugins-dir")
             opts.plugins_dir = Path(plugins_dir)
         return opts
 

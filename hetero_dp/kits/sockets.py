@@ -149,9 +149,13 @@ def bind_unix(server: grpc.aio.Server, path: Path) -> tuple[int, int] | None:
     return socket_identity(path)
 
 
-def check_socket_path(path: Path) -> None:
+def check_socket_path(
+    path: Path, advice: str = "use a shorter --kubelet-dir or socket prefix"
+) -> None:
+    """ValueError when ``path`` is too long for a unix socket; ``advice``: what to
+    shorten (the setting the path comes from)."""
     if len(os.fsencode(path)) > MAX_UNIX_PATH:
         raise ValueError(
             f"socket path {path} is {len(os.fsencode(path))} bytes; unix sockets allow "
-            f"{MAX_UNIX_PATH}: use a shorter --kubelet-dir or socket prefix"
+            f"{MAX_UNIX_PATH}: {advice}"
         )

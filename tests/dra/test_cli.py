@@ -8,6 +8,8 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from hetero_dp.dra import device_name
 from hetero_dp.testing.dra import ClaimRef, make_claim
 
@@ -96,3 +98,53 @@ async def test_without_a_node_name_the_cli_explains(dra, hetero_dp_cmd, cli_env)
     code, out = await wait_exit(proc)
     assert code == 2, out
     assert "--node-name" in out and "NODE_NAME" in out
+
+
+async def test_a_relative_dra_plugins_dir_is_the_shells(
+    dra, kubelet, hetero_dp_cmd, cli_env, monkeypatch
+):
+    """As --kubelet-dir: a relative --dra-plugins-dir is taken from the working dir
+    (it crashed in gRPC's bind with a traceback, exit 1)."""
+    monkeypatch.chdir(dra.root)
+    proc = spawn(dra, hetero_dp_cmd, cli_env, "--dra-plugins-dir", "rel-plugins")
+    try:
+        await kubelet.wait_registered(DRIVER, timeout=30)
+        assert (dra.root / "rel-plugins" / DRIVER / "dra.sock").is_socket()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, out = await wait_exit(proc)
+    assert code == 0, out
+
+
+def test_a_registry_socket_too_long_names_the_registry_dir(tmp_path):
+    """The registration socket sits in pluginsRegistryDir: its length is blamed on that
+    setting, not on pluginsDir (whose advice named --kubelet-dir)."""
+    from hetero_dp.dra.driver import DRADriver, DriverSettings
+    from hetero_dp.model.errors import ConfigError
+
+    deep = tmp_path / ("r" * 120)
+    settings = DriverSettings(
+        driver=DRIVER,
+        node="node-a",
+        plugins_dir=Path("/p"),
+        registry_dir=deep,
+        cdi_dir=tmp_path,
+    )
+    with pytest.raises(ConfigError) as e:
+        DRADriver(settings, api_client=None)
+    assert e.value.field == "pluginsRegistryDir"
+    assert "--plugins-registry-dir" in str(e.value) and "--kubelet-dir" not in str(e.value)
+    settings.registry_dir, settings.plugins_dir = Path("/r"), deep
+    with pytest.raises(ConfigError) as e:
+        DRADriver(settings, api_client=None)
+    assert e.value.field == "pluginsDir" and "--dra-plugins-dir" in str(e.value)
+
+
+def test_a_dra_plugins_dir_that_cannot_be_a_path_is_refused():
+    from hetero_dp.dra.frontend import DRAOptions
+    from hetero_dp.model.errors import ConfigError
+
+    for bad in ("relative/dir", "/a\0b"):
+        with pytest.raises(ConfigError) as e:
+            DRAOptions.from_flags(node_name="n", plugins_dir=bad, env={})
+        assert e.value.field == "pluginsDir"
