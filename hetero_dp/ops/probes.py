@@ -111,6 +111,11 @@ class ProbeServer:
         return self._port
 
     @property
+    def open_connections(self) -> int:
+        """Connections open now (at most :data:`MAX_CONNECTIONS`)."""
+        return len(self._open)
+
+    @property
     def serving(self) -> bool:
         """Listening (False while waiting for a port another process holds)."""
         return self._server is not None

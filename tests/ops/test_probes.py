@@ -189,3 +189,32 @@ async def test_the_ready_file_follows_readyz(fake_kubelet, plugin_runner, tmp_pa
 
     await plugin_runner.stop(daemon)
     assert not ready_file.exists()
+
+
+async def test_a_crowd_of_idle_and_slow_clients_is_capped_and_probes_get_through(
+    fake_kubelet, plugin_runner, monkeypatch, caplog
+):
+    """More idle connections than the cap: the daemon holds at most the cap, closes
+    the oldest idle ones to make room, logs one line for it, and /healthz answers."""
+    from hetero_dp.ops import probes
+
+    monkeypatch.setattr(probes, "IDLE_GRACE", 0.05)
+    daemon = await plugin_runner.start(
+        Scripted(make_devices(A, 1)), config={"metrics": {"address": "127.0.0.1:0"}}
+    )
+    port = port_of(daemon)
+    crowd = []
+    for _ in range(3 * probes.MAX_CONNECTIONS):  # connected, never a byte sent
+        crowd.append(await asyncio.open_connection("127.0.0.1", port))
+    try:
+        server = operations.of(daemon).server
+        await asyncio.sleep(0.1)  # the idle grace passes (a quiet spell, not a sync)
+        status, _ = await http_get(port, "/healthz")
+        assert status == 200
+        assert server.open_connections <= probes.MAX_CONNECTIONS
+        assert server.evicted > 0  # the oldest idle ones made room
+    finally:
+        for _, writer in crowd:
+            writer.close()
+    full = [r for r in caplog.records if "connections at once" in r.getMessage()]
+    assert len(full) == 1
