@@ -54,10 +54,14 @@ def _is_values(path: Path) -> bool:
 _DOCUMENTED = re.compile(r"(?:\s-f|--values)[ =]+(deploy/[\w./-]+\.ya?ml)")
 
 
-def documented_values() -> set[Path]:
-    texts = [p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]]
-    texts += [p.read_text() for p in sorted(DEPLOY.glob("**/*.md"))]
-    return {ROOT / m for text in texts for m in _DOCUMENTED.findall(text)}
+def documented_values(texts: list[str] | None = None) -> set[Path]:
+    if texts is None:
+        pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+        texts = [p.read_text() for p in [*pages, *sorted(DEPLOY.glob("**/*.md"))]]
+    # only helm's -f (kubectl's -f names manifests, not values)
+    commands = [ln for text in texts for ln in text.replace("\\\n", " ").splitlines()]
+    lines = [ln for ln in commands if "helm " in ln]
+    return {ROOT / m for ln in lines for m in _DOCUMENTED.findall(ln)}
 
 
 def values_files(chart: Path) -> list[Path]:
@@ -148,6 +152,12 @@ def check_pods_start(docs: list[dict], where: str) -> None:
 
 def test_kubernetes_minors_from_1_30_to_the_newest_bundled():
     assert MINORS[0] == "1.30" and len(MINORS) >= 2, MINORS
+
+
+def test_documented_values_are_helms_not_kubectls_manifests():
+    text = "helm install x c \\\n  -f deploy/nvidia/v.yaml\n"
+    text += "kubectl apply -f deploy/udev/daemonset.yaml\n"
+    assert documented_values([text]) == {ROOT / "deploy/nvidia/v.yaml"}
 
 
 def test_every_documented_values_file_exists():

@@ -67,10 +67,12 @@ ALLOWED: dict[str, tuple[str, str]] = {
     "CKV_K8S_37": ("privileged implies every capability (CKV_K8S_16)", "-with-privileged"),
     "CKV_K8S_8": (
         "the config manager's sidecar (NVIDIA's has none either): a file copier; the "
-        "plugin container beside it has both probes",
-        "-with-config-manager",
+        "plugin container beside it has both probes; and the clean-up DaemonSet's "
+        "container, which only holds its pod Ready once the clean-up (its init "
+        "container) has succeeded",
+        "-with-config-manager|^deploy-cleanup",
     ),
-    "CKV_K8S_9": ("as CKV_K8S_8", "-with-config-manager"),
+    "CKV_K8S_9": ("as CKV_K8S_8", "-with-config-manager|^deploy-cleanup"),
 }
 
 

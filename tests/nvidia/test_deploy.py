@@ -80,7 +80,7 @@ def test_chart_with_default_values_renders_the_plain_manifest():
     """Alike but for what NVIDIA's own two differ in: the chart selects GPU nodes by
     node affinity and so fails on init errors (NVIDIA's default); the static
     manifest runs on every node, so a node without a GPU must not crash-loop."""
-    [chart] = render_chart(chart_values())
+    [chart] = [d for d in render_chart(chart_values()) if d["kind"] == "DaemonSet"]
     [plain] = [d for d in yaml.safe_load_all(PLAIN.read_text()) if d]
     pod = chart["spec"]["template"]["spec"]
     terms = pod.pop("affinity")["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
@@ -118,7 +118,8 @@ def test_values_file_per_strategy_renders_valid_and_mounts_cdi(strategy):
 def test_config_map_without_default_uses_its_only_entry_or_refuses_a_wrong_default():
     docs = render_chart(chart_values(config={"map": {"a100": "version: v1\n"}, "default": ""}))
     assert env(container(docs)[1])["CONFIG_FILE"] == "/config/a100"
-    assert {d["kind"] for d in docs} == {"DaemonSet", "ConfigMap"}  # no API access needed
+    # no API access needed (the Job is the uninstall clean-up hook)
+    assert {d["kind"] for d in docs} == {"DaemonSet", "ConfigMap", "Job"}
     wrong = {"map": {"a": "version: v1\n"}, "default": "z"}
     out = helm_template(chart_values(config=wrong), check=False)
     assert out.returncode != 0 and 'config.default "z" is not a key of config.map' in out.stderr
