@@ -118,18 +118,6 @@ def main() -> None:
     help="The front end: device-plugin, or dra for DRA drivers (see docs/dra.md); "
     "any front end installed in the entry-point group hetero_dp.front_ends.",
 )
-@click.option("--node-name", help="DRA: this node's name (env NODE_NAME).")
-@click.option(
-    "--driver-name",
-    "driver_names",
-    multiple=True,
-    metavar="[RESOURCE=]NAME",
-    help="DRA: driver name (default: from the resource, npu.acme.example.com for "
-    "acme.example.com/npu).",
-)
-@click.option("--dra-plugins-dir", help="DRA: dir of driver sockets [/var/lib/kubelet/plugins].")
-@click.option("--api-server", help="DRA: API server URL (default: in-cluster or kubeconfig).")
-@click.option("--kubeconfig", envvar="KUBECONFIG", help="DRA: kubeconfig file.")
 @click.option(
     "--fake-kubelet",
     is_flag=True,
@@ -147,11 +135,6 @@ def run(
     config: str | None,
     options: tuple[str, ...],
     mode: str,
-    node_name: str | None,
-    driver_names: tuple[str, ...],
-    dra_plugins_dir: str | None,
-    api_server: str | None,
-    kubeconfig: str | None,
     fake_kubelet: bool,
     create_kubelet_dir: bool,
     **settings: Any,
@@ -204,14 +187,10 @@ def run(
             return _checked_config(config, options, loaded, from_flags, **flags)
 
         # every mode's own options; the front end registered as ``mode`` reads its own
+        # (the DRA front end's settings are the config's dra section, flags included)
         front_end: dict[str, Any] = dict(
             check_kubelet_dir=not fake_kubelet,
             create_kubelet_dir=create_kubelet_dir,
-            node_name=node_name,
-            driver_names=driver_names,
-            plugins_dir=os.path.abspath(dra_plugins_dir) if dra_plugins_dir else None,
-            api_server=api_server,
-            kubeconfig=kubeconfig,
         )
         daemon = assemble(
             names,

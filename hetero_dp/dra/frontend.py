@@ -74,7 +74,9 @@ class DRAOptions:
             key = resource if sep else ""
             problem = driver_name_problem(name)
             if problem:
-                raise ConfigError(problem, field="driverName", source="flag --driver-name")
+                raise ConfigError(
+                    problem, field="dra.driverNames", source="flag --driver-name or config"
+                )
             names[key] = name
         opts = cls(node_name=node, driver_names=names)
         opts.instance = env.get("HETERO_DP_POD_UID") or env.get("POD_UID") or ""
@@ -88,24 +90,27 @@ class DRAOptions:
 
 def make_front_end(cfg: Config, options: Mapping[str, Any]) -> DRAFrontEnd:
     """The DRA front end (registered as ``dra``, see
-    :data:`hetero_dp.engine.frontend.FRONT_END_GROUP`), from ``hetero-dp run --mode
-    dra``'s flags (``node_name``, ``driver_names`` as ``[RESOURCE=]NAME`` strings,
-    ``plugins_dir``, ``api_server``, ``kubeconfig``) or a test runner's options
-    (``driver_names`` as a mapping; ``api_client``, ``env``, ``resync_interval``,
-    ``api_versions``, ``instance`` besides)."""
-    names = options.get("driver_names", ())
-    if isinstance(names, Mapping):  # resource -> name ("": a bare name), as tests give them
+    :data:`hetero_dp.engine.frontend.FRONT_END_GROUP`), from the config's ``dra``
+    section (the file, its env vars, ``hetero-dp run``'s flags ``--node-name``,
+    ``--driver-name``, ``--dra-plugins-dir``, ``--api-server``, ``--kubeconfig``), or
+    a test runner's options over it (``node_name``, ``driver_names`` as a mapping,
+    ``plugins_dir``; ``api_client``, ``env``, ``resync_interval``, ``api_versions``,
+    ``instance`` besides)."""
+    section = cfg.dra
+    names = options.get("driver_names") or section.driver_names
+    if isinstance(names, Mapping):  # resource -> name ("": a bare name)
         names = [f"{r}={n}" if r else n for r, n in names.items()]
     dra = DRAOptions.from_flags(
-        node_name=options.get("node_name"),
+        node_name=options.get("node_name") or section.node_name,
         driver_names=names,
-        plugins_dir=options.get("plugins_dir"),
+        plugins_dir=options.get("plugins_dir") or str(section.plugins_dir),
         env=options.get("env"),  # the environment's NODE_NAME, POD_UID (default: os.environ)
     )
     if not dra.node_name:
         raise ConfigError(
-            "DRA mode needs the node's name: --node-name, or NODE_NAME from the downward API",
-            field="nodeName",
+            "DRA mode needs the node's name: --node-name (config dra.nodeName), or "
+            "NODE_NAME from the downward API",
+            field="dra.nodeName",
             source="flag --node-name",
         )
     if "resync_interval" in options:
@@ -119,7 +124,10 @@ def make_front_end(cfg: Config, options: Mapping[str, Any]) -> DRAFrontEnd:
         from hetero_dp.dra.api import make_api_client
 
         try:
-            client = make_api_client(options.get("api_server"), options.get("kubeconfig"))
+            client = make_api_client(
+                options.get("api_server") or section.api_server or None,
+                options.get("kubeconfig") or section.kubeconfig or None,
+            )
         except (ValueError, OSError) as e:  # no cluster, an unreadable kubeconfig, a bad CA
             raise ConfigError(
                 f"cannot configure the API server client: {e}", field="kubeconfig"

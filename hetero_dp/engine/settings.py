@@ -3,7 +3,7 @@ flag of ``hetero-dp run``, help and what a config reload does with a change.
 
 The config file's top-level keys are :class:`CoreSettings`; its sections the core reads
 itself are the fields of :class:`CoreSections` (``cdi``, ``labels``, ``metrics``,
-``attribution``), each
+``attribution``, ``dra``), each
 a dataclass of :func:`~hetero_dp.model.options.option` fields like a backend's options.
 Everything else is derived from these declarations: the reader
 (:func:`hetero_dp.engine.config.load_config`), the environment variables it reads, the
@@ -223,6 +223,53 @@ class AttributionSection:
 
 
 @dataclass(frozen=True)
+class DraSection:
+    """``dra``: the DRA front end (``hetero-dp run --mode dra``, docs/dra.md). Each is read
+    when the drivers are made: a reload that changes one says it waits for a restart."""
+
+    node_name: str = option(
+        "",
+        help="DRA: this node's name (NODE_NAME from the downward API also sets it)",
+        env="HETERO_DP_NODE_NAME",
+        flag="--node-name",
+        strict=True,
+        reload="next start",
+    )
+    driver_names: dict[str, str] = option(
+        {},
+        help="DRA: the driver name per resource (`[RESOURCE=]NAME` on the command line; "
+        "a name without a resource fits a daemon serving one); default from the "
+        "resource: npu.acme.example.com for acme.example.com/npu",
+        flag="--driver-name",
+        reload="next start",
+    )
+    plugins_dir: Path = option(
+        Path("/var/lib/kubelet/plugins"),
+        help="DRA: the dir of the drivers' sockets",
+        flag="--dra-plugins-dir",
+        min=1,
+        strict=True,
+        path=True,
+        reload="next start",
+    )
+    api_server: str = option(
+        "",
+        help="DRA: the API server's URL (default: in-cluster, or the kubeconfig)",
+        flag="--api-server",
+        strict=True,
+        reload="next start",
+    )
+    kubeconfig: str = option(
+        "",
+        help="DRA: a kubeconfig file",
+        env="KUBECONFIG",
+        flag="--kubeconfig",
+        strict=True,
+        reload="next start",
+    )
+
+
+@dataclass(frozen=True)
 class CoreSections:
     """The sections of the config file the core reads itself, each typed: the loaded
     :class:`~hetero_dp.engine.config.Config` has them as these dataclasses."""
@@ -233,6 +280,7 @@ class CoreSections:
     attribution: AttributionSection = option(
         AttributionSection(), help="which container holds and uses each device"
     )
+    dra: DraSection = option(DraSection(), help="the DRA front end (docs/dra.md)")
 
 
 @dataclass(frozen=True)

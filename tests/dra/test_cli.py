@@ -148,3 +148,44 @@ def test_a_dra_plugins_dir_that_cannot_be_a_path_is_refused():
         with pytest.raises(ConfigError) as e:
             DRAOptions.from_flags(node_name="n", plugins_dir=bad, env={})
         assert e.value.field == "pluginsDir"
+
+
+async def test_the_dra_options_from_the_config_file(
+    dra, kubelet, api_server, hetero_dp_cmd, cli_env
+):
+    """The DRA options are settings like every other (a ``dra`` section, env vars,
+    flags): a config file naming the node, the plugins dir, the API server and the
+    driver name serves without one DRA flag and without NODE_NAME."""
+    cfg = dra.root / "dra-config.yaml"
+    cfg.write_text(
+        "healthInterval: 0\nrediscoverInterval: 0\n"
+        f"cdi: {{dir: {dra.cdi_dir}}}\n"
+        f"dra: {{nodeName: node-a, pluginsDir: {dra.plugins_dir}, apiServer: {dra.api.url}, "
+        f"driverNames: {{acme.example.com/npu: {DRIVER}}}}}\n"
+    )
+    env = {k: v for k, v in cli_env.items() if k not in ("NODE_NAME", "HETERO_DP_NODE_NAME")}
+    proc = subprocess.Popen(
+        [
+            *hetero_dp_cmd,
+            "run",
+            str(PLUGIN),
+            "--mode",
+            "dra",
+            "-c",
+            str(cfg),
+            "--kubelet-dir",
+            str(dra.root / "dp"),
+            "--plugins-registry-dir",
+            str(dra.registry_dir),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        await kubelet.wait_registered(DRIVER, timeout=30)
+        await api_server.wait_for(lambda: len(api_server.devices_of(DRIVER)) == 2)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, out = await wait_exit(proc)
+    assert code == 0, out

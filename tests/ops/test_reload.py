@@ -516,7 +516,8 @@ async def test_each_setting_a_reload_cannot_apply_is_refused_or_said_by_key(
     from hetero_dp.engine.settings import NEXT_START, REFUSED
 
     assert set(REFUSED) == {"kubeletDir", "pluginsRegistryDir", "registration", "socketPrefix"}
-    assert NEXT_START == ("metrics.waitForPort",)
+    dra = ("nodeName", "driverNames", "pluginsDir", "apiServer", "kubeconfig")
+    assert set(NEXT_START) == {"metrics.waitForPort", *(f"dra.{k}" for k in dra)}
     path = tmp_path / "config.yaml"
     doc = base_doc(fake_kubelet)
     path.write_text(yaml.safe_dump(doc))
