@@ -10,11 +10,12 @@ from pathlib import Path
 import yaml
 
 from hetero_dp.cli import scaffold
+from hetero_dp.engine.config import load_config
 
 from .conftest import DEPLOY
 from .objects import render_values
 
-POD_RESOURCES = "/var/lib/kubelet/pod-resources"  # of kubelet.sock, the default socket
+POD_RESOURCES = "/var/lib/kubelet/pod-resources"
 
 
 def daemonsets(helm: str, tmp: Path) -> dict[str, dict]:
@@ -44,6 +45,10 @@ def test_every_daemonset_mounts_pod_resources_and_the_hosts_proc_read_only(
         assert mounts["/proc"].get("readOnly") is True, name
         proc_at = mounts["/proc"]["mountPath"]
         assert proc_at != "/proc", f"{name}: the host's /proc over the container's own"
-        env = {e["name"]: e.get("value") for e in c["env"]}
-        assert env.get("HETERO_DP_PROC_ROOT") == proc_at, name
+        env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+        # the daemon reads what the manifest sets: procRoot where /proc is mounted, and
+        # its default socket in the mounted dir
+        cfg = load_config(raw={}, env=env)
+        assert cfg.attribution.proc_root == proc_at, name
+        assert str(Path(cfg.attribution.pod_resources_socket).parent) == POD_RESOURCES, name
         assert not pod.get("hostPID"), f"{name}: reading /proc/<pid>/cgroup needs no hostPID"
