@@ -9,7 +9,6 @@ where) are in ``docs/cdi.md``.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections import Counter
@@ -346,6 +345,8 @@ def with_edits(spec: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, A
 
 def render_spec(spec: Mapping[str, Any]) -> str:
     """The spec as the JSON text written to disk (stable, so unchanged specs compare equal)."""
+    import json  # here: a start that publishes no CDI spec never needs it (issue 35)
+
     return json.dumps(spec, indent=2) + "\n"
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import sys
@@ -297,6 +296,8 @@ def list_devices(
         _fail_hook(e)
         return
     if as_json:
+        import json  # not at the top: `run` never needs it (start-up, issue 35)
+
         click.echo(json.dumps(devices_json(devices), indent=2))
     else:
         click.echo(device_table(devices, searched(loaded.options)))

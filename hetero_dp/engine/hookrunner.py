@@ -16,7 +16,6 @@ import concurrent.futures
 import inspect
 import logging
 import os
-import sysconfig
 import time
 import traceback
 import types
@@ -33,7 +32,9 @@ from hetero_dp.model.errors import BackendError
 
 log = logging.getLogger("hetero_dp.engine.backend")
 _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # hetero_dp/
-_STDLIB = sysconfig.get_paths()["stdlib"]
+# the standard library's dir: where os.py is, as sysconfig.get_paths()["stdlib"] says
+# (sysconfig itself loads the build's config data: ~1 ms of every start, issue 35)
+_STDLIB = os.path.dirname(os.path.abspath(os.__file__))
 
 # the check of each hook's result, from its row
 RESULT_CHECKS = {h: CHECKS[p.result] for h, p in POLICY.items() if p.result in CHECKS}

@@ -17,7 +17,6 @@ dir is read again. Running as root, file permissions do not stop a read
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import stat
@@ -126,6 +125,8 @@ def parse_foreign(data: bytes, *, as_json: bool, max_depth: int = MAX_DEPTH) -> 
     except UnicodeDecodeError as e:
         raise ForeignFileError(f"not UTF-8 (a bad byte at offset {e.start})") from None
     if as_json:
+        import json  # here: a start that reads no JSON file never loads it (issue 35)
+
         try:
             doc = json.loads(text)
         except RecursionError:

@@ -17,7 +17,6 @@ escapes them by its own rules.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import sys
@@ -154,6 +153,8 @@ class JsonFormatter(logging.Formatter):
                 out[k] = field_value(v)
         if record.exc_info:
             out["exception"] = clip_traceback(self.formatException(record.exc_info))
+        import json  # here: a start with text logs never loads it (issue 35)
+
         return json.dumps(out, default=str)
 
 

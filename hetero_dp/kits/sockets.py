@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import socket
 import stat
 from pathlib import Path
@@ -139,7 +138,7 @@ def bind_unix(server: grpc.aio.Server, path: Path) -> tuple[int, int] | None:
     never be another instance's socket. The kubelet's plugin watcher skips hidden
     files, and connecting clients see the socket appear whole. Where the temporary
     name would not fit a unix socket path, ``path`` is bound directly."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(3)}")
+    tmp = path.with_name(f".{path.name}.{os.urandom(3).hex()}")
     target = tmp if len(os.fsencode(tmp)) <= MAX_UNIX_PATH else path
     server.add_insecure_port(f"unix://{target}")
     with contextlib.suppress(FileNotFoundError):

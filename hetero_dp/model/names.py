@@ -167,9 +167,9 @@ def instance_tag(env: Mapping[str, str]) -> str:
         import hashlib
 
         return hashlib.sha256(name.encode()).hexdigest()[:INSTANCE_TAG_LENGTH]
-    import secrets
-
-    return "u" + secrets.token_hex(INSTANCE_TAG_LENGTH // 2)[: INSTANCE_TAG_LENGTH - 1]
+    # os.urandom is what secrets.token_hex reads; secrets itself imports hmac, hashlib
+    # and random, a cost paid by every start that reaches this line (issue 35)
+    return "u" + os.urandom(INSTANCE_TAG_LENGTH // 2).hex()[: INSTANCE_TAG_LENGTH - 1]
 
 
 def closest(name: str, known: Iterable[str]) -> str | None:

@@ -20,11 +20,11 @@ from hetero_dp.model.errors import ConfigError
 from hetero_dp.ops.labels import LabelWriter, file_name
 from hetero_dp.ops.probes import ProbeServer, parse_address
 from hetero_dp.ops.readyfile import ReadyFile
-from hetero_dp.ops.reload import ConfigReloader
 
 if TYPE_CHECKING:
     from hetero_dp.engine.daemon import Daemon
     from hetero_dp.ops.metrics import Metrics
+    from hetero_dp.ops.reload import ConfigReloader
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,9 @@ class Operations:
         self._start_ready_file(cfg)
         self._start_labels(cfg)
         if self.config_path is not None and self.config_loader is not None:
+            # only with a config file: the reloader's inotify watch loads ctypes (issue 35)
+            from hetero_dp.ops.reload import ConfigReloader
+
             self.reloader = ConfigReloader(self.daemon, self.config_path, self.config_loader)
             self.reloader.start()
 
