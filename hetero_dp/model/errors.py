@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from hetero_dp.model.shown import shown
+
 
 class HeteroDPError(Exception):
     """Base of every error hetero-dp raises on purpose."""
@@ -14,7 +16,9 @@ class ConfigError(HeteroDPError):
         self.reason = reason
         self.field = field
         self.source = source
-        where = ", ".join(p for p in (source, f"field {field!r}" if field else "") if p)
+        # a field is made of the file's keys: shown whole up to a long valid path only
+        shown_field = f"field {shown(field, 400)}" if field else ""
+        where = ", ".join(p for p in (source, shown_field) if p)
         super().__init__(f"{where}: {reason}" if where else reason)
 
 

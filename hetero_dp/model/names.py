@@ -69,28 +69,34 @@ def resource_name_problem(name: object) -> str | None:
     return _name_problem(name)
 
 
+# A name in a message: longer than any valid name (253 + 1 + 63), shorter than junk
+_SHOWN_NAME = 320
+
+
 # Every publish checks every device's resource name: with 1,000 devices that was
 # 40% of the publish (benchmarks/bench_core.py). A few names recur; remember them.
 @functools.lru_cache(maxsize=1024)
 def _name_problem(name: str) -> str | None:
+    shown_name = shown(name, _SHOWN_NAME)  # a valid name is shorter: only junk is cut
     if "/" not in name:
-        return f"{name!r} has no vendor prefix: it must look like 'vendor.com/name'"
+        return f"{shown_name} has no vendor prefix: it must look like 'vendor.com/name'"
     if name.startswith("requests."):
-        return f"{name!r} must not start with 'requests.'"
+        return f"{shown_name} must not start with 'requests.'"
     if "kubernetes.io/" in name:
-        return f"{name!r} is in the reserved kubernetes.io namespace"
+        return f"{shown_name} is in the reserved kubernetes.io namespace"
     prefix, _, short = name.partition("/")
     if "/" in short:
-        return f"{name!r} has more than one '/'"
+        return f"{shown_name} has more than one '/'"
     if not is_dns_subdomain(prefix):
-        return f"prefix {prefix!r} of {name!r} is not a lowercase DNS subdomain"
+        return f"prefix {shown(prefix, 260)} of {shown_name} is not a lowercase DNS subdomain"
     if not short:
-        return f"{name!r} has an empty name part"
+        return f"{shown_name} has an empty name part"
     if len(short) > 63:
-        return f"name part of {name!r} is longer than 63 characters"
+        return f"name part of {shown_name} is longer than 63 characters"
     if not _QUALIFIED_NAME.match(short):
         return (
-            f"name part {short!r} of {name!r} must be letters, digits, '-', '_' or '.', "
+            f"name part {shown(short, 70)} of {shown_name} must be letters, digits, '-', '_' "
+            "or '.', "
             "starting and ending with a letter or digit"
         )
     return None

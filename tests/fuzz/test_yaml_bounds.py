@@ -211,3 +211,14 @@ def test_random_yaml_loads_or_is_refused_never_anything_else() -> None:
         except Exception as e:
             escaped.append(f"{type(e).__name__}: {e} for {text!r}")
     assert not escaped, "\n".join(escaped[:5])
+
+
+def test_a_huge_name_is_cut_in_its_refusal() -> None:
+    """A refused resource name is shown up to the longest valid name (253 + 1 + 63
+    characters), not whole: a 1 MB key was a 1 MB message."""
+    with pytest.raises(ConfigError) as err:
+        load_config(raw={"resources": {"example.com/" + "x" * 1_000_000: {}}}, env={})
+    assert "longer than 63 characters" in err.value.reason
+    assert len(str(err.value)) < 1000, len(str(err.value))
+    with pytest.raises(ConfigError, match="has no vendor prefix"):
+        load_config(raw={"resources": {"gpu": {}}}, env={})
