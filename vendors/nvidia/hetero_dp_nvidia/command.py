@@ -4,7 +4,7 @@
 flags]``: the process is replaced by that command (same PID, so signals and exit
 codes are the daemon's), and NVIDIA's flags, env vars and config file
 (``--config-file`` / ``CONFIG_FILE``) mean what they mean in NVIDIA's plugin
-v0.20. One mapping serves both commands: :data:`hetero_dp_nvidia.options.FLAGS`.
+v0.20. One mapping serves both commands: :data:`hetero_dp_nvidia.flags.FLAGS`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .options import FLAGS
+from .flags import FLAGS
 
 USAGE = """usage: nvidia-device-plugin [flags]
 
