@@ -71,12 +71,11 @@ class ClusterConfig:
         if not path:
             listed = [p for p in env.get("KUBECONFIG", "").split(os.pathsep) if p]
             path = listed[0] if listed else str(Path.home() / ".kube" / "config")
-        import yaml  # only here: in a pod (the usual case) no YAML is read
+        from hetero_dp.kits.foreign import ForeignFileError, parse_foreign, read_foreign
 
-        where = Path(path)
-        try:
-            doc = yaml.safe_load(where.read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
+        try:  # bounded (a FIFO, an alias bomb); YAML only here: a pod reads none
+            doc = parse_foreign(read_foreign(path, follow=True), as_json=False) or {}
+        except ForeignFileError as e:
             raise ValueError(f"cannot read kubeconfig {path}: {e}") from None
         if not isinstance(doc, dict):
             raise ValueError(f"kubeconfig {path}: not a mapping")
@@ -102,7 +101,7 @@ class ClusterConfig:
                 "exec or auth-provider plugin, which DRA mode does not run; use a token or a "
                 "client certificate (or run in the cluster)"
             )
-        base = where.parent
+        base = Path(path).parent
 
         def file(key: str, source: dict[str, Any]) -> str:
             value = source.get(key)

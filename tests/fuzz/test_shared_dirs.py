@@ -271,3 +271,14 @@ def test_a_udev_rules_file_is_read_the_same_way(tmp_path: Path) -> None:
     (tmp_path / "twice.yaml").write_text("version: 1\nresources: []\nversion: 1\n")
     with pytest.raises(ConfigError, match="given twice"):
         rules.load_rules(str(tmp_path / "twice.yaml"))
+
+
+def test_a_kubeconfig_is_read_the_same_way(tmp_path: Path) -> None:
+    from hetero_dp.dra.kubeconfig import ClusterConfig
+
+    os.mkfifo(tmp_path / "config")
+    with pytest.raises(ValueError, match="a FIFO"):
+        in_time(lambda: ClusterConfig.from_kubeconfig(str(tmp_path / "config")))
+    (tmp_path / "bomb").write_text(alias_bomb(key="clusters"))
+    with pytest.raises(ValueError, match="stands for more than"):
+        ClusterConfig.from_kubeconfig(str(tmp_path / "bomb"))
