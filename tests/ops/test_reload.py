@@ -464,6 +464,8 @@ class Configured(Scripted):
     @hookimpl
     def configure(self, options: CountedOptions) -> None:
         self.configured.append(options.k)
+        if options.k == 3:  # a check only the backend can make
+            raise ConfigError("3 is not a value this backend takes", field="k")
 
 
 async def test_a_refused_reload_calls_no_hook_of_the_live_backend(
@@ -551,5 +553,43 @@ async def test_each_setting_a_reload_cannot_apply_is_refused_or_said_by_key(
             "'metrics.waitForPort'" in r.getMessage() and "restarts" in r.getMessage()
             for r in caplog.records
         )
+    finally:
+        await reloader.stop()
+
+
+async def test_a_backend_refusing_at_commit_rejects_the_reload_and_everything_discards(
+    fake_kubelet, plugin_runner, tmp_path
+):
+    """The configure hook runs once every other component has prepared; a backend that
+    refuses there (a check only it can make) rejects the reload: the probe server bound
+    for the new address is closed again and the old config stays in force."""
+    from .helpers import http_get, port_of
+
+    path = tmp_path / "config.yaml"
+    doc = base_doc(
+        fake_kubelet, backends={"scripted": {"k": 1}}, metrics={"address": "127.0.0.1:0"}
+    )
+    path.write_text(yaml.safe_dump(doc))
+    backend = Configured(make_devices(A, 2))
+    daemon = await plugin_runner.start(backend, config=load_config(path, env={}).raw)
+    await fake_kubelet.wait_registered(A)
+    port, old = port_of(daemon), daemon.config
+    import socket
+
+    with socket.socket() as probe:  # a free port for the new address
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    reloader = ConfigReloader(daemon, path, lambda: load_config(path, env={}))
+    reloader.start()
+    try:
+        doc["backends"]["scripted"]["k"] = 3
+        doc["metrics"] = {"address": f"127.0.0.1:{free}"}
+        path.write_text(yaml.safe_dump(doc))
+        results = await reloader.wait_results(1)
+        assert results[0].startswith("rejected: ") and "backends.scripted.k" in results[0]
+        assert backend.configured == [1, 3] and daemon.config is old
+        assert port_of(daemon) == port and (await http_get(port, "/healthz"))[0] == 200
+        with pytest.raises(OSError):  # the server prepared for the new address is gone
+            await http_get(free, "/healthz")
     finally:
         await reloader.stop()
