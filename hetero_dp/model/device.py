@@ -34,6 +34,44 @@ def replica_base(device_id: str) -> str:
     return device_id.rpartition(REPLICA_SEPARATOR)[0] if is_replica(device_id) else device_id
 
 
+def _want(ok: bool, what: str, expected: str, value: object, fix: str = "") -> None:
+    """TypeError naming the field, the type expected and the value given: a record is
+    checked where the backend makes it, so the traceback's last author frame is the
+    line that made it (hook errors name it), and no later step meets a wrong type."""
+    if not ok:
+        got = f"{type(value).__name__} {shown(value)}"
+        raise TypeError(f"{what} must be {expected}, got {got}" + (f": {fix}" if fix else ""))
+
+
+def _is_str(value: object) -> bool:
+    return isinstance(value, str)
+
+
+def _str_map(value: object, what: str) -> dict[str, str]:
+    _want(value is None or isinstance(value, Mapping), what, "a mapping of str to str", value)
+    out = dict(value or {})  # type: ignore[call-overload]
+    for k, v in out.items():
+        _want(_is_str(k), f"{what} key", "a str", k)
+        _want(_is_str(v), f"{what}[{k}]", "a str", v, f"write {k}={str(v)!r}")
+    return out
+
+
+def _sequence(value: object, what: str, kind: type) -> tuple[object, ...]:
+    name = kind.__name__
+    _want(
+        not isinstance(value, (str, bytes, Mapping)) and isinstance(value, Iterable),
+        what,
+        f"a list of {name}",
+        value,
+        f"write [{name}({shown(value)})]" if isinstance(value, str) else "",
+    )
+    items = tuple(value)  # type: ignore[arg-type]
+    for i, item in enumerate(items):
+        fix = f"write {name}({item!r})" if isinstance(item, str) else ""
+        _want(isinstance(item, kind), f"{what}[{i}]", f"a {name}", item, fix)
+    return items
+
+
 class Lost(str):
     """A health reason that also says the device is **lost**: gone until someone
     repairs it (a GPU fallen off the bus), not merely unhealthy.
@@ -63,6 +101,16 @@ class DeviceNode:
     shared: bool = False
 
     def __post_init__(self) -> None:
+        what = f"DeviceNode({shown(self.host_path)})"
+        _want(
+            _is_str(self.host_path) and bool(self.host_path),
+            "a device node's host_path",
+            "a non-empty str",
+            self.host_path,
+        )
+        _want(_is_str(self.container_path), f"{what}.container_path", "a str", self.container_path)
+        _want(_is_str(self.permissions), f"{what}.permissions", "a str", self.permissions)
+        _want(isinstance(self.shared, bool), f"{what}.shared", "a bool", self.shared)
         if not self.container_path:
             object.__setattr__(self, "container_path", self.host_path)
         if not self.permissions or set(self.permissions) - set("rwm"):
@@ -82,6 +130,16 @@ class Mount:
     shared: bool = False
 
     def __post_init__(self) -> None:
+        what = f"Mount({shown(self.host_path)})"
+        _want(
+            _is_str(self.host_path) and bool(self.host_path),
+            "a mount's host_path",
+            "a non-empty str",
+            self.host_path,
+        )
+        _want(_is_str(self.container_path), f"{what}.container_path", "a str", self.container_path)
+        _want(isinstance(self.read_only, bool), f"{what}.read_only", "a bool", self.read_only)
+        _want(isinstance(self.shared, bool), f"{what}.shared", "a bool", self.shared)
         if not self.container_path:
             object.__setattr__(self, "container_path", self.host_path)
 
@@ -140,18 +198,51 @@ class Device:
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
             raise ValueError(f"device ID must be a non-empty string, got {shown(self.id)}")
+        me = f"device {shown(self.id)}"
+        _want(_is_str(self.resource), f"{me}: resource", "a str", self.resource)
+        _want(isinstance(self.healthy, bool), f"{me}: healthy", "a bool", self.healthy)
+        _want(_is_str(self.reason), f"{me}: reason", "a str", self.reason)
+        _want(
+            self.parent is None or _is_str(self.parent),
+            f"{me}: parent",
+            "a str or None",
+            self.parent,
+        )
+        _want(
+            self.index is None
+            or (isinstance(self.index, int) and not isinstance(self.index, bool)),
+            f"{me}: index",
+            "an int or None",
+            self.index,
+        )
+        nodes = _sequence(self.nodes, f"{me}: nodes", DeviceNode)
+        mounts = _sequence(self.mounts, f"{me}: mounts", Mount)
+        env = _str_map(self.env, f"{me}: env")
+        annotations = _str_map(self.annotations, f"{me}: annotations")
+        _want(
+            self.attributes is None or isinstance(self.attributes, Mapping),
+            f"{me}: attributes",
+            "a mapping",
+            self.attributes,
+        )
+        for k, v in (self.attributes or {}).items():
+            _want(_is_str(k), f"{me}: attributes key", "a str", k)
+            _want(
+                isinstance(v, (str, int, float, bool)),
+                f"{me}: attributes[{k}]",
+                "a str, int, float or bool",
+                v,
+            )
         numa: Iterable[int]
         if isinstance(self.numa_nodes, int):
             numa = () if self.numa_nodes < 0 else (self.numa_nodes,)
         else:
             numa = tuple(n for n in self.numa_nodes if n is not None and int(n) >= 0)
         object.__setattr__(self, "numa_nodes", tuple(int(n) for n in numa))
-        object.__setattr__(self, "nodes", tuple(self.nodes))
-        object.__setattr__(self, "mounts", tuple(self.mounts))
-        object.__setattr__(self, "env", {str(k): str(v) for k, v in _freeze_map(self.env).items()})
-        object.__setattr__(
-            self, "annotations", {str(k): str(v) for k, v in _freeze_map(self.annotations).items()}
-        )
+        object.__setattr__(self, "nodes", nodes)
+        object.__setattr__(self, "mounts", mounts)
+        object.__setattr__(self, "env", env)
+        object.__setattr__(self, "annotations", annotations)
         object.__setattr__(self, "attributes", _freeze_map(self.attributes))
         consumes = {str(k): v for k, v in _freeze_map(self.consumes).items()}
         for k, v in consumes.items():

@@ -188,3 +188,64 @@ async def test_hung_health_checks_do_not_starve_allocate(fake_kubelet, plugin_ru
     finally:
         backend.release.set()
         await poll
+
+
+class WrongTypes:
+    """A record made with the wrong element types (a str where a DeviceNode belongs,
+    and the like): refused where it is made, so only this backend's devices suffer."""
+
+    hetero_dp_name = "wrongtypes"
+
+    def __init__(self, mistake: dict) -> None:
+        self.mistake = mistake
+        self.broken = False
+
+    @hookimpl
+    def discover(self):
+        if self.broken:
+            return [Device(id="w0", resource=B, **self.mistake)]
+        return [Device(id="w0", resource=B)]
+
+
+@pytest.mark.parametrize(
+    ("mistake", "message"),
+    [
+        ({"nodes": ["/dev/null"]}, "nodes[0] must be a DeviceNode, got str '/dev/null'"),
+        ({"nodes": "/dev/null"}, "nodes must be a list of DeviceNode, got str '/dev/null'"),
+        ({"mounts": [("/a", "/b")]}, "mounts[0] must be a Mount, got tuple"),
+        ({"env": {"X": None}}, "env[X] must be a str, got NoneType None"),
+        ({"env": ["X=1"]}, "env must be a mapping of str to str"),
+        ({"annotations": {"a": 1}}, "annotations[a] must be a str, got int 1"),
+        ({"index": "0"}, "index must be an int or None, got str '0'"),
+    ],
+)
+async def test_a_record_of_wrong_types_harms_only_its_backend(
+    fake_kubelet, plugin_runner, caplog, mistake, message
+):
+    good = Scripted(make_devices(A, 2))
+    bad = WrongTypes(mistake)
+    daemon = await plugin_runner.start(good, bad)
+    await fake_kubelet.wait_registered(B)
+    bad.broken = True
+    await daemon.rediscover()
+    await fake_kubelet.wait_devices(B, lambda d: not d["w0"].healthy)
+    reason = daemon.resources[B].state.get("w0").reason
+    assert message in reason, reason
+    # the log names the author's line that made the record
+    made_at = f"at {__file__}:{WrongTypes.discover.__code__.co_firstlineno + 3}"
+    assert any(message in r.message and made_at in r.message for r in caplog.records), [
+        r.message for r in caplog.records
+    ]
+    resp = await fake_kubelet.allocate(A, ["dev0"])  # the other backend is untouched
+    assert resp.envs["VISIBLE"] == "0"
+
+
+def test_a_device_node_or_mount_of_wrong_types_is_refused_where_it_is_made():
+    from hetero_dp import DeviceNode, Mount
+
+    with pytest.raises(TypeError, match=r"host_path must be a non-empty str, got PosixPath"):
+        from pathlib import Path
+
+        DeviceNode(Path("/dev/null"))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"read_only must be a bool, got str 'yes'"):
+        Mount("/a", "/b", read_only="yes")  # type: ignore[arg-type]
