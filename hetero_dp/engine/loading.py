@@ -214,11 +214,15 @@ def hook_mistakes(name: str, plugin: object, pm: pluggy.PluginManager) -> list[s
             where = _function_at(name, function, attr)
             problems.append(f"{where} is marked @hookimpl but {hook!r} is no hook; {hint}")
             continue
+        allowed = specs[hook]
+        instance = _instance_mistake(function, hook, allowed)
+        if instance:
+            problems.append(f"{where}: {instance}")
+            continue
         try:
             params = inspect.signature(function).parameters
         except (TypeError, ValueError):
             continue
-        allowed = specs[hook]
         for arg in params:
             if arg in allowed or params[arg].default is not inspect.Parameter.empty:
                 continue  # pluggy passes only the hook's arguments; defaults may stay
@@ -235,6 +239,46 @@ def hook_mistakes(name: str, plugin: object, pm: pluggy.PluginManager) -> list[s
             where = _function_at(name, function, attr)
             problems.append(f"{where}: argument {arg!r} is not an argument of hook {hook}; {hint}")
     return problems
+
+
+def _instance_mistake(function: Any, hook: str, allowed: tuple[str, ...]) -> str:
+    """A hook written as a method without ``self``, or as a staticmethod with one.
+
+    Python binds a method's first parameter to the instance, so ``def check_health(device)``
+    in a class takes the instance as ``device`` and pluggy's call fails on every device
+    ("got multiple values for argument 'device'"). pluggy drops a first parameter named
+    ``self`` of a function defined in a class even when it is a staticmethod (its
+    ``varnames``), and the call then lacks it. Both are found here, at load."""
+    inner = getattr(function, "__func__", None)
+    if inspect.ismethod(function) and inner is not None and not isinstance(function.__self__, type):
+        try:
+            first = next(iter(inspect.signature(inner).parameters.values()), None)
+        except (TypeError, ValueError):
+            return ""
+        if first is None:
+            return (
+                f"method {hook}() takes no 'self': a method's first parameter is the "
+                f"instance; write def {hook}(self{', ' if allowed else ''}{', '.join(allowed)})"
+            )
+        if first.name != "self" and first.name in allowed:
+            rest = [first.name, *[a for a in allowed if a != first.name]]
+            return (
+                f"method {hook}({first.name}, ...) has no 'self', so the instance arrives "
+                f"as {first.name!r} and every call fails; write def {hook}(self, "
+                f"{', '.join(rest) if len(rest) > 1 else first.name})"
+            )
+        return ""
+    if inspect.isfunction(function) and "." in getattr(function, "__qualname__", ""):
+        try:
+            first = next(iter(inspect.signature(function).parameters.values()), None)
+        except (TypeError, ValueError):
+            return ""
+        if first is not None and first.name == "self":
+            return (
+                f"{hook} is a staticmethod with a 'self' parameter, which nothing passes; "
+                "drop @staticmethod (a method) or drop 'self'"
+            )
+    return ""
 
 
 def unmarked_hooks(name: str, plugin: object, pm: pluggy.PluginManager) -> list[str]:

@@ -204,3 +204,93 @@ def test_defaults_of_matching_types_are_accepted(tmp_path):
     )
     (backend,) = load_backends([str(path)])
     backend.close()
+
+
+CLASS_PLUGINS = {
+    "no_self": (
+        """
+        class Acme:
+            @hookimpl
+            def check_health(device):
+                return True
+
+        plugin = Acme()
+        """,
+        "has no 'self', so the instance arrives as 'device'",
+        "write def check_health(self, device)",
+    ),
+    "no_arguments": (
+        """
+        class Acme:
+            @hookimpl
+            def labels():
+                return {}
+
+        plugin = Acme()
+        """,
+        "method labels() takes no 'self'",
+        "write def labels(self, devices)",
+    ),
+    "static_with_self": (
+        """
+        class Acme:
+            @hookimpl
+            @staticmethod
+            def check_health(self, device):
+                return True
+
+        plugin = Acme()
+        """,
+        "check_health is a staticmethod with a 'self' parameter",
+        "drop @staticmethod (a method) or drop 'self'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLASS_PLUGINS))
+def test_a_hook_method_without_self_is_refused_at_load(tmp_path, cli_env, hetero_dp_cmd, case):
+    """A method hook missing 'self' turned every device Unhealthy with "got multiple
+    values for argument 'device'", without a line at load; now it is refused there with
+    the file, line and fix, for list as for run."""
+    body, problem, fix = CLASS_PLUGINS[case]
+    path = _plugin(tmp_path, body.replace("plugin = Acme()", ""), name=f"{case}.py")
+    path.write_text(
+        path.read_text().replace("@hookimpl\ndef discover", "def discover", 1)
+        + "\nplugin = Acme()\n"
+    )
+    result = _list(hetero_dp_cmd, cli_env, path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert problem in result.stderr and fix in result.stderr, result.stderr
+    assert f"{path}:" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_right_method_and_staticmethod_hooks_load(tmp_path):
+    path = tmp_path / "fine.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            from hetero_dp import Device, hookimpl
+
+            class Acme:
+                @hookimpl
+                def discover(self):
+                    return [Device("d0", "acme.example.com/npu")]
+
+                @hookimpl
+                def check_health(self, device):
+                    return True
+
+                @staticmethod
+                @hookimpl
+                def labels(devices):
+                    return {}
+
+            plugin = Acme()
+            """
+        )
+    )
+    backends = load_backends([str(path)])
+    assert [b.name for b in backends] == ["fine"]
+    for b in backends:
+        b.close()
