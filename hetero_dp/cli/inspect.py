@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
+from hetero_dp.allocation.gate import gate_device
 from hetero_dp.engine.backend import Backend
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.loading import load_backends
@@ -63,15 +66,22 @@ async def discover_once(spec: str | Backend, cfg: Config, *, health: bool = True
     """Configure one backend, run its discovery once, check what it found as ``run``
     checks it at start-up (:func:`~hetero_dp.engine.publishing.check_names`: a
     resource name the kubelet refuses makes its devices Unhealthy with the reason here,
-    and ConfigError when nothing is left), and (unless ``health`` is False) run its
-    health check over the rest (:func:`judged`). A failing hook raises BackendError."""
+    and ConfigError when nothing is left; the container gate refuses what may not go
+    into a container), and (unless ``health`` is False) run its health check over the
+    rest (:func:`judged`). A failing hook raises BackendError."""
     async with configured_backend(spec, cfg) as backend:
         devices = await backend.call("discover")
         refused = check_names({backend.name: devices}, cfg.sharing)
         if health:
             devices = await judged(backend, devices)
+        # the container gate, as the daemon applies it to what a backend discovers (a
+        # node outside /dev, a read-write mount of /, LD_PRELOAD ...), with the temp dir
+        # taken for fake device nodes as `run --fake-kubelet` takes it
+        fake_roots = (os.path.realpath(tempfile.gettempdir()),)
         return [
-            d.with_health(False, f"refused: {refused[d.id]}") if d.id in refused else d
+            d.with_health(False, f"refused: {refused[d.id]}")
+            if d.id in refused
+            else gate_device(d, fake_roots)
             for d in devices
         ]
 

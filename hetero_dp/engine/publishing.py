@@ -97,9 +97,16 @@ def plan(
 
 
 def log_transitions(rt: BackendRuntime, effective: Iterable[Device]) -> None:
-    """Log and emit each device whose health differs from what was published last."""
+    """Log and emit each device whose health differs from what was published last, and
+    say why of each device first advertised Unhealthy (refused by the container gate,
+    its CDI entry not written, a first health check that failed, a backend that
+    discovered it so): one line per reason, naming the devices, so an operator who sees
+    fewer allocatable devices has a line to grep."""
+    born_unhealthy: dict[str, list[Device]] = {}
     for d in effective:
         old = rt.published.get(d.id)
+        if old is None and not d.healthy:
+            born_unhealthy.setdefault(str(d.reason), []).append(d)
         if old is not None and old.healthy != d.healthy:
             level = logging.INFO if d.healthy else logging.WARNING
             log.log(
@@ -117,6 +124,15 @@ def log_transitions(rt: BackendRuntime, effective: Iterable[Device]) -> None:
                 healthy=d.healthy,
                 reason=d.reason,
             )
+    for reason, devices in born_unhealthy.items():
+        ids = [d.id for d in devices]
+        log.warning(
+            "%s %s advertised Unhealthy: %s",
+            "device" if len(ids) == 1 else f"{len(ids)} devices",
+            ", ".join(ids[:LISTED]) + (", ..." if len(ids) > LISTED else ""),
+            reason or "no reason given",
+            extra={"resource": devices[0].resource, "device": ids[0], "reason": reason},
+        )
 
 
 def oversized(grouped: Mapping[str, Sequence[Device]]) -> dict[str, int]:
