@@ -65,7 +65,7 @@ def _sequence(value: object, what: str, kind: type) -> tuple[object, ...]:
         value,
         f"write [{name}({shown(value)})]" if isinstance(value, str) else "",
     )
-    items = tuple(value)  # type: ignore[arg-type]
+    items: tuple[object, ...] = tuple(value)  # type: ignore[arg-type]
     for i, item in enumerate(items):
         fix = f"write {name}({item!r})" if isinstance(item, str) else ""
         _want(isinstance(item, kind), f"{what}[{i}]", f"a {name}", item, fix)
@@ -225,13 +225,13 @@ class Device:
             "a mapping",
             self.attributes,
         )
-        for k, v in (self.attributes or {}).items():
-            _want(_is_str(k), f"{me}: attributes key", "a str", k)
+        for key, val in (self.attributes or {}).items():
+            _want(_is_str(key), f"{me}: attributes key", "a str", key)
             _want(
-                isinstance(v, (str, int, float, bool)),
-                f"{me}: attributes[{k}]",
+                isinstance(val, (str, int, float, bool)),
+                f"{me}: attributes[{key}]",
                 "a str, int, float or bool",
-                v,
+                val,
             )
         numa: Iterable[int]
         if isinstance(self.numa_nodes, int):
