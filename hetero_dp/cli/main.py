@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from hetero_dp.cli.hints import flag_hint
 from hetero_dp.cli.settings import overrides as setting_overrides
 from hetero_dp.cli.settings import setting_flags
 from hetero_dp.engine.config import Config, check_backend_names, load_config, set_option
@@ -77,7 +78,9 @@ def backend_flag_options(backends: Sequence[Any], args: list[str]) -> dict[str, 
     takers = [b for b in backends if b.implements("parse_args")]
     if len(takers) != 1:
         why = "no backend takes flags" if not takers else "more than one backend takes flags"
-        raise ConfigError(f"unknown arguments {' '.join(args)} ({why})", source="command line")
+        raise ConfigError(
+            f"unknown arguments {' '.join(args)} ({why}){flag_hint(args)}", source="command line"
+        )
     return {takers[0].name: takers[0].parse_args(args)}
 
 
@@ -176,7 +179,11 @@ def run(
     try:
         names, backend_args = split_backend_args(backends)
         if not names:
-            raise ConfigError("name at least one backend before its flags", source="command line")
+            hint = flag_hint(backend_args)  # a mistyped flag of run's is no backend's
+            why = f"unknown flag {backend_args[0]}{hint}" if hint else ""
+            raise ConfigError(
+                why or "name at least one backend before its flags", source="command line"
+            )
         from_flags: dict[str, dict[str, Any]] | None = None
 
         def read_config(loaded: list[Any]) -> Config:  # at start-up, and for each reload

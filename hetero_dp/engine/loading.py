@@ -131,7 +131,14 @@ def resolve(spec: str | ModuleType | object) -> tuple[str, object]:
                 return spec, instance_in(loaded) if inspect.ismodule(loaded) else loaded
             except Exception as e:
                 raise ConfigError(f"loading backend {spec!r} failed: {e!r}", field="backend") from e
-    known = ", ".join(sorted(available_backends())) or "none installed"
+    installed = sorted(available_backends())
+    known = ", ".join(installed) or "none installed"
+    close = closest(spec, installed)
+    if close:  # a typo of an installed name: no package to install
+        raise ConfigError(
+            f"unknown backend {spec!r}; did you mean {close!r}? (installed: {known})",
+            field="backend",
+        )
     hint = install_hint(spec)
     raise ConfigError(
         f"unknown backend {spec!r} (installed: {known}; or give a path to a .py file){hint}",
