@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -67,8 +68,9 @@ def test_udev_backend_sees_eight_healthy_gpus(tmp_path: Path) -> None:
 
 
 def test_floor_registers_and_answers_the_given_bytes() -> None:
+    root = short_tempdir("hdp-tf-")
+
     async def scenario() -> None:
-        root = short_tempdir("hdp-tf-")
         answer = pb.AllocateResponse(
             container_responses=[pb.ContainerAllocateResponse(envs={"A": "1"})]
         )
@@ -100,4 +102,7 @@ def test_floor_registers_and_answers_the_given_bytes() -> None:
                 proc.terminate()
                 await proc.wait()
 
-    asyncio.run(scenario())
+    try:
+        asyncio.run(scenario())
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

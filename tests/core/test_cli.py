@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -126,17 +127,20 @@ async def test_fake_kubelet_rejects_bad_registrations(tmp_path):
     from hetero_dp.testing import short_tempdir
 
     root = short_tempdir()
-    async with FakeKubelet(root) as kubelet:
-        import grpc
+    try:
+        async with FakeKubelet(root) as kubelet:
+            import grpc
 
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await register_once(kubelet.socket_path, "x.sock", "bad", pb.DevicePluginOptions())
-        assert "no vendor prefix" in err.value.details()
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await register_once(
-                kubelet.socket_path, "nobody.sock", "a.com/b", pb.DevicePluginOptions()
-            )
-        assert "dial-back" in err.value.details()
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await register_once(kubelet.socket_path, "x.sock", "bad", pb.DevicePluginOptions())
+            assert "no vendor prefix" in err.value.details()
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await register_once(
+                    kubelet.socket_path, "nobody.sock", "a.com/b", pb.DevicePluginOptions()
+                )
+            assert "dial-back" in err.value.details()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     assert len(kubelet.rejections) == 2
 
 
