@@ -51,7 +51,8 @@ class UdevOptions:
         help="where the host's / is seen by the plugin: a node libudev names /dev/X is "
         "looked for at <hostRoot>/dev/X, while Allocate and CDI specs name /dev/X, the "
         "path the container runtime opens on the host (/host when the pod mounts the "
-        "host's /dev at /host/dev)",
+        "host's /dev at /host/dev); empty means /",
+        min=0,  # empty is a documented spelling of the plugin's own root
     )
     expect: tuple[str, ...] = option(
         ("*",),
