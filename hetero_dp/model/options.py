@@ -301,22 +301,12 @@ def _parse(
                     f"required option is missing{_help(info)}", field=where, source=source
                 )
             continue
-        if (
-            hint is str
-            and isinstance(value, str)
-            and not value.strip()
-            and isinstance(f.default, str)
-            and f.default
-            and info.min is None
-        ):
-            # `-o acme.deviceGlob=` (a value cut off in a script, an unset shell
-            # variable) would silently find nothing: an option whose default is not
-            # empty cannot be made empty by accident (min=0 allows it)
-            raise ConfigError(
-                f"may not be empty (leave it out for its default {f.default!r})",
-                field=where,
-                source=here,
-            )
+        blank = isinstance(value, str) and not value.strip()
+        if blank and hint is str and f.default and info.min is None:
+            # `-o acme.deviceGlob=` (a cut value, an unset shell variable) would silently
+            # find nothing: an option with a default is not emptied by accident (min=0 may)
+            why = f"may not be empty (leave it out for its default {f.default!r})"
+            raise ConfigError(why, field=where, source=here)
         values[f.name] = _value(hint, value, info, where, here, env, flagged, f"{path}{k}.")
     try:
         return schema(**values)

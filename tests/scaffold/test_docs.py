@@ -139,4 +139,4 @@ def test_site_builds_in_strict_mode(tmp_path: Path):
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert (tmp_path / "site" / "tutorial" / "index.html").is_file()
+    assert (tmp_path / "site" / "tutorial.html").is_file()  # use_directory_urls: false
