@@ -26,6 +26,8 @@ DEFERRED = {
     "hmac": "secrets",
     "sysconfig": "nothing: the stdlib dir is where os.py is",
     "hetero_dp.ops.reload": "a config file (hot reload)",
+    "hetero_dp.cli.top": "`hetero-dp top`",
+    "hetero_dp.cli.cleanup": "`hetero-dp cleanup`",
     "yaml": "config files, -o values that need it",
     "prometheus_client": "metrics.address",
     "hetero_dp.dra": "--mode dra",
