@@ -85,3 +85,37 @@ def test_the_stand_in_base_tag_is_written_one_way(tmp_path: Path):
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         bare = re.findall(r"hetero-dp-python-standin:bookworm(?![-\w])", page.read_text())
         assert not bare, f"{page.name} names the stand-in base without its hash"
+
+
+def test_promtool_fetch_without_apt_skips_locally_and_fails_in_ci(tmp_path: Path):
+    # a copy of the script in an empty tree; PATH without promtool, apt-get or dpkg-deb
+    script = tmp_path / "scripts" / "fetch_promtool.py"
+    script.parent.mkdir()
+    shutil.copy(ROOT / "scripts" / "fetch_promtool.py", script)
+    local = run(script, PATH=str(tmp_path))
+    assert local.returncode == 0, local.stderr
+    assert "promtool unavailable: apt-get and dpkg-deb are needed" in local.stderr
+    assert "will skip" in local.stderr
+    ci = run(script, PATH=str(tmp_path), CI="true")
+    assert ci.returncode == 1 and "CI=true, so this is an error" in ci.stderr
+
+
+def test_checkov_fetch_that_cannot_install_fails_in_ci_and_leaves_nothing(tmp_path: Path):
+    # a copy of the script in an empty tree, run by an interpreter whose pip finds no
+    # index (PIP_INDEX_URL at a dir with nothing in it, no extra index, no links)
+    script = tmp_path / "scripts" / "fetch_checkov.py"
+    script.parent.mkdir()
+    shutil.copy(ROOT / "scripts" / "fetch_checkov.py", script)
+    empty = tmp_path / "index"
+    empty.mkdir()
+    offline = {
+        "PIP_INDEX_URL": empty.as_uri(),
+        "PIP_EXTRA_INDEX_URL": "",
+        "PIP_FIND_LINKS": "",
+        "PIP_NO_INDEX": "1",
+        "PIP_CONFIG_FILE": os.devnull,
+    }
+    ci = run(script, CI="true", **offline)  # (one run: making the venv takes seconds)
+    assert ci.returncode == 1 and "CI=true, so this is an error" in ci.stderr
+    assert "checkov unavailable: -m pip install" in ci.stderr
+    assert not list((tmp_path / ".cache" / "tools").glob("checkov-*"))  # nothing half-made
