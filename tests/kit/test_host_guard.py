@@ -51,29 +51,36 @@ def test_makes_a_missing_dir():
 """
 
 
-def test_the_guard_fails_exactly_the_tests_that_write(tmp_path: Path):
-    host = tmp_path / "host"
-    host.mkdir()
-    missing = tmp_path / "absent"  # a root that is not there until a test makes it
-    (host / "seed").write_text("as found")
+def run_inner(
+    tmp_path: Path, roots: list[Path], tests: str, *pytest_args: str, private: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """A pytest run of ``tests`` with only a HostGuard over ``roots`` registered."""
     inner = tmp_path / "inner"
     inner.mkdir()
     (inner / "conftest.py").write_text(
         "from pathlib import Path\n"
         "from tests.hostguard import HostGuard\n\n"
         "def pytest_configure(config):\n"
-        f"    roots = [Path({str(host)!r}), Path({str(missing)!r})]\n"
-        "    config.pluginmanager.register(HostGuard(roots), 'guard')\n"
+        f"    roots = [{', '.join(f'Path({str(r)!r})' for r in roots)}]\n"
+        f"    config.pluginmanager.register(HostGuard(roots, private={private}), 'guard')\n"
     )
-    (inner / "test_inner.py").write_text(INNER_TESTS.format(host=str(host)))
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(inner)],
+    (inner / "test_inner.py").write_text(tests)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *pytest_args, "-p", "no:cacheprovider", str(inner)],
         cwd=inner,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"},
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_the_guard_fails_exactly_the_tests_that_write(tmp_path: Path):
+    host = tmp_path / "host"
+    host.mkdir()
+    missing = tmp_path / "absent"  # a root that is not there until a test makes it
+    (host / "seed").write_text("as found")
+    proc = run_inner(tmp_path, [host, missing], INNER_TESTS.format(host=str(host)), "-q")
     out = proc.stdout
     assert proc.returncode == 1, out + proc.stderr
     assert "6 passed, 5 errors" in out, out
@@ -170,26 +177,8 @@ def test_a_private_guard_blames_the_test_and_never_a_neighbour(tmp_path: Path):
     host = tmp_path / "host"
     host.mkdir()
     (host / "seed").write_text("as found")
-    inner = tmp_path / "inner"
-    inner.mkdir()
-    (inner / "conftest.py").write_text(
-        "from pathlib import Path\n"
-        "from tests.hostguard import HostGuard\n\n"
-        "def pytest_configure(config):\n"
-        f"    roots = [Path({str(host)!r})]\n"
-        "    config.pluginmanager.register(HostGuard(roots, private=True), 'guard')\n"
-    )
-    (inner / "test_inner.py").write_text(
-        NEIGHBOUR_TESTS.format(host=str(host), outside=os.getpid())
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-rfE", "-p", "no:cacheprovider", str(inner)],
-        cwd=inner,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    tests = NEIGHBOUR_TESTS.format(host=str(host), outside=os.getpid())
+    proc = run_inner(tmp_path, [host], tests, "-rfE", private=True)
     out = proc.stdout
     assert "host guard: the host's CDI and kubelet dirs are private tmpfs mounts" in out, out
     assert "2 passed, 1 error" in out, out + proc.stderr  # the error: at teardown
