@@ -171,3 +171,24 @@ async def test_a_label_change_is_applied_by_hot_reload_restarting_only_what_chan
         fake.set_labels(NODE, {NODE_LABEL: "shared", "wake": "the watch"})
         thread.join(10)
         await reloader.stop()
+
+
+def test_a_config_that_is_no_regular_file_keeps_the_current_one(tmp_path, caplog):
+    """The ConfigMap's dir read as any shared dir (issue #36): a FIFO named like a
+    config is refused at once, not waited on, and the config in force stays."""
+    import os
+
+    src = configs(tmp_path, b="version: v1\n# b\n")
+    os.mkfifo(src / "a")
+    dst = tmp_path / "config.yaml"
+    manager = ConfigManager(src, dst)
+    assert manager.apply({NODE_LABEL: "b"}) and dst.read_text().endswith("# b\n")
+    done = threading.Event()
+    result: list[bool] = []
+    worker = threading.Thread(
+        target=lambda: (result.append(manager.apply({NODE_LABEL: "a"})), done.set()), daemon=True
+    )
+    worker.start()
+    assert done.wait(20), "reading a FIFO config blocked"
+    assert result == [False] and dst.read_text().endswith("# b\n") and manager.current == "b"
+    assert "config a not read: a FIFO, not a regular file" in caplog.text

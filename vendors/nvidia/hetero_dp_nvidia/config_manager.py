@@ -37,12 +37,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from hetero_dp import ConfigError, write_atomic
+from hetero_dp import ConfigError, read_foreign, write_atomic
 
 log = logging.getLogger("hetero_dp_nvidia.config_manager")
 
 NODE_LABEL = "nvidia.com/device-plugin.config"  # NVIDIA's label name
 EMPTY_CONFIG = "version: v1\n"
+MAX_CONFIG = 256 * 1024  # what the daemon reads of a config file (engine/configfile.py)
 
 
 def available(srcdir: Path) -> list[str]:
@@ -152,10 +153,17 @@ class ConfigManager:
         except ConfigError as e:
             log.error("%s; the current config (%s) stays", e, self.current or "none")
             return False
-        text = (self.srcdir / name).read_text() if name else EMPTY_CONFIG
+        text = EMPTY_CONFIG
+        try:  # the ConfigMap's dir: a FIFO or a huge file there must not block or bloat
+            if name:
+                text = read_foreign(self.srcdir / name, max_bytes=MAX_CONFIG, follow=True).decode()
+        except ValueError as e:  # ForeignFileError, UnicodeDecodeError
+            log.error("config %s not read: %s; the current config (%s) stays", name, e,
+                      self.current or "none")  # fmt: skip
+            return False
         try:
-            same = self.dst.read_text() == text
-        except OSError:
+            same = read_foreign(self.dst, max_bytes=len(text.encode()) + 1) == text.encode()
+        except ValueError:
             same = False
         if not same:
             write_atomic(self.dst, text)
