@@ -32,6 +32,7 @@ from hetero_dp.model.shown import shown
 MAX_ALIASES = 1_000
 MAX_NODES = 20_000  # a config of 500 resources with 6 settings each holds 3,000
 MAX_DEPTH = 100
+MAX_NUMBER = 100  # characters of a number as written
 
 _INT = "tag:yaml.org,2002:int"
 _FLOAT = "tag:yaml.org,2002:float"
@@ -103,7 +104,12 @@ class _Loader(yaml.SafeLoader):
             return node
         if not isinstance(event, yaml.CollectionStartEvent):
             self._count(1, line)
-            return super().compose_node(parent, index)
+            node = super().compose_node(parent, index)
+            if node is not None and node.tag in (_INT, _FLOAT) and len(node.value) > MAX_NUMBER:
+                # PyYAML builds a base-60 number by repeated multiplication: quadratic
+                # (40,000 groups took 3 s); no setting needs a number this long
+                raise YamlRefused(f"a number written with over {MAX_NUMBER} characters", line=line)
+            return node
         if self.depth >= self.max_depth:
             raise YamlRefused(f"nested deeper than {self.max_depth} levels", line=line)
         self._count(1, line)

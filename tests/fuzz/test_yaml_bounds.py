@@ -222,3 +222,13 @@ def test_a_huge_name_is_cut_in_its_refusal() -> None:
     assert len(str(err.value)) < 1000, len(str(err.value))
     with pytest.raises(ConfigError, match="has no vendor prefix"):
         load_config(raw={"resources": {"gpu": {}}}, env={})
+
+
+def test_a_number_too_long_to_build_cheaply_is_refused() -> None:
+    """YAML 1.1 reads '1:1:1:...' as one base-60 integer, built by repeated
+    multiplication: 40,000 groups took 3 s (85,000 fit in a config file)."""
+    from hetero_dp.kits.yamlread import YamlRefused
+
+    with pytest.raises(YamlRefused, match="a number written with over 100 characters"):
+        load_yaml("a: " + "1:" * 85_000 + "1\n")
+    assert load_yaml("a: " + "9" * 100 + "\n")[0] == {"a": int("9" * 100)}
