@@ -11,12 +11,14 @@ front end's :class:`Session`, one per endpoint: the engine knows nothing of it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from hetero_dp.model.response import ContainerResponse
 from hetero_dp.model.state import ResourceState
+
+T = TypeVar("T")
 
 
 class ServedResource(Protocol):
@@ -29,14 +31,20 @@ class ServedResource(Protocol):
     @property
     def preferred_allocation_available(self) -> bool: ...
 
-    async def allocate(self, ids: Sequence[str]) -> ContainerResponse:
-        """The response for one container; AllocationError to refuse."""
+    def kept(self, request: Hashable) -> Any:
+        """What :meth:`answer` made for ``request`` if it would give it again now, else
+        None (a plain call: the hot path)."""
         ...
 
-    def answer_stamp(self) -> object | None:
-        """Equal from one call to the next for as long as :meth:`allocate` answers the
-        same IDs with the same response, so the kubelet side may answer a repeated
-        request from what it sent before; None when every call must be asked."""
+    async def answer(
+        self,
+        request: Hashable,
+        containers: Callable[[], Sequence[Sequence[str]]],
+        convert: Callable[[list[ContainerResponse]], T],
+    ) -> T:
+        """The answer to one Allocate request (``containers()``: each container's device
+        IDs), as ``convert`` makes it of the containers' responses; kept (and given
+        again) while nothing it depends on changes. AllocationError to refuse."""
         ...
 
     async def preferred(

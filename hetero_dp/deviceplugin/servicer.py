@@ -29,9 +29,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Allocate answers a servicer keeps (one per distinct request); past this it starts over.
-MAX_ANSWERS = 256
-
 
 def _status(code: str) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, code, grpc.StatusCode.INTERNAL)
@@ -115,12 +112,6 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self.calls_in_flight = 0  # Allocate, GetPreferredAllocation, PreStartContainer
         self.idle = asyncio.Event()
         self.idle.set()
-        # Allocate answers by request, valid while the resource's answer stamp holds
-        # (request bytes -> the answer and the last container's IDs, for the event)
-        self._answers: dict[bytes, tuple[pb.AllocateResponse, list[str]]] = {}
-        self._answers_stamp: object = None
-        # with an allocate hook: request bytes -> the last responses and their message
-        self._converted: dict[bytes, tuple[list[ContainerResponse], pb.AllocateResponse]] = {}
 
     def options(self) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(
@@ -234,10 +225,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     async def _allocate(
         self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext
     ) -> pb.AllocateResponse:
-        """Allocate's work. A request answered before, while the resource's answer
-        stamp holds, is answered with the message built then (never changed once
-        built); with an allocate hook the resource is asked every time, and only the
-        conversion to protobuf is saved when the answer is what it was. The event and
+        """Allocate's work: the resource answers (:meth:`~hetero_dp.engine.resource.
+        Resource.answer`, which keeps the answers: a request answered before is answered
+        with the message built then while nothing it depends on changed). The event and
         log lines are as for any call (see :meth:`_answer`)."""
         res = self.resource
         start = time.perf_counter()
@@ -248,40 +238,24 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             if not creqs:
                 raise AllocationError(f"{res.name}: Allocate with no container requests")
             # the request's own bytes: equal IDs serialize alike, and this is cheaper
-            # than reading the IDs out of the message
-            key = request.SerializeToString()
-            stamp = res.answer_stamp()
-            if stamp is not None:
-                if stamp != self._answers_stamp:
-                    self._answers = {}
-                    self._answers_stamp = stamp
-                hit = self._answers.get(key)
-                if hit is not None:
-                    answer, ids = hit
-                    return answer
-            responses = []
-            for creq in creqs:
-                ids = list(creq.devices_ids)
-                responses.append(await res.allocate(ids))
-            count = sum(len(c.devices_ids) for c in creqs)
-            if stamp is not None:
+            # than reading the IDs out of the message; the resource keeps the answers
+            request_key = request.SerializeToString()
+            kept = res.kept(request_key)  # answered before, nothing changed: as it was
+            if kept is not None:
+                answer, ids = kept
+                return answer
+
+            def containers() -> list[list[str]]:  # read only when not answered before
+                return [list(c.devices_ids) for c in creqs]
+
+            def convert(
+                responses: list[ContainerResponse],
+            ) -> tuple[pb.AllocateResponse, list[str]]:
+                count = sum(len(c.devices_ids) for c in creqs)
                 answer = _fitting(allocate_response(responses), res.name, count)
-                if stamp == res.answer_stamp():  # unchanged meanwhile
-                    if len(self._answers) >= MAX_ANSWERS:
-                        self._answers = {}
-                    self._answers[key] = (answer, ids)
-            else:
-                # asked afresh (an allocate hook); a hook that answers what it answered
-                # last time for this request gets the message converted then
-                last = self._converted.get(key)
-                if last is not None and last[0] == responses:
-                    answer = last[1]
-                else:
-                    answer = _fitting(allocate_response(responses), res.name, count)
-                    if len(self._converted) >= MAX_ANSWERS:
-                        self._converted = {}
-                    # copies: what is compared must not change with the hook's objects
-                    self._converted[key] = ([r.copy() for r in responses], answer)
+                return answer, list(creqs[-1].devices_ids)  # the last container's: the event
+
+            answer, ids = await res.answer(request_key, containers, convert)
             if log.isEnabledFor(logging.DEBUG):
                 # debug, not info: one log line per Allocate was a third of its cost
                 # (benchmarks/bench_core.py); the "allocate" event still counts each one
@@ -291,6 +265,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             return answer
         except AllocationError as e:
             code = e.code
+            if not ids and request.container_requests:
+                ids = list(request.container_requests[-1].devices_ids)
             log.warning("Allocate refused: %s", e, extra={"resource": res.name, "devices": ids})
             await context.abort(_status(e.code), str(e))
             raise  # abort() raises; this line is for type checkers

@@ -4,8 +4,8 @@ behind the kubelet's calls (the gRPC side only translates)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, Generic, TypeVar, cast
 
 from hetero_dp.allocation.allocate import build_response, show_ids, validate_ids
 from hetero_dp.allocation.delivery import Delivery, apply_delivery, parse_delivery, without_cdi
@@ -20,9 +20,26 @@ from hetero_dp.model.state import ResourceState
 
 log = logging.getLogger(__name__)
 
-#: Prepared answers one resource keeps (one per distinct request of device IDs); past
-#: this the cache starts over.
-MAX_PREPARED = 256
+#: Answers one resource keeps (one per distinct request); past this the cache starts over.
+MAX_ANSWERS = 256
+
+T = TypeVar("T")
+_NO_HOOK = object()  # the answer key of a resource whose backend has no allocate hook
+
+
+class _Answer(Generic[T]):
+    """One request's answer while the resource's stamp holds: per container, the
+    physical devices, the response before the allocate hook and whether that passes
+    the container gate; the allocate key it was built under, the responses and what
+    the front end made of them (its message)."""
+
+    __slots__ = ("key", "message", "prepared", "responses")
+
+    def __init__(self, prepared: list[tuple[list[Device], ContainerResponse, bool]]) -> None:
+        self.prepared = prepared
+        self.key: object = None
+        self.responses: list[ContainerResponse] | None = None
+        self.message: T | None = None
 
 
 class Resource:
@@ -46,11 +63,11 @@ class Resource:
         self.sharing = sharing or SharingConfig()
         self.state = ResourceState(name)
         self.links: dict[tuple[str, str], float] = {}
-        # request IDs -> (physical devices, response before the allocate hook, whether
-        # that passes the container gate), for the stamp below: what Allocate derives
-        # from the records, done once per request
-        self._prepared: dict[tuple[str, ...], tuple[list[Device], ContainerResponse, bool]] = {}
-        self._prepared_stamp: object = None
+        # The one cache of Allocate answers: request -> its answer, valid while the
+        # stamp (the records, the settings, the sharing config) holds; with an allocate
+        # hook the answer is reused while the backend's allocate_key holds too.
+        self._answers: dict[Hashable, _Answer[Any]] = {}
+        self._answers_stamp: object = None
 
     @property
     def backend(self) -> Backend:
@@ -126,18 +143,16 @@ class Resource:
         # the hook
         return (self.state.generation, self._settings, self.sharing, self._cdi_off)
 
-    def answer_stamp(self) -> object | None:
-        """Equal from one call to the next for as long as :meth:`allocate` answers the
-        same IDs with the same response (the device records, the settings and the
-        sharing config unchanged); None when every call must be asked, as with an
-        ``allocate`` hook, which may answer differently each time, unless the backend
-        names what its answers depend on (its ``allocate_key``)."""
+    def _allocate_key(self) -> object | None:
+        """What the answers depend on besides the stamp: a constant without an
+        allocate hook; the backend's ``allocate_key`` with one (None: the hook is asked
+        on every call, as without such a hook or when it raises)."""
         if not self._hooked:
-            return self._stamp()
+            return _NO_HOOK
         if self._answer_key is None:
             return None
         try:
-            key = self._answer_key()
+            return self._answer_key()
         except Exception as e:  # a broken key costs speed, never an answer
             if not self._answer_key_failed:
                 self._answer_key_failed = True
@@ -148,22 +163,12 @@ class Resource:
                     extra={"resource": self.name},
                 )
             return None
-        return None if key is None else (self._stamp(), key)
 
     def _prepare(self, ids: Sequence[str]) -> tuple[list[Device], ContainerResponse, bool]:
         """The physical devices and the default response (delivery applied) for
         ``ids`` and, with an allocate hook, whether that response passes the container
         gate (then only what the hook changes is judged on each call), or
-        AllocationError: checked and built once per request of IDs while the stamp
-        holds (only successes are kept, so a refusal is judged afresh)."""
-        stamp = self._stamp()
-        if stamp != self._prepared_stamp:
-            self._prepared = {}
-            self._prepared_stamp = stamp
-        key = tuple(ids)
-        entry = self._prepared.get(key)
-        if entry is not None:
-            return entry
+        AllocationError (never kept: a refusal is judged afresh)."""
         validate_ids(self.state, ids)
         self.sharing.check_request(self.name, ids)
         physical = self._physical_devices(ids)
@@ -172,13 +177,71 @@ class Resource:
         )
         # the records passed the gate at discovery; the joined env values may not
         clean = not self._hooked or not response_problems(response)
-        if len(self._prepared) >= MAX_PREPARED:
-            self._prepared = {}
-        entry = self._prepared[key] = (physical, response, clean)
-        return entry
+        return physical, response, clean
+
+    def kept(self, request: Hashable) -> Any:
+        """What :meth:`answer` made for ``request`` if it would give it again now, else
+        None: the Allocate hot path, a plain call (no coroutine) when nothing changed."""
+        if self._stamp() != self._answers_stamp:
+            return None
+        entry = self._answers.get(request)
+        if entry is None:
+            return None
+        if not self._hooked:
+            return entry.message
+        key = self._allocate_key()
+        return entry.message if key is not None and entry.key == key else None
+
+    async def answer(
+        self,
+        request: Hashable,
+        containers: Callable[[], Sequence[Sequence[str]]],
+        convert: Callable[[list[ContainerResponse]], T],
+    ) -> T:
+        """The answer to one Allocate ``request`` (a key the front end makes of it, equal
+        for equal requests) of ``containers()`` (each container's device IDs, asked for
+        only when the answer is not kept), as ``convert`` makes it of the containers'
+        responses: the one cache of answers.
+        While the stamp holds, a request answered before is answered with what was made
+        then (without an allocate hook, or while its ``allocate_key`` holds); with the
+        hook asked again, only ``convert`` is saved when the responses are what they
+        were. AllocationError to refuse (never kept)."""
+        stamp = self._stamp()
+        if stamp != self._answers_stamp:
+            self._answers = {}
+            self._answers_stamp = stamp
+        key = self._allocate_key()
+        entry = self._answers.get(request)
+        if entry is not None and key is not None and entry.key == key:
+            return cast(T, entry.message)
+        requests = containers()
+        if entry is None:
+            entry = _Answer([self._prepare(ids) for ids in requests])
+        responses = [await self._finish(p, ids) for p, ids in zip(entry.prepared, requests)]
+        if entry.responses is not None and entry.responses == responses:
+            message = cast(T, entry.message)
+        else:
+            message = convert(responses)
+            # copies: what is compared must not change with the hook's objects
+            entry.responses = [r.copy() for r in responses] if self._hooked else responses
+            entry.message = message
+        entry.key = key
+        if self._stamp() == stamp and request not in self._answers:  # unchanged meanwhile
+            if len(self._answers) >= MAX_ANSWERS:
+                self._answers = {}
+            self._answers[request] = entry
+        return message
 
     async def allocate(self, ids: Sequence[str]) -> ContainerResponse:
-        physical, default, clean = self._prepare(ids)
+        """The response for one container (not kept: :meth:`answer` keeps answers)."""
+        return await self._finish(self._prepare(ids), ids)
+
+    async def _finish(
+        self, prepared: tuple[list[Device], ContainerResponse, bool], ids: Sequence[str]
+    ) -> ContainerResponse:
+        """One container's response from what :meth:`_prepare` made: the allocate hook
+        on a copy of the default, and the container gate on what it changed."""
+        physical, default, clean = prepared
         response = default.copy()  # the hook, or the caller, may change it
         if not self._hooked:
             return response

@@ -94,3 +94,23 @@ def test_the_dra_front_end_calls_hooks_and_the_gate_through_the_engine() -> None
             if isinstance(n, ast.ImportFrom) and n.module == "hetero_dp.allocation.gate":
                 found.append(f"{path.name}:{n.lineno} imports the gate")
     assert found == []
+
+
+async def test_one_cache_decides_an_allocate_answer(fake_kubelet, plugin_runner) -> None:
+    """The engine's resource keeps the answers (one cache, one stamp); the kubelet
+    side keeps none of its own, and a repeated request gets the message built before."""
+    from hetero_dp_simulated import SimulatedBackend
+
+    from hetero_dp.api import deviceplugin_v1beta1_pb2 as pb
+    from hetero_dp.deviceplugin.servicer import DevicePluginServicer
+
+    daemon = await plugin_runner.start(SimulatedBackend(), options={"simulated": {"count": 2}})
+    name = next(iter(daemon.resources))
+    endpoint = daemon.front_end.endpoints[name]
+    servicer = DevicePluginServicer(endpoint.resource, endpoint.session)
+    ids = sorted(d.id for d in daemon.resources[name].state.devices)[:1]
+    request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
+    first = await servicer.Allocate(request, None)
+    assert await servicer.Allocate(request, None) is first
+    assert daemon.resources[name].kept(request.SerializeToString()) is not None
+    assert not [k for k, v in vars(servicer).items() if isinstance(v, dict)]
