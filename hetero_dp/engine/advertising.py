@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Sequence
 from typing import Any, Protocol
 
 from hetero_dp.allocation.cdi import spec_device_problems
 from hetero_dp.allocation.delivery import parse_delivery
 from hetero_dp.allocation.gate import Refused, refusal
 from hetero_dp.allocation.preferred import link_scores
-from hetero_dp.engine.cdi_publisher import CDIPublisher
+from hetero_dp.engine.cdi_publisher import CDINames, CDIPublisher
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.frontend import FrontEnd, Publisher
 from hetero_dp.engine.publishing import OversizeHold, Plan, log_transitions, plan
@@ -40,6 +39,7 @@ class Host(Protocol):
     publishers: list[Publisher]
     front_end: FrontEnd
     cdi_off: str | None
+    cdi_names: CDINames  # what the spec writer's specs define
     started: bool
 
     def hook_error(self, rt: BackendRuntime, hook: str, e: Exception) -> None: ...
@@ -110,7 +110,7 @@ class Advertiser:
             settings=self.settings_for(name),
             sharing=self.engine.config.sharing,
             cdi_off=self.engine.cdi_off,
-            undefined_cdi=self.undefined_cdi,
+            cdi_names=self.engine.cdi_names,
         )
         try:
             self.engine.front_end.add_resource(res)
@@ -192,12 +192,6 @@ class Advertiser:
 
     def _cdi(self) -> CDIPublisher | None:
         return next((p for p in self.engine.publishers if isinstance(p, CDIPublisher)), None)
-
-    def undefined_cdi(self, names: Sequence[str]) -> list[str]:
-        """The names among ``names`` of a kind whose spec this daemon writes that the
-        spec written does not define (an allocate hook's additions are judged)."""
-        cdi = self._cdi()
-        return cdi.undefined(names) if cdi is not None else []
 
     def _cdi_refusals(self, planned: Plan) -> dict[str, Device]:
         """Devices that cannot be in the CDI spec of a kind their resource delivers by,

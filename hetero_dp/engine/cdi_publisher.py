@@ -254,6 +254,34 @@ class _Runtime(Protocol):
     discoveries: int
 
 
+class CDINames:
+    """The CDI names this daemon's spec files define: each kind it writes, and the
+    device IDs the spec of each kind written last holds. The spec writer
+    (:class:`CDIPublisher`, a subscriber to publishes) fills it as it writes; the
+    engine owns it (``daemon.cdi_names``, one across reloads) and a resource reads it
+    to judge the CDI names an allocate hook adds: data, never a call up into the
+    writer."""
+
+    def __init__(self) -> None:
+        self.kinds: set[str] = set()
+        self.written: dict[str, frozenset[str]] = {}
+
+    def undefined(self, names: Sequence[str]) -> list[str]:
+        """The CDI names among ``names`` of a kind this daemon writes that its spec
+        does not define (names of other kinds come from other specs: not judged)."""
+        out = []
+        for name in names:
+            kind, _, device = name.partition("=")
+            if kind in self.kinds and device not in self.written.get(kind, ()):
+                out.append(name)
+        return out
+
+    def clear(self) -> None:
+        """Nothing is defined any more (the writer's specs were removed)."""
+        self.kinds.clear()
+        self.written.clear()
+
+
 class CDIPublisher:
     """A daemon publisher that keeps CDI specs in step with the device records.
 
@@ -277,6 +305,7 @@ class CDIPublisher:
         settings_for: Callable[[str], Mapping[str, Any]],
         *,
         check_first: bool = False,
+        names: CDINames | None = None,
     ) -> None:
         self.writer = writer
         self.settings_for = settings_for
@@ -292,7 +321,9 @@ class CDIPublisher:
         # kind -> why its newest spec could not be written (retried at every publish):
         # a device not in the file then has a CDI name that resolves to nothing, and
         # the daemon makes it Unhealthy (advertising.py) until a write succeeds.
-        self.written: dict[str, frozenset[str]] = {}
+        # what the specs define, as data the engine owns and reads (CDINames)
+        self.names = CDINames() if names is None else names
+        self.written = self.names.written
         self.failed: dict[str, str] = {}
         self._failed_seen: frozenset[str] = frozenset()
         self._lock = asyncio.Lock()
@@ -303,16 +334,6 @@ class CDIPublisher:
         if why is None or device_id in self.written.get(kind, ()):
             return None
         return f"CDI spec of {kind} not written: {why}"
-
-    def undefined(self, names: Sequence[str]) -> list[str]:
-        """The CDI names among ``names`` of a kind this daemon writes that its spec
-        does not define (names of other kinds come from other specs: not judged)."""
-        out = []
-        for name in names:
-            kind, _, device = name.partition("=")
-            if kind in self._devices and device not in self.written.get(kind, ()):
-                out.append(name)
-        return out
 
     def failures_changed(self) -> bool:
         """Whether the kinds whose spec could not be written changed since last asked."""
@@ -326,6 +347,7 @@ class CDIPublisher:
             with contextlib.suppress(OSError):
                 self.writer.remove(kind)
         self._devices.clear()
+        self.names.clear()
 
     def kinds(self, physical: str, advertised: set[str]) -> set[str]:
         """The CDI kinds whose specs hold the devices of ``physical``."""
@@ -356,6 +378,8 @@ class CDIPublisher:
                 if kind not in kinds and per_resource.pop(physical, None) is not None:
                     changed.add(kind)
             for kind in kinds:
+                if kind not in self._devices:
+                    self.names.kinds.add(kind)
                 per_resource = self._devices.setdefault(kind, {})
                 before = per_resource.get(physical)
                 per_resource[physical] = devices
@@ -447,7 +471,10 @@ class CDIPublisher:
 
 
 def make_cdi_publisher(
-    cdi: CdiSection, settings_for: Callable[[str], Mapping[str, Any]], source: str
+    cdi: CdiSection,
+    settings_for: Callable[[str], Mapping[str, Any]],
+    source: str,
+    names: CDINames | None = None,
 ) -> CDIPublisher | None:
     """The publisher for a config's ``cdi`` section, or None when CDI is off.
 
@@ -469,7 +496,7 @@ def make_cdi_publisher(
             writer.check_name(field="cdi.dir")
     except ConfigError as e:
         raise ConfigError(e.reason, field=e.field, source=source) from None
-    return CDIPublisher(writer, settings_for, check_first=enabled is None)
+    return CDIPublisher(writer, settings_for, check_first=enabled is None, names=names)
 
 
 async def read_cdi_off(runtime_config: str) -> str | None:

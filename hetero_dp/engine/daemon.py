@@ -30,7 +30,7 @@ from typing import Any
 
 from hetero_dp.engine.advertising import Advertiser
 from hetero_dp.engine.backend import Backend
-from hetero_dp.engine.cdi_publisher import make_cdi_publisher, read_cdi_off
+from hetero_dp.engine.cdi_publisher import CDINames, make_cdi_publisher, read_cdi_off
 from hetero_dp.engine.claimhooks import ClaimHooks
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.extension import Extension
@@ -61,6 +61,7 @@ class Daemon:
         self.backends = backends
         self.runtimes = {b.name: BackendRuntime(b) for b in backends}
         self.claim_hooks = ClaimHooks(self.runtimes)  # what a claim-based front end calls
+        self.cdi_names = CDINames()  # what CDI spec written defines (the writer fills it)
         self.cdi_off: str | None = None  # why the runtime cannot consume CDI (cdi.runtimeConfig)
         self.resources: dict[str, Resource] = {}
         self.publishers: list[Publisher] = []
@@ -96,7 +97,9 @@ class Daemon:
             await b.configure_from(self.config)
         # a CDI delivery the runtime would ignore falls back (resource.py)
         self.cdi_off = await read_cdi_off(self.config.cdi.runtime_config)
-        cdi = make_cdi_publisher(self.config.cdi, self.advertiser.settings_for, self.config.source)
+        cdi = make_cdi_publisher(
+            self.config.cdi, self.advertiser.settings_for, self.config.source, self.cdi_names
+        )
         if cdi is not None:
             self.publishers.append(cdi)
         # The config is checked (backends' options, cdi.dir) before any port is bound;

@@ -13,6 +13,7 @@ from hetero_dp.allocation.gate import response_problems
 from hetero_dp.allocation.preferred import choose_preferred
 from hetero_dp.allocation.sharing import SharingConfig, to_physical
 from hetero_dp.engine.backend import Backend
+from hetero_dp.engine.cdi_publisher import CDINames
 from hetero_dp.model.device import Device
 from hetero_dp.model.errors import AllocationError, BackendError, ConfigError
 from hetero_dp.model.response import ContainerResponse
@@ -51,11 +52,11 @@ class Resource:
         settings: Mapping[str, Any] | None = None,
         sharing: SharingConfig | None = None,
         cdi_off: str | None = None,
-        undefined_cdi: Callable[[Sequence[str]], list[str]] | None = None,
+        cdi_names: CDINames | None = None,
     ) -> None:
         self.name = name
         # the CDI names of the daemon's own kinds no spec written defines
-        self.undefined_cdi = undefined_cdi
+        self.cdi_names = cdi_names
         self.backend = backend  # (whether it has an allocate hook: known from here on)
         # why the node's container runtime cannot consume CDI (None: it can, or unknown)
         self._cdi_off = cdi_off
@@ -260,11 +261,11 @@ class Resource:
         # Nodes the default holds were judged (lstat/realpath) when it was built, once
         # per state generation, not on every call.
         problems = response_problems(response, passed=default if clean else None)
-        if self.undefined_cdi is not None and response.cdi_devices != default.cdi_devices:
+        if self.cdi_names is not None and response.cdi_devices != default.cdi_devices:
             added = [n for n in response.cdi_devices if n not in default.cdi_devices]
             problems += [
                 f"cdiDevices: {n!r} is defined by no CDI spec written"
-                for n in self.undefined_cdi(added)
+                for n in self.cdi_names.undefined(added)
             ]
         if problems:
             log.error(

@@ -348,3 +348,18 @@ async def test_spec_wide_edits_that_may_not_go_into_a_container_are_refused(
     await fake_kubelet.wait_devices(RES, lambda d: len(d) == 2)
     assert not list(cdi_dir.glob("*.json"))
     assert any("may not go into a container" in r.getMessage() for r in caplog.records)
+
+
+async def test_what_the_specs_define_is_the_engines_data_not_a_call_into_the_writer(
+    fake_kubelet, plugin_runner, cdi_dir
+):
+    """The spec writer fills the daemon's CDINames as it writes; each resource reads
+    that record (the same one) to judge what an allocate hook adds."""
+    daemon = await start(plugin_runner, Acme(2), cdi_dir, {"deliver": ["cdi-cri"]})
+    await fake_kubelet.wait_devices(RES, lambda d: len(d) == 2)
+    names = daemon.cdi_names
+    assert names.kinds == {RES} and names.written[RES] == frozenset({"accel0", "accel1"})
+    assert daemon.resources[RES].cdi_names is names
+    assert names.undefined([f"{RES}=accel1", f"{RES}=ghost", "other.example.com/x=all"]) == [
+        f"{RES}=ghost"
+    ]

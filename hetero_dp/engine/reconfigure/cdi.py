@@ -19,7 +19,9 @@ class CDISettings:
 
     async def prepare(self, old: Config, new: Config) -> None:
         if old.cdi != new.cdi:  # enabled unset: the dir is checked when first needed
-            self._new = make_cdi_publisher(new.cdi, self.engine.advertiser.settings_for, new.source)
+            self._new = make_cdi_publisher(
+                new.cdi, self.engine.advertiser.settings_for, new.source, self.engine.cdi_names
+            )
         self._cdi_off = await read_cdi_off(new.cdi.runtime_config)
 
     async def discard(self) -> None:

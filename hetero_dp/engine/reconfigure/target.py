@@ -6,6 +6,7 @@ from typing import Protocol
 
 from hetero_dp.engine.advertising import Advertiser
 from hetero_dp.engine.backend import Backend
+from hetero_dp.engine.cdi_publisher import CDINames
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.extension import Extension
 from hetero_dp.engine.frontend import Engine, FrontEnd, Publisher
@@ -18,6 +19,7 @@ class Target(Engine, Protocol):
     extensions: list[Extension]
     front_end: FrontEnd
     cdi_off: str | None
+    cdi_names: CDINames
 
     async def rediscover(self, backend_name: str | None = None) -> None: ...
 
