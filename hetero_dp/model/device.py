@@ -103,9 +103,9 @@ class DeviceNode:
     def __post_init__(self) -> None:
         what = f"DeviceNode({shown(self.host_path)})"
         _want(
-            _is_str(self.host_path) and bool(self.host_path),
+            _is_str(self.host_path),
             "a device node's host_path",
-            "a non-empty str",
+            "a str",
             self.host_path,
         )
         _want(_is_str(self.container_path), f"{what}.container_path", "a str", self.container_path)
@@ -132,9 +132,9 @@ class Mount:
     def __post_init__(self) -> None:
         what = f"Mount({shown(self.host_path)})"
         _want(
-            _is_str(self.host_path) and bool(self.host_path),
+            _is_str(self.host_path),
             "a mount's host_path",
-            "a non-empty str",
+            "a str",
             self.host_path,
         )
         _want(_is_str(self.container_path), f"{what}.container_path", "a str", self.container_path)
