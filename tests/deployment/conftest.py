@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -69,7 +70,19 @@ def image(engine: build_images.Engine):
         with _lock:
             if name not in _built:
                 started = time.monotonic()
-                _built.update(build_images.build_all(engine, [name]))
+                # buildah leaves its buildah-cache-* dirs in TMPDIR: give the build a
+                # temp dir of its own, not the one the host guard holds each test to
+                scratch = tempfile.mkdtemp(prefix="hdp-image-build-", dir="/var/tmp")
+                saved = os.environ.get("TMPDIR")
+                os.environ["TMPDIR"] = scratch
+                try:
+                    _built.update(build_images.build_all(engine, [name]))
+                finally:
+                    if saved is None:
+                        os.environ.pop("TMPDIR", None)
+                    else:
+                        os.environ["TMPDIR"] = saved
+                    shutil.rmtree(scratch, ignore_errors=True)
                 print(f"\ndeployment: image {name} ready in {time.monotonic() - started:.0f}s")
             return _built[name]
 
