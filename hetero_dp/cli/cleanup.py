@@ -142,7 +142,10 @@ def clean(
             elif restore_superseded and p.name.endswith(SUPERSEDED_SUFFIX):
                 _restore(p, report, dry_run)
     if kubelet_dir is not None and not dry_run:
-        report.removed += remove_stale_sockets(kubelet_dir, prefix)
+        try:
+            report.removed += remove_stale_sockets(kubelet_dir, prefix)
+        except OSError as e:  # not a dir, unreadable
+            report.failed.append(f"{kubelet_dir}: {e.strerror or e}")
     if labels_dir is not None:
         try:
             entries = sorted(labels_dir.iterdir())

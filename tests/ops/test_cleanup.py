@@ -154,3 +154,13 @@ def test_the_names_are_the_writers_names():
     assert SPEC_FILE_PREFIX == cdi.SPEC_FILE_PREFIX
     assert SUPERSEDED_SUFFIX == cdi.SUPERSEDED_SUFFIX
     assert DRA_SPEC_PREFIX == claimspec.SPEC_PREFIX
+
+
+def test_a_dir_that_is_a_file_is_reported_not_a_traceback(tmp_path: Path):
+    cdi_dir, _kubelet, labels = node(tmp_path)
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    result = run(cdi_dir, not_a_dir, labels)
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit), result.exception  # no traceback
+    assert f"failed {not_a_dir}: Not a directory" in result.output
