@@ -211,7 +211,7 @@ class UdevBackend:
     def _listen(self, loop: asyncio.AbstractEventLoop, events: EventSink) -> Callable[[], None]:
         """Put a monitor for the current rules on the loop and start their health
         timers; returns what undoes both."""
-        monitor = open_monitor(self._context(), self.rules)
+        monitor = open_monitor(self._context(), self.rules, self.expect)
         fd = monitor.fileno()
         loop.add_reader(fd, self._on_readable, monitor, events)
         timers = [

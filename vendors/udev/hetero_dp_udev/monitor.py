@@ -11,23 +11,35 @@ from fnmatch import fnmatchcase
 import pyudev
 
 from .ruletypes import Rule
+from .scanning import NOT_EXPECTED, expected
 
 log = logging.getLogger("hetero_dp_udev")
 
 
-def open_monitor(context: pyudev.Context, rules: Iterable[Rule]) -> pyudev.Monitor:
+def open_monitor(
+    context: pyudev.Context, rules: Iterable[Rule], expect: Iterable[str] = ("*",)
+) -> pyudev.Monitor:
     """A started netlink monitor for ``rules``' subsystems (an entry whose subsystem
-    is unknown is logged); RuntimeError naming the fix when it cannot listen."""
+    is unknown is logged: a warning for a resource ``expect`` names, else INFO, since
+    it means only that no such device is present); RuntimeError naming the fix when
+    it cannot listen."""
     rules = list(rules)
+    patterns = tuple(expect)
     try:
-        subsystems, unknown = monitor_subsystems(context, rules)
-        for where in unknown:
-            log.warning(
-                "%s names no subsystem and none could be derived from the devices "
-                "present: its hotplug is seen only by the framework's "
-                "rediscoverInterval (name match.subsystem / companions[].subsystem)",
-                where,
-            )
+        subsystems: set[str] = set()
+        for wanted in (True, False):
+            group = [r for r in rules if expected(r.resource, patterns) == wanted]
+            found, unknown = monitor_subsystems(context, group) if group else (set(), [])
+            subsystems |= found
+            for where in unknown:
+                log.log(
+                    logging.WARNING if wanted else logging.INFO,
+                    "%s names no subsystem and none could be derived from the devices "
+                    "present: its hotplug is seen only by the framework's "
+                    "rediscoverInterval (name match.subsystem / companions[].subsystem)%s",
+                    where,
+                    "" if wanted else NOT_EXPECTED,
+                )
         monitor = pyudev.Monitor.from_netlink(context)
         # Never unfiltered: the kernel drops every other subsystem's events
         # (a socket filter), so a storm of NVMe events costs nothing here.
