@@ -8,6 +8,7 @@ import asyncio
 import shutil
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 from hetero_dp.api import deviceplugin_v1beta1_pb2 as pb
 from hetero_dp.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from hetero_dp.testing import FakeKubelet, PluginRunner, short_tempdir
+from hetero_dp.testing import FakeKubelet, PluginRunner
 
 from .conftest import SIM, simulated
 
@@ -36,10 +37,10 @@ class LiveDaemon:
     """A daemon and a fake kubelet on their own loop in a thread; tests call in with
     plain (blocking) gRPC clients, as an outside kubelet would."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: Path) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.root = short_tempdir()
+        self.root = root
 
     def run(self, coro: Any, timeout: float = 30.0) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -87,8 +88,10 @@ class LiveDaemon:
 
 
 @pytest.fixture(scope="module")
-def live() -> Iterator[LiveDaemon]:
-    with LiveDaemon() as live:
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveDaemon]:
+    # under pytest's basetemp, not a short_tempdir: the daemon outlives each test of
+    # the module, and the temp guard removes what a test leaves in the temp dir
+    with LiveDaemon(tmp_path_factory.mktemp("live")) as live:
         yield live
         # after all the fuzzing: still registered, still streaming, still allocating
         assert live.kubelet.resources[SIM].stream_open
