@@ -220,6 +220,17 @@ class AttributionSection:
         strict=True,
         path=True,
     )
+    interval: float = option(
+        30.0,
+        help="seconds between attribution refreshes of its own, so that the noisy-neighbour "
+        "WARNING comes with no one scraping /metrics (0 = only on scrapes; a scrape "
+        "within the interval counts as one)",
+        env="HETERO_DP_ATTRIBUTION_INTERVAL",
+        flag="--attribution-interval",
+        min=0.01,
+        max=86_400.0,
+        off=0,
+    )
 
 
 @dataclass(frozen=True)

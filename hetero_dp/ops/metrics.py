@@ -24,6 +24,7 @@ from hetero_dp.kits import observe
 from hetero_dp.model.device import Sample
 from hetero_dp.model.errors import BackendError
 from hetero_dp.model.usage import ProcessUsage
+from hetero_dp.ops.attributing import Attributing
 from hetero_dp.usage import names as usage_names
 from hetero_dp.usage import series, source
 from hetero_dp.usage.attribution import Attribution
@@ -107,8 +108,10 @@ class _StateCollector(Collector):
 class Metrics:
     """The daemon's registry: counters fed by observe events, gauges from state."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: Daemon, attributing: Attributing | None = None) -> None:
         self.daemon = daemon
+        #: the daemon's one Attribution, shared with its loop (ops/attributing.py)
+        self.attributing = attributing or Attributing(daemon)
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         self.health_transitions = Counter(
@@ -184,8 +187,12 @@ class Metrics:
         )
         r.register(_StateCollector(self))
         self._samples: dict[str, list[Sample]] = {}  # backend name -> last samples
-        self.attribution: Attribution | None = None  # made at the first scrape
         self._unsubscribe = observe.subscribe(self._on_event)
+
+    @property
+    def attribution(self) -> Attribution | None:
+        """Made at the first refresh (a scrape's or the loop's)."""
+        return self.attributing.attribution
 
     def close(self) -> None:
         self._unsubscribe()
@@ -243,16 +250,9 @@ class Metrics:
     # --- backend samples -------------------------------------------------
 
     async def refresh_attribution(self, usage: list[ProcessUsage]) -> None:
-        """Who holds and uses what (device-plugin mode; docs/operations.md, Attribution):
-        one pod-resources call at most, the rest in one worker thread."""
-        daemon = self.daemon
-        if not daemon.resources or callable(getattr(daemon.front_end, "claim_holders", None)):
-            return  # DRA: the claims say who holds what
-        settings = source.settings(daemon.config)
-        if self.attribution is None or self.attribution.settings != settings:
-            self.attribution = Attribution(settings)  # a reload may move the socket
+        """Who holds and uses what, with the PIDs the samples name."""
         pids = {s.pid for ss in self._samples.values() for s in ss if s.pid is not None}
-        await self.attribution.refresh(source.inventory(daemon), usage, pids)
+        await self.attributing.refresh(usage, pids)
 
     async def refresh_backends(self) -> None:
         """Ask every backend with a ``metrics`` hook for samples and every one with a

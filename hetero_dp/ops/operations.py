@@ -1,6 +1,7 @@
 """Day-two operations of a daemon, wired in one place: metrics with the probe
 server (config ``metrics.address``), the readiness file (``metrics.readyFile``), the
-node label file (``labels.enabled/dir``) and config reload (when given a config file and a loader).
+node label file (``labels.enabled/dir``), the attribution loop (``attribution.interval``)
+and config reload (when given a config file and a loader).
 
 An engine extension (:mod:`hetero_dp.engine.extension`): :func:`attach` plugs it
 into a daemon, which then starts, stops and reconfigures it; it uses only the
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from hetero_dp.engine.config import Config
 from hetero_dp.model.errors import ConfigError
+from hetero_dp.ops.attributing import Attributing
 from hetero_dp.ops.labels import LabelWriter, file_name
 from hetero_dp.ops.probes import ProbeServer, parse_address
 from hetero_dp.ops.readyfile import ReadyFile
@@ -64,6 +66,8 @@ class Operations:
         self.config_path = config_path
         self.config_loader = config_loader
         self.metrics: Metrics | None = None
+        #: attribution, shared by scrapes and its own loop (attribution.interval)
+        self.attributing = Attributing(daemon)
         self.server: ProbeServer | None = None
         self.labels: LabelWriter | None = None
         self.ready_file: ReadyFile | None = None
@@ -76,6 +80,7 @@ class Operations:
         await self._start_server(cfg)
         self._start_ready_file(cfg)
         self._start_labels(cfg)
+        self.attributing.start(cfg.attribution.interval)
         if self.config_path is not None and self.config_loader is not None:
             # only with a config file: the reloader's inotify watch loads ctypes (issue 35)
             from hetero_dp.ops.reload import ConfigReloader
@@ -88,6 +93,7 @@ class Operations:
         if self.reloader is not None:
             await self.reloader.stop()
             self.reloader = None
+        await self.attributing.close()
         await self._stop_server()
         self._stop_labels()
 
@@ -103,7 +109,8 @@ class Operations:
             Metrics,  # prometheus_client (~10 MiB) only when metrics are on
         )
 
-        metrics = self.metrics or Metrics(self.daemon)  # counters survive an address change
+        # counters survive an address change
+        metrics = self.metrics or Metrics(self.daemon, self.attributing)
         server = ProbeServer(self.daemon, new.metrics.address, metrics)
         try:
             await server.start()
@@ -133,6 +140,8 @@ class Operations:
             # with the process: a reset would read as a restart, issue #29).
             if pending is not None:
                 self.server, self.metrics = pending, pending.metrics
+        if old.attribution.interval != new.attribution.interval:
+            self.attributing.start(new.attribution.interval)
         if old.metrics.ready_file != new.metrics.ready_file:
             await self._stop_ready_file()
             self._start_ready_file(new)
@@ -150,7 +159,7 @@ class Operations:
             Metrics,  # prometheus_client (~10 MiB) only when metrics are on
         )
 
-        self.metrics = Metrics(self.daemon)
+        self.metrics = Metrics(self.daemon, self.attributing)
         self.server = ProbeServer(
             self.daemon, address, self.metrics, wait_for_port=cfg.metrics.wait_for_port
         )

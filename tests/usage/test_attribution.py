@@ -3,12 +3,14 @@ pod-resources API on a real unix socket and its device checkpoint, a fake /proc.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
 from hetero_dp_simulated.backend import plugin as simulated
 
 from hetero_dp import Device, ProcessUsage, Sample, hookimpl
+from hetero_dp.ops.operations import of
 from tests.ops.helpers import scrape, value
 
 RES = "hetero-dp.io/sim"
@@ -209,3 +211,64 @@ async def test_a_reload_that_moves_the_socket_is_followed(fake_kubelet, plugin_r
     doc["attribution"]["podResourcesSocket"] = str(real)
     await daemon.apply_config(load_config(raw=doc, env={}))
     assert set(series(await scrape(daemon), HELD)) == {"a"}
+
+
+class LogSeen(logging.Handler):
+    """Sets an asyncio event when a record holding ``text`` is logged (the daemon logs
+    in the loop's thread)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.INFO)
+        self.text = text
+        self.seen = asyncio.Event()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.records.append(record)
+            self.seen.set()
+
+
+async def test_the_noisy_neighbour_is_named_with_no_one_scraping(fake_kubelet, plugin_runner, proc):
+    """Metrics off: the attribution loop (attribution.interval) names the container
+    over its fair share, and says when it is back under, without a scrape."""
+    await fake_kubelet.serve_pod_resources()
+    daemon = await plugin_runner.start(
+        "simulated",
+        config={
+            "attribution": {"procRoot": str(proc), "interval": 0.2},
+            "backends": {"simulated": {"count": 1, "numaNodes": 0}},
+            "sharing": {"timeSlicing": {"resources": [{"name": RES, "replicas": 2}]}},
+        },
+    )
+    await fake_kubelet.wait_registered(RES)
+    await fake_kubelet.wait_devices(RES, lambda d: len(d) == 2)
+    assert of(daemon).metrics is None  # nobody can scrape
+    a = await fake_kubelet.admit_pod("a", {"c": {RES: 1}})
+    b = await fake_kubelet.admit_pod("b", {"c": {RES: 1}})
+    put_process(proc, 101, a.uid)
+    put_process(proc, 102, b.uid, 2)
+    over, back = LogSeen("over its fair share"), LogSeen("back under its fair share")
+    logger = logging.getLogger("hetero_dp.usage")
+    logger.addHandler(over)
+    logger.addHandler(back)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        simulated.set_processes(
+            [ProcessUsage("sim0", 101, 1000 * MIB), ProcessUsage("sim0", 102, 9000 * MIB)]
+        )
+        await asyncio.wait_for(over.seen.wait(), 10)
+        (record,) = over.records
+        assert record.levelno == logging.WARNING
+        assert "default/b, container c, device " + b.device_ids()[0] in record.getMessage()
+        assert "9000 MiB" in record.getMessage() and "8192 MiB" in record.getMessage()
+
+        simulated.set_processes([ProcessUsage("sim0", 102, 1000 * MIB)])
+        await asyncio.wait_for(back.seen.wait(), 10)
+        assert len(over.records) == 1  # once per crossing
+        assert "default/b" in back.records[0].getMessage()
+    finally:
+        logger.removeHandler(over)
+        logger.removeHandler(back)
+        logger.setLevel(level)
