@@ -19,9 +19,11 @@ privilege (unshare fails with EPERM), the guard keeps to the dirs this user can 
 another process's writes to a dir we cannot write are not ours to blame.
 
 The temp dir: the run gets a dir of its own under /tmp (TMPDIR, so that subprocesses
-and pytest's tmp_path, its basetemp, land there too) and removes it at the end; a test that leaves a
-file or dir directly in it, or leaves a dir that short_tempdir made for it in /tmp
-(short socket paths), fails at its teardown, naming what it left.
+and pytest's tmp_path, its basetemp, land there too) and removes it at the end. A file
+or dir left directly in it, or a dir that short_tempdir made in /tmp (short socket
+paths), still there when the run ends fails the run, naming the test during which it
+appeared (not at that test's teardown: a module-scoped fixture's dir lives on until
+the module's last test).
 """
 
 from __future__ import annotations
@@ -182,6 +184,8 @@ class TmpGuard:
         os.environ["TMPDIR"] = self.base
         tempfile.tempdir = None  # recomputed from TMPDIR
         self.before: dict[str, set[str]] = {}
+        self.pending: dict[str, str] = {}  # entry -> the test during which it appeared
+        self.left: list[str] = []
 
     def entries(self) -> set[str]:
         own = {n for n in os.listdir(self.base) if n != "t" and not n.startswith("pytest-of-")}
@@ -193,21 +197,33 @@ class TmpGuard:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> Iterator[None]:
+        # Each entry is noted with the test during which it appeared; one a module- or
+        # session-scoped fixture makes at its first test's setup is removed by its own
+        # teardown later, so only what is still there at the end of the run was left.
         try:
-            result = yield
+            return (yield)
         finally:
-            before = self.before.pop(item.nodeid, None)
-            left = sorted(self.entries() - before) if before is not None else []
-            for name in left:  # so that the next test is not blamed for them
-                shutil.rmtree(os.path.join(self.base, name), ignore_errors=True)
-            SHORT_TEMPDIRS.clear()
-        if left:
-            pytest.fail(
-                f"this test left {', '.join(left)} in the temp dir; remove what a test "
-                "makes (a fixture's finally, or tmp_path)",
-                pytrace=False,
+            now = self.entries()
+            for name in now - self.before.pop(item.nodeid, now):
+                self.pending.setdefault(name, item.nodeid)
+            self.pending = {n: who for n, who in self.pending.items() if n in now}
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        left = {n: who for n, who in self.pending.items() if n in self.entries()}
+        for name in left:
+            shutil.rmtree(os.path.join(self.base, name), ignore_errors=True)
+        self.left = [f"{name} (it appeared during {who})" for name, who in sorted(left.items())]
+        if self.left and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if self.left:
+            terminalreporter.section("files left in the temp dir", red=True)
+            terminalreporter.line(
+                "remove what a test makes (a fixture's finally, or tmp_path); the run fails:"
             )
-        return result
+            for line in self.left:
+                terminalreporter.line(f"  {line}")
 
     def pytest_unconfigure(self) -> None:
         shutil.rmtree(self.base, ignore_errors=True)

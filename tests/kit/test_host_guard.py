@@ -188,3 +188,65 @@ def test_a_private_guard_blames_the_test_and_never_a_neighbour(tmp_path: Path):
     assert (host / "checkpoint").read_text() == "kubelet\n"
     assert not (host / "device-plugins").exists()
     assert (host / "seed").read_text() == "as found"
+
+
+LEAKY_TESTS = """
+import shutil
+import tempfile
+
+import pytest
+
+from hetero_dp.testing import short_tempdir
+
+
+@pytest.fixture(scope="module")
+def shared_dir():
+    made = tempfile.mkdtemp(prefix="module-")  # lives until the module's last test
+    yield made
+    shutil.rmtree(made)
+
+
+def test_uses_the_module_dir(shared_dir):
+    assert shared_dir
+
+
+def test_uses_it_again(shared_dir):
+    assert shared_dir
+
+
+def test_leaks_a_short_dir():
+    short_tempdir("hdp-leak-")
+
+
+def test_leaks_a_file():
+    tempfile.mkstemp(prefix="leaked-")
+"""
+
+
+def test_the_temp_guard_names_what_is_left_at_the_end_and_spares_wider_fixtures(tmp_path: Path):
+    """A file or short_tempdir left behind fails the run, naming the test during which it
+    appeared; a module-scoped fixture's dir, made at its first test and removed after its
+    last, is not blamed (a per-test check once deleted such a dir under a live daemon)."""
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    (inner / "conftest.py").write_text(
+        "from tests.hostguard import TmpGuard\n\n"
+        "def pytest_configure(config):\n"
+        "    config.pluginmanager.register(TmpGuard(config), 'tmp_guard')\n"
+    )
+    (inner / "test_inner.py").write_text(LEAKY_TESTS)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(inner)],
+        cwd=inner,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = proc.stdout
+    assert proc.returncode == 1, out + proc.stderr
+    assert "4 passed" in out and "files left in the temp dir" in out, out
+    assert "(it appeared during test_inner.py::test_leaks_a_short_dir)" in out
+    assert "(it appeared during test_inner.py::test_leaks_a_file)" in out
+    assert "module-" not in out
+    assert not list(Path("/tmp").glob("hdp-leak-*"))  # removed once reported
