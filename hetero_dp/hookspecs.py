@@ -66,6 +66,25 @@ def configure(options: Mapping[str, Any]) -> None:
 
 
 @hookspec
+def required_resources() -> Mapping[str, str] | Iterable[str] | None:
+    """Name the resources this node must have a device of before the daemon is ready.
+
+    Called right after each :func:`configure` (at start-up and on a reload that
+    changed the options); return a constant or what the options say. Return
+    resource names as the devices' ``resource`` field spells them (no globs), or a
+    mapping of each name to why it is required (``"udev.expect names it"``), shown
+    in the reason; ``None`` or nothing: none. While one of them has no device at
+    all (Unhealthy ones count: their reasons are logged), ``/readyz`` answers 503
+    naming it and the readiness file (``metrics.readyFile``) is absent, and one log
+    line says so; it turns ready once a device of it is found (a rediscovery or a
+    ``watch`` event). So a rolled-out config that finds nothing, a rules typo, stalls
+    a DaemonSet's surge roll with the old pod still serving, rather than replacing
+    it. Name only what every node running the backend has: a node without one is
+    never ready.
+    """
+
+
+@hookspec
 def discover() -> Iterable[Device]:
     """Return (or yield) every device this backend sees now. Required.
 
@@ -374,6 +393,7 @@ class HookPolicy:
 #: One row per hook, in the order of the specifications.
 POLICY: dict[str, HookPolicy] = {
     "configure": HookPolicy("worker", passes=(ConfigError, ValueError)),
+    "required_resources": HookPolicy("worker", result="resource_names"),
     "discover": HookPolicy("worker", result="devices"),
     "check_health": HookPolicy("worker", result="health_verdict"),
     "watch": HookPolicy("thread", timeout="none"),

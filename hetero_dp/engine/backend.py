@@ -52,6 +52,8 @@ class Backend:
         # what the hooks get as ``options``: the declared options dataclass's
         # instance, or the mapping as given to a backend that declares none
         self.options: Any = {}
+        # resource -> why: what required_resources said after the last configure
+        self.required: dict[str, str] = {}
 
     # -- running hooks (HookRunner) ---------------------------------------------
 
@@ -148,6 +150,11 @@ class Backend:
     async def _configure(self, value: Any, cfg: Config | None = None) -> None:
         try:
             await self.call("configure", options=value)
+            required = (
+                await self.call("required_resources")
+                if self.implements("required_resources")
+                else {}
+            )
         except ConfigError as e:
             raise (
                 configure_error(self.name, e) if cfg is None else placed(self.name, e, cfg)
@@ -157,6 +164,7 @@ class Backend:
         except BackendError as e:  # the hook failed: not a refusal of its options
             raise StartError(str(e)) from e
         self.options = value
+        self.required = required
 
     def parse_args(self, args: list[str]) -> dict[str, Any]:
         """Run the ``parse_args`` hook (synchronously: before any loop starts); a

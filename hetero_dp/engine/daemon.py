@@ -37,6 +37,7 @@ from hetero_dp.engine.extension import Extension
 from hetero_dp.engine.frontend import FrontEnd, Publisher
 from hetero_dp.engine.polling import HealthPolls
 from hetero_dp.engine.publishing import check_names
+from hetero_dp.engine.required import Requirements
 from hetero_dp.engine.resource import Resource
 from hetero_dp.engine.runtime import BackendRuntime
 from hetero_dp.engine.watching import HookWatch
@@ -64,7 +65,9 @@ class Daemon:
         self.cdi_names = CDINames()  # what CDI spec written defines (the writer fills it)
         self.cdi_off: str | None = None  # why the runtime cannot consume CDI (cdi.runtimeConfig)
         self.resources: dict[str, Resource] = {}
-        self.publishers: list[Publisher] = []
+        # resources the backends require a device of before ready (required.py)
+        self.requirements = Requirements(self.runtimes)
+        self.publishers: list[Publisher] = [self.requirements.check]
         self.tasks = Tasks("daemon")
         self.started = False  # the first publishes are done: refusals are logged, not raised
         self._stop_event = asyncio.Event()
@@ -115,6 +118,7 @@ class Daemon:
         if cdi is not None and cdi.unusable is not None:  # specs are needed and cannot be
             raise ConfigError(cdi.unusable.reason, field="cdi.dir", source=self.config.source)
         self.started = True
+        self.requirements.arm()
         # what these resources need, before the first registration: none, or all of them
         check_limits(len(self.resources), sum(len(rt.discovered) for rt in self.runtimes.values()))
         await self.front_end.serve()
@@ -145,10 +149,18 @@ class Daemon:
         return list(res.state.devices) if res is not None else []
 
     def readiness(self) -> tuple[bool, list[str]]:
-        """(ready, one line per resource or driver) for ``/readyz`` and ``doctor``."""
+        """(ready, one line per resource or driver) for ``/readyz`` and ``doctor``: the
+        front end's, and not ready while a resource that a backend requires has no
+        device (:mod:`.required`)."""
         if not self.ready.is_set():
             return False, ["daemon: starting"]
-        return self.front_end.readiness()
+        ok, lines = self.front_end.readiness()
+        missing = self.requirements.missing()
+        if not missing:
+            return ok, lines
+        # its own line replaces the front end's ("ready (0 devices)", "no resources")
+        said = ("no resources:", *(f"{name}: " for name in missing))
+        return False, [line for line in lines if not line.startswith(said)] + [*missing.values()]
 
     def request_rediscover(self, backend_name: str | None = None) -> None:
         """Ask for a rediscovery of one backend (or all) soon; returns at once."""

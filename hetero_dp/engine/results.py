@@ -158,6 +158,27 @@ def sections(name: str, hook: str, result: Any) -> dict[str, str]:
     return dict(result)
 
 
+def resource_names(name: str, hook: str, result: Any) -> dict[str, str]:
+    """Resource names, or a mapping of names to why (None: none); read as name -> why."""
+    if result is None:
+        return {}
+    if isinstance(result, str | bytes) or not isinstance(result, Iterable):
+        raise BackendError(
+            f"backend {name!r} {hook} returned {_what(result)}; expected resource names "
+            "(a list of strings, or a mapping of each name to why it is required)"
+        )
+    pairs = result.items() if isinstance(result, Mapping) else ((n, "") for n in result)
+    out: dict[str, str] = {}
+    for key, why in pairs:
+        if not isinstance(key, str) or not key or not isinstance(why, str):
+            raise BackendError(
+                f"backend {name!r} {hook} returned {shown(result, 100)}; expected non-empty "
+                "resource names (strings), each with why as a string"
+            )
+        out[key] = why
+    return out
+
+
 Check_ = Callable[[str, str, Any], Any]
 
 #: The checks by the name a hook's row gives (``HookPolicy.result``).
@@ -173,4 +194,5 @@ CHECKS: dict[str, Check_] = {
     "mapping": mapping,
     "parsed_args": parsed_args,
     "sections": sections,
+    "resource_names": resource_names,
 }
