@@ -3,8 +3,9 @@
 It runs on the same asyncio loop as everything else on purpose: an answer
 from ``/healthz`` proves the loop is alive, which is what a liveness probe
 should ask. ``/readyz`` answers 200 only when every resource the daemon serves
-is registered with the kubelet and has its ListAndWatch stream open; the body
-names each resource that is not, and why.
+is registered with the kubelet and has its ListAndWatch stream open, and every
+resource a backend requires (its ``required_resources`` hook) has a device; the body
+names each resource that is not, and why (``Daemon.readiness``).
 
 The port may face the node's network (the udev DaemonSet exposes it on the node
 IP), so it holds up under pressure: at most :data:`MAX_CONNECTIONS` connections

@@ -28,7 +28,7 @@ from .doctor import rule_checks
 from .health import checked_host_root, problems
 from .monitor import open_monitor
 from .rules import Rule, load_rules, shipped_rule_sets
-from .scanning import Key, scan, update, verdicts
+from .scanning import Key, required, scan, update, verdicts
 
 log = logging.getLogger("hetero_dp_udev")
 
@@ -59,7 +59,8 @@ class UdevOptions:
         help="the resources (names or globs) every node running this plugin should have: "
         "a rule for one of them that matches no device at start-up is a warning, for any "
         "other an INFO line (a DaemonSet also runs on nodes without some of its "
-        "accelerators); [] expects none",
+        "accelerators); [] expects none. A name written out (no glob) must also have a "
+        "device before the plugin is ready, so a rules typo stalls a rolling update",
     )
 
 
@@ -83,6 +84,7 @@ class UdevBackend:
         self.rules: list[Rule] = []
         self.host_root = "/"  # where the host's / is seen (UdevOptions.host_root)
         self.expect: tuple[str, ...] = ("*",)  # UdevOptions.expect
+        self.required: dict[str, str] = {}  # what expect names exactly
         self._local = threading.local()  # libudev contexts are not thread-safe: one per thread
         self._lock = threading.Lock()
         self._found: dict[Key, Found] = {}
@@ -111,6 +113,7 @@ class UdevBackend:
     def configure(self, options: UdevOptions) -> None:
         host_root = checked_host_root(options.host_root)
         rules = load_rules(options.rules, names=options.names)
+        self.required = required(options.expect, rules)
         with self._lock:
             self.rules = rules
             self.host_root = host_root
@@ -125,6 +128,10 @@ class UdevBackend:
             self._scanned_once = False
         if self._reconfigured is not None:
             self._reconfigured()
+
+    @hookimpl
+    def required_resources(self) -> dict[str, str]:
+        return dict(self.required)  # not ready while one has no device
 
     @hookimpl
     def discover(self) -> list[Device]:

@@ -13,7 +13,7 @@ from fnmatch import fnmatchcase
 
 import pyudev
 
-from hetero_dp import Device
+from hetero_dp import ConfigError, Device
 
 from .discovery import Found, match_device, renumber, scan_rule, to_device
 from .health import problems
@@ -29,6 +29,31 @@ NOT_EXPECTED = " (none on this node; not a warning, its resource is not in udev.
 def expected(resource: str, patterns: Iterable[str]) -> bool:
     """Whether ``resource`` is one ``udev.expect`` names (a name or a glob)."""
     return any(fnmatchcase(resource, p) for p in patterns)
+
+
+def required(patterns: Iterable[str], rules: Iterable[Rule]) -> dict[str, str]:
+    """The resources ``udev.expect`` names exactly, each to why: the framework holds
+    readiness back while one has no device (the ``required_resources`` hook). A glob
+    (``*``, ``?``, ``[``; the default ``["*"]``) only sets how loud an empty rule is:
+    it would make a node without some of the rules' hardware unready for good. A name
+    that no rule advertises could never be found: a ConfigError naming the closest."""
+    advertised = {rule.resource for rule in rules}
+    out: dict[str, str] = {}
+    for n, pattern in enumerate(patterns):
+        if any(c in pattern for c in "*?["):
+            continue
+        if pattern not in advertised:
+            import difflib  # only for a mistake
+
+            near = next(iter(difflib.get_close_matches(pattern, sorted(advertised), 1)), None)
+            known = ", ".join(sorted(advertised)) or "none"
+            raise ConfigError(
+                f"{pattern!r} is not a resource the rules advertise ({known}); "
+                + (f"did you mean {near!r}?" if near else "name one of them, or a glob"),
+                field=f"backends.udev.expect[{n}]",
+            )
+        out[pattern] = "udev.expect names it"
+    return out
 
 
 def scan(
