@@ -59,8 +59,8 @@ class Requirements:
         missing = self.missing()
         for name in sorted(set(missing) - self._missing):
             log.warning(
-                "%s; not ready until one is found (the old pod of a rolling update "
-                "keeps serving meanwhile)",
+                "%s; the daemon stays unready until one is found (in a rolling "
+                "update the old pod keeps serving meanwhile)",
                 missing[name],
             )
         required = {n for rt in self.runtimes.values() for n in rt.backend.required}

@@ -129,3 +129,47 @@ async def test_a_bad_answer_stops_start_up_naming_the_hook(fake_kubelet, plugin_
     backend.required = A  # a string, not a list of them
     with pytest.raises(ConfigError, match="required_resources returned str"):
         await plugin_runner.start(backend)
+
+
+class Configured(Scripted):
+    """Requires what its options say (``requires``), as the udev backend's expect."""
+
+    requires: list[str] = []
+
+    @hookimpl
+    def configure(self, options: dict) -> None:
+        self.requires = list(options.get("requires", []))
+
+    @hookimpl
+    def required_resources(self) -> list[str]:
+        return self.requires
+
+
+async def test_a_reload_that_requires_a_missing_resource_makes_it_unready_and_back(
+    fake_kubelet, plugin_runner, caplog
+):
+    from hetero_dp.engine.config import load_config
+
+    caplog.set_level(logging.INFO, logger="hetero_dp.engine.daemon")
+    doc = {
+        "kubeletDir": str(fake_kubelet.plugin_dir),
+        "pluginsRegistryDir": str(fake_kubelet.registry_dir),
+        "healthInterval": 0,
+        "rediscoverInterval": 0,
+        "backends": {"scripted": {"requires": [B]}},
+    }
+    daemon = await plugin_runner.start(Configured(make_devices(B, 1, prefix="b")), config=doc)
+    await _served(fake_kubelet, daemon, B)
+    assert daemon.readiness()[0]
+
+    doc["backends"]["scripted"]["requires"] = [B, A]
+    await daemon.apply_config(load_config(raw=doc, env={}))
+    why = f"{A}: not ready: no device found, and backend 'scripted' requires one"
+    assert daemon.readiness() == (False, [f"{B}: ready (1 devices)", why])
+
+    doc["backends"]["scripted"]["requires"] = [B]
+    await daemon.apply_config(load_config(raw=doc, env={}))
+    assert daemon.readiness() == (True, [f"{B}: ready (1 devices)"])
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if A in r.getMessage()]
+    assert [level for level, _ in said] == [logging.WARNING, logging.INFO], said
+    assert said[1][1] == f"{A}: no longer required; no longer holds readiness back"
