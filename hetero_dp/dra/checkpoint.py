@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,12 +111,17 @@ class Checkpoint:
         write_atomic(self.path, json.dumps(doc, indent=2) + "\n", 0o600)
 
 
-def holders(driver: str, checkpoint: Checkpoint) -> list[ClaimHolder]:
+def holders(
+    driver: str, checkpoint: Checkpoint, reserved: Mapping[str, list[str]] | None = None
+) -> list[ClaimHolder]:
     """Each device of the claims in ``checkpoint``, once per pod in the claim's
-    reservedFor (``hetero_dp_claim_allocation_info``; ``pod`` empty when none)."""
+    reservedFor (``hetero_dp_claim_allocation_info``; ``pod`` empty when none):
+    ``reserved``'s pods where it has the claim's UID (re-read, :mod:`.reservations`),
+    else those read when it was prepared."""
+    reserved = reserved or {}
     return [
         ClaimHolder(driver, dev.pool_name, dev.device_name, c.namespace, c.name, pod)
-        for c in list(checkpoint.claims.values())
+        for uid, c in list(checkpoint.claims.items())
         for dev in c.devices
-        for pod in (c.reserved_for or [""])
+        for pod in (reserved.get(uid, c.reserved_for) or [""])
     ]

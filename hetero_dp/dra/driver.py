@@ -33,6 +33,7 @@ from hetero_dp.dra.kubeletplugin import KubeletPlugin
 from hetero_dp.dra.names import device_name, driver_name_problem, is_dns_subdomain
 from hetero_dp.dra.prepare import ClaimPreparer
 from hetero_dp.dra.publisher import SlicePublisher
+from hetero_dp.dra.reservations import Reservations
 from hetero_dp.dra.resync import SliceSync
 from hetero_dp.dra.servicer import add_dra_services
 from hetero_dp.dra.slices import VERSIONS
@@ -115,6 +116,8 @@ class DRADriver:
                 raise ConfigError(str(e), field=field) from None
         self.api = ResourceAPI(api_client)
         self.checkpoint = Checkpoint(self.dir / "checkpoint.json")
+        # who the prepared claims are reserved for now (the holder series)
+        self.reservations = Reservations(self.name, self.api, self.checkpoint)
         self.by_name: dict[str, Device] = {}
         self.preparer = ClaimPreparer(
             driver=self.name,

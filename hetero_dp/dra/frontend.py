@@ -261,7 +261,17 @@ class DRAFrontEnd(Attached):
 
     def claim_holders(self) -> list[ClaimHolder]:
         """Who holds the claims the drivers prepared (:func:`.checkpoint.holders`)."""
-        return [h for d in self.drivers.values() for h in holders(d.name, d.checkpoint)]
+        return [
+            h
+            for d in self.drivers.values()
+            for h in holders(d.name, d.checkpoint, d.reservations.reserved_for())
+        ]
+
+    async def refresh_claim_holders(self, gap: float) -> None:
+        """Re-read who each prepared claim is reserved for, each claim at most once per
+        ``gap`` seconds (:mod:`.reservations`; the attribution loop calls this)."""
+        for d in list(self.drivers.values()):
+            await d.reservations.refresh(gap)
 
     def readiness(self) -> tuple[bool, list[str]]:
         """(ready, one line per driver): a driver is ready when the kubelet registered

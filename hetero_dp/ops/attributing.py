@@ -31,6 +31,8 @@ log = logging.getLogger("hetero_dp.usage")
 
 #: seconds the loop's ``usage`` hooks may take (as a scrape's)
 USAGE_TIMEOUT = 5.0
+#: DRA with ``attribution.interval`` 0: scrapes re-read a claim at most this often
+CLAIM_GAP = 30.0
 
 
 class Attributing:
@@ -46,12 +48,24 @@ class Attributing:
     def _dra(self) -> bool:
         return callable(getattr(self.daemon.front_end, "claim_holders", None))
 
+    async def _claims(self, gap: float) -> None:
+        """DRA: re-read who the prepared claims are reserved for (the front end's
+        ``refresh_claim_holders``, each claim at most once per ``gap`` seconds)."""
+        refresh = getattr(self.daemon.front_end, "refresh_claim_holders", None)
+        if callable(refresh):
+            await refresh(gap)
+
     async def refresh(self, usage: Iterable[ProcessUsage], pids: Iterable[int] = ()) -> None:
         """Who holds and uses what (device-plugin mode; docs/operations.md, Attribution):
-        one pod-resources call at most, the rest in one worker thread."""
+        one pod-resources call at most, the rest in one worker thread. DRA: the claims
+        say who holds what; a scrape re-reads them only where no loop does."""
         daemon = self.daemon
-        if not daemon.resources or self._dra():
-            return  # DRA: the claims say who holds what
+        if self._dra():
+            if self._interval <= 0:
+                await self._claims(CLAIM_GAP)
+            return
+        if not daemon.resources:
+            return
         settings = source.settings(daemon.config)
         if self.attribution is None or self.attribution.settings != settings:
             self.attribution = Attribution(settings)  # a reload may move the socket
@@ -91,7 +105,12 @@ class Attributing:
             await self._surviving(self._round())
 
     async def _round(self) -> None:
-        if not self.daemon.resources or self._dra():
+        if self._dra():
+            self.last_refresh = time.monotonic()
+            self.rounds += 1
+            await self._claims(self._interval)
+            return
+        if not self.daemon.resources:
             self.last_refresh = time.monotonic()  # nothing to attribute yet: wait a period
             return
         usage = await source.usages(self.daemon, USAGE_TIMEOUT)

@@ -44,3 +44,37 @@ async def test_prepared_claims_name_their_pods_and_leave_with_unprepare(dra, kub
     await kubelet.node_unprepare(DRIVER, [shared])
     m = await scrape(daemon)
     assert {dict(labels)["claim"] for (name, labels) in m if name == INFO} == {"lone"}
+
+
+async def test_a_pod_added_later_to_a_shared_claim_appears(dra, kubelet, api_server):
+    """reservedFor is re-read on the attribution interval: the scheduler reserving a
+    prepared claim for one more pod (no new NodePrepareResources on this node) shows
+    in the holder series."""
+    daemon = await dra.start(
+        Npus(2),
+        config={"metrics": {"address": "127.0.0.1:0"}, "attribution": {"interval": 0.1}},
+    )
+    await kubelet.wait_registered(DRIVER)
+    kw = {"driver": DRIVER, "pool": "node-a", "namespace": "ml"}
+    claim = api_server.add_claim(make_claim("shared", [("npu", N0)], **kw, reserved_for=["p0"]))
+    response = await kubelet.node_prepare(DRIVER, [ClaimRef.of(claim)])
+    assert all(c.error == "" for c in response.claims.values())
+    m = await scrape(daemon)
+    assert {dict(labels)["pod"] for (name, labels) in m if name == INFO} == {"p0"}
+
+    uid = claim["metadata"]["uid"]
+    api_server.add_claim(
+        make_claim("shared", [("npu", N0)], **kw, uid=uid, reserved_for=["p0", "p1"])
+    )
+    path = "/namespaces/ml/resourceclaims/shared"
+    since = len(api_server.requests)
+
+    def reads() -> int:
+        return sum(1 for r in api_server.requests[since:] if r.path.endswith(path))
+
+    # one read after the change, and one more: the loop reads a claim after the last
+    # read's answer was taken in
+    await api_server.wait_for(lambda: reads() >= 2)
+    m = await scrape(daemon)
+    pods = {dict(labels)["pod"] for (name, labels) in m if name == INFO}
+    assert pods == {"p0", "p1"}
