@@ -224,7 +224,7 @@ def hook_mistakes(name: str, plugin: object, pm: pluggy.PluginManager) -> list[s
         allowed = specs[hook]
         instance = _instance_mistake(function, hook, allowed)
         if instance:
-            problems.append(f"{where}: {instance}")
+            problems.append(f"{_function_at(name, function, attr)}: {instance}")
             continue
         try:
             params = inspect.signature(function).parameters
