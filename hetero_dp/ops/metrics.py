@@ -76,7 +76,8 @@ class _StateCollector(Collector):
         )
         ready = GaugeMetricFamily(
             PREFIX + "resource_ready",
-            "1 while the resource is registered and its ListAndWatch stream is open.",
+            "1 while the resource is registered and its ListAndWatch stream is open; 0 for "
+            "one a backend requires while it has no device.",
             labels=["resource"],
         )
         device_healthy = GaugeMetricFamily(
@@ -84,6 +85,11 @@ class _StateCollector(Collector):
             "1 while an advertised device is healthy, 0 while not (reason: why).",
             labels=["resource", "device", "reason"],
         )
+        missing = daemon.requirements.missing()  # required, no device: not ready
+        for name in sorted(set(missing) - set(daemon.resources)):
+            total.add_metric([name], 0)
+            healthy.add_metric([name], 0)
+            ready.add_metric([name], 0)
         for name, res in sorted(daemon.resources.items()):
             for d in res.state.devices:
                 reason = "" if d.healthy else str(d.reason or "")[:MAX_REASON]
@@ -93,7 +99,7 @@ class _StateCollector(Collector):
             session = daemon.front_end.session(name)  # the front end's, not the engine's
             streams.add_metric([name], session.open_streams if session else 0)
             registered.add_metric([name], 1 if session and session.registered else 0)
-            ready.add_metric([name], 1 if session and session.ready else 0)
+            ready.add_metric([name], 1 if session and session.ready and name not in missing else 0)
         yield from (total, healthy, device_healthy, streams, registered, ready)
         view = self.metrics.attribution.view if self.metrics.attribution else None
         if view is not None:

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
+from hetero_dp.engine.required import Requirements
 from hetero_dp.engine.settings import NEXT_START, REFUSED
 from hetero_dp.ops.metrics import Metrics
 
@@ -15,7 +16,8 @@ PAGE = (ROOT / "docs/operations.md").read_text()
 
 
 def test_every_framework_metric_is_documented():
-    metrics = Metrics(SimpleNamespace(resources={}, runtimes={}))  # type: ignore[arg-type]
+    daemon = SimpleNamespace(resources={}, runtimes={}, requirements=Requirements({}))
+    metrics = Metrics(daemon)  # type: ignore[arg-type]
     try:
         families = list(metrics.registry.collect())
     finally:

@@ -17,7 +17,7 @@ from hetero_dp import hookimpl
 from hetero_dp.ops import operations
 from tests.core.scripted import Scripted, make_devices
 
-from .helpers import http_get, port_of, wait_until
+from .helpers import http_get, port_of, scrape, value, wait_until
 
 A = "example.com/a"  # required, absent at first
 B = "example.com/b"  # served all along
@@ -63,6 +63,11 @@ async def test_a_required_resource_without_devices_holds_readiness_until_one_app
     assert [(r.levelno, r.getMessage().split(";")[0]) for r in said] == [
         (logging.WARNING, REASON)
     ], said  # one line, however often the probes ask
+    samples = await scrape(daemon)  # what the HeteroDPResourceNotReady alert reads
+    assert value(samples, "hetero_dp_resource_ready", resource=A) == 0
+    assert ("hetero_dp_resource_ready", (("resource", A),)) in samples
+    assert ("hetero_dp_devices", (("resource", A),)) in samples
+    assert value(samples, "hetero_dp_resource_ready", resource=B) == 1
 
     # hotplug: the backend's watch asks for a rediscovery, which finds the device
     backend.devices = backend.devices + make_devices(A, 1, prefix="a")
@@ -72,6 +77,7 @@ async def test_a_required_resource_without_devices_holds_readiness_until_one_app
     status, body = await http_get(port_of(daemon), "/readyz")
     assert status == 200, body
     assert f"{A}: ready (1 devices)" in body and "not ready" not in body
+    assert value(await scrape(daemon), "hetero_dp_resource_ready", resource=A) == 1
     found = [r.getMessage() for r in caplog.records if A in r.getMessage()][1:]
     assert found == [f"{A}: a device is found now; no longer holds readiness back"]
 
