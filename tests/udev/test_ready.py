@@ -90,3 +90,23 @@ def test_an_expected_name_no_rule_advertises_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"did you mean 'amd.com/gpu'\?") as e:
         UdevBackend().configure(options({"rules": ["amd-gpu"], "expect": ["amd.com/gpus"]}))
     assert e.value.field == "backends.udev.expect[0]"
+
+
+def test_doctor_says_an_empty_rule_of_a_named_resource_keeps_the_plugin_unready(
+    testbed: Testbed,
+) -> None:
+    from hetero_dp_udev.backend import options
+
+    def said(expect: list[str]) -> tuple[str, str]:
+        checks = UdevBackend().doctor(options({"rules": ["amd-gpu"], "expect": expect}))
+        return next((c.status, c.message) for c in checks if c.name == f"{AMD} devices")
+
+    assert said([AMD]) == (
+        "warn",
+        f"shipped rule set 'amd-gpu': resources[0] ({AMD}) matches no device; {AMD} is "
+        "named in udev.expect, so the plugin is not ready until some rule finds one",
+    )
+    assert said(["amd.com/*"]) == (
+        "warn",
+        f"shipped rule set 'amd-gpu': resources[0] ({AMD}) matches no device",
+    )

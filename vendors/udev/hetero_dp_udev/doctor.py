@@ -112,10 +112,17 @@ def rule_checks(options: UdevOptions, reported_empty: set[str]) -> Iterator[Chec
                     f"{rule.where} matches no device{NOT_EXPECTED}",
                 )
                 continue
+            # a name written out in expect (not a glob) is required for readiness
+            unready = (
+                f"; {rule.resource} is named in udev.expect, so the plugin is not ready "
+                "until some rule finds one"
+                if rule.resource in options.expect
+                else ""
+            )
             yield Check(
                 f"{rule.label} devices",
                 "warn",
-                f"{rule.where} matches no device",
+                f"{rule.where} matches no device{unready}",
                 fix="compare the rule's match with `udevadm info -a -p <sysfs path>`; a "
                 "node that need not have it: leave its resource out of udev.expect",
             )
