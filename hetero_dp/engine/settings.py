@@ -220,6 +220,15 @@ class AttributionSection:
         strict=True,
         path=True,
     )
+    container_logs_dir: str = option(
+        "/var/log/containers",
+        help="the kubelet's container log links, whose names tie a container ID to its "
+        "pod and container: which container a process is in where two of a pod's "
+        "containers hold the same device ('' = not read; mounted read-only)",
+        env="HETERO_DP_CONTAINER_LOGS_DIR",
+        strict=True,
+        path=True,
+    )
     interval: float = option(
         30.0,
         help="seconds between attribution refreshes of its own, so that the noisy-neighbour "

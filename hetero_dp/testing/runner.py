@@ -47,15 +47,21 @@ def keep_off_the_host(raw: dict[str, Any], scratch: Path) -> dict[str, Any]:
     """Point every host path of a config document that it leaves at its default into
     ``scratch``: CDI specs (default /var/run/cdi, which container runtimes read), node
     labels (default /etc/kubernetes/node-feature-discovery/features.d), the plugin
-    registry (default /var/lib/kubelet/plugins_registry) and the pod-resources socket
+    registry (default /var/lib/kubelet/plugins_registry), the pod-resources socket
     attribution asks (default /var/lib/kubelet/pod-resources/kubelet.sock; where the
-    fake kubelet's ``serve_pod_resources`` puts it). A daemon in a test or the demo
+    fake kubelet's ``serve_pod_resources`` puts it) and the container log links it
+    reads (default /var/log/containers). A daemon in a test or the demo
     must never advertise its fake devices to the real node it runs on, nor read its pods."""
     raw.setdefault("pluginsRegistryDir", str(scratch / "plugins_registry"))
     given = raw.get("attribution")
     if given is None or isinstance(given, dict):
         socket = str(scratch / "pod-resources" / "kubelet.sock")
-        raw["attribution"] = {"podResourcesSocket": socket, **(given or {})}
+        logs = str(scratch / "containers")  # the kubelet's /var/log/containers
+        raw["attribution"] = {
+            "podResourcesSocket": socket,
+            "containerLogsDir": logs,
+            **(given or {}),
+        }
     for section, default in (("cdi", "cdi"), ("labels", "features.d")):
         given = raw.get(section)
         if given is None or isinstance(given, dict):

@@ -22,6 +22,8 @@ from hetero_dp.model.device import Sample
 from hetero_dp.model.usage import ProcessUsage
 from hetero_dp.usage import checkpoint
 from hetero_dp.usage.cgroups import CgroupCache, ContainerRef, Vanished
+from hetero_dp.usage.containerlogs import DEFAULT_DIR as DEFAULT_LOGS
+from hetero_dp.usage.containerlogs import ContainerNames
 from hetero_dp.usage.neighbours import FairShareWatch
 from hetero_dp.usage.podresources import PodResourcesClient, PodResourcesUnavailable
 from hetero_dp.usage.view import Inventory, Owner, Pod, View, build, owner_of_pid, pods_by_uid
@@ -39,6 +41,7 @@ class Settings:
     pod_resources_socket: str = DEFAULT_SOCKET
     proc_root: str = DEFAULT_PROC
     checkpoint: str = ""
+    container_logs_dir: str = DEFAULT_LOGS
 
 
 class OnceLog:
@@ -66,6 +69,8 @@ class Attribution:
         self.notes = OnceLog()
         self.watch = FairShareWatch()
         self.cgroups = CgroupCache(settings.proc_root)
+        self.names = ContainerNames(settings.container_logs_dir)
+        self._names: dict[str, Owner] = {}  # container ID -> its container (log links)
         self.view: View | None = None
         self._pods: dict[str, Pod] = {}
         self._refs: dict[int, ContainerRef | None] = {}
@@ -109,10 +114,10 @@ class Attribution:
             self._on = True
         usages = list(usages)
         wanted = {u.pid for u in usages} | set(pids)
-        entries, refs = await asyncio.to_thread(self._read, wanted)
-        view = build(inventory, listed, entries, usages, refs)
+        entries, refs, names = await asyncio.to_thread(self._read, wanted)
+        view = build(inventory, listed, entries, usages, refs, names)
         self._pods = pods_by_uid(listed, entries)
-        self._refs = refs
+        self._refs, self._names = refs, names
         self.view = view
         self.watch.check(view.uses)
         self.notes.clear("failed")
@@ -120,8 +125,21 @@ class Attribution:
 
     def _read(
         self, pids: set[int]
-    ) -> tuple[list[checkpoint.Entry], dict[int, ContainerRef | None]]:
-        return self._checkpoint(), self._cgroups(pids)
+    ) -> tuple[list[checkpoint.Entry], dict[int, ContainerRef | None], dict[str, Owner]]:
+        return self._checkpoint(), self._cgroups(pids), self._container_names()
+
+    def _container_names(self) -> dict[str, Owner]:
+        names = self.names.read()
+        if self.names.problem:
+            self.notes.note(
+                "logs",
+                f"attribution: no container log links ({self.names.problem}): a process in "
+                "a pod with two containers holding the same device is attributed to no one",
+                logging.INFO,
+            )
+        else:
+            self.notes.clear("logs")
+        return names
 
     def _checkpoint_stamp(self) -> tuple[int, int, int] | None:
         try:
@@ -194,7 +212,7 @@ class Attribution:
             return None
         if sample.pid is not None:
             ref = self._refs.get(sample.pid)
-            return owner_of_pid(view, self._pods, sample.pid, ref, sample.device_id)
+            return owner_of_pid(view, self._pods, sample.pid, ref, sample.device_id, self._names)
         if sample.device_id:
             return view.sole.get(sample.device_id)
         return None

@@ -36,6 +36,7 @@ def settings(config: Config) -> Settings:
     return Settings(
         pod_resources_socket=section.pod_resources_socket,
         proc_root=section.proc_root,
+        container_logs_dir=section.container_logs_dir,
         checkpoint=str(config.kubelet_dir / CHECKPOINT_FILE),
     )
 

@@ -5,9 +5,10 @@ the pod UID in its cgroup (:mod:`.cgroups`) -> the containers of that pod in the
 kubelet's checkpoint (:mod:`.checkpoint`) holding the device the process uses ->
 the pod's name and namespace from the pod-resources ``List``
 (:mod:`.podresources`), which has no UID, so the checkpoint's entries and the list's
-are joined on (resource, device IDs, container name). A process whose pod or
-container the chain cannot name, or whose pod has two containers holding the same
-device, is attributed to no one.
+are joined on (resource, device IDs, container name). Where the process's pod has two
+containers holding the same device, the kubelet's log link naming the process's
+container ID (:mod:`.containerlogs`) says which; without one, and where the chain
+cannot name the pod or container, the process is attributed to no one.
 """
 
 from __future__ import annotations
@@ -148,9 +149,11 @@ def build(
     entries: Iterable[Entry],
     usages: Iterable[ProcessUsage],
     refs: Mapping[int, ContainerRef | None],
+    names: Mapping[str, Owner] | None = None,
 ) -> View:
     """The view from one refresh's readings (``refs``: each PID's cgroup, None where
-    it names no container or the process vanished)."""
+    it names no container or the process vanished; ``names``: container ID -> its
+    container, where the kubelet's log links say it)."""
     ours = [c for c in listed if c.resource in inventory.records]
     view = View()
     replicas = inventory.replicas
@@ -167,7 +170,7 @@ def build(
     pods = pods_by_uid(ours, entries)
     uses: dict[tuple[Owner, str, str], ContainerUse] = {}
     for u in usages:
-        found = _container_of(pods, refs.get(u.pid), u.device)
+        found = _container_of(pods, refs.get(u.pid), u.device, names)
         if found is None:
             view.unattributed += 1
             continue
@@ -193,17 +196,33 @@ def build(
 
 
 def _container_of(
-    pods: Mapping[str, Pod], ref: ContainerRef | None, device: str
+    pods: Mapping[str, Pod],
+    ref: ContainerRef | None,
+    device: str,
+    names: Mapping[str, Owner] | None = None,
 ) -> tuple[Owner, str, tuple[str, ...]] | None:
-    """The one container of ``ref``'s pod holding ``device`` (a record ID): its
-    owner, resource and the advertised IDs of that device it holds."""
+    """The container of ``ref``'s pod holding ``device`` (a record ID): its owner,
+    resource and the advertised IDs of that device it holds. The only one, or, where
+    several of the pod's containers hold it, the one ``names`` gives for the
+    process's container ID."""
     pod = pods.get(ref.pod_uid) if ref is not None else None
     found = pod.by_device.get(device, []) if pod is not None else []
-    return found[0] if len(found) == 1 else None
+    if len(found) == 1:
+        return found[0]
+    named = (names or {}).get(ref.container_id) if ref is not None else None
+    if named is None:
+        return None
+    same = [f for f in found if f[0] == named]
+    return same[0] if len(same) == 1 else None
 
 
 def owner_of_pid(
-    view: View, pods: Mapping[str, Pod], pid: int, ref: ContainerRef | None, device: str
+    view: View,
+    pods: Mapping[str, Pod],
+    pid: int,
+    ref: ContainerRef | None,
+    device: str,
+    names: Mapping[str, Owner] | None = None,
 ) -> Owner | None:
     """A process's container for a sample that names it (and maybe its device):
     the usage hook's answer first, else the pod's container holding the device, else
@@ -211,9 +230,12 @@ def owner_of_pid(
     if pid in view.by_pid:
         return view.by_pid[pid]
     if device:
-        found = _container_of(pods, ref, device)
+        found = _container_of(pods, ref, device, names)
         return found[0] if found else None
     pod = pods.get(ref.pod_uid) if ref is not None else None
-    if pod is None or len(pod.owner_of) != 1:
+    if pod is None:
         return None
-    return next(iter(pod.owner_of.values()))
+    if len(pod.owner_of) == 1:
+        return next(iter(pod.owner_of.values()))
+    named = (names or {}).get(ref.container_id) if ref is not None else None
+    return named if named in pod.owner_of.values() else None

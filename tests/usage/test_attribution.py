@@ -272,3 +272,45 @@ async def test_the_noisy_neighbour_is_named_with_no_one_scraping(fake_kubelet, p
         logger.removeHandler(over)
         logger.removeHandler(back)
         logger.setLevel(level)
+
+
+async def test_two_containers_of_one_pod_on_one_device_are_told_apart_by_the_log_links(
+    fake_kubelet, plugin_runner, proc, tmp_path
+):
+    """A pod whose two containers each hold a replica of one shared device: the cgroup
+    gives the process's container ID, and the kubelet's link
+    /var/log/containers/<pod>_<namespace>_<container>-<ID>.log says which container
+    that is. Without a link for an ID, that process stays attributed to no one."""
+    links = tmp_path / "containers"
+    links.mkdir()
+    await fake_kubelet.serve_pod_resources()
+    daemon = await plugin_runner.start(
+        "simulated",
+        config={
+            "metrics": {"address": "127.0.0.1:0"},
+            "attribution": {"procRoot": str(proc), "containerLogsDir": str(links)},
+            "backends": {"simulated": {"count": 1, "numaNodes": 0}},
+            "sharing": {"timeSlicing": {"resources": [{"name": RES, "replicas": 2}]}},
+        },
+    )
+    await fake_kubelet.wait_registered(RES)
+    await fake_kubelet.wait_devices(RES, lambda d: len(d) == 2)
+    pod = await fake_kubelet.admit_pod("p", {"a": {RES: 1}, "b": {RES: 1}}, namespace="ml")
+    put_process(proc, 101, pod.uid, 1)  # container a
+    put_process(proc, 102, pod.uid, 2)  # container b
+    put_process(proc, 103, pod.uid, 3)  # a container ID no link names
+    # as the kubelet makes them (legacyLogSymlink): a link to the container's log
+    target = f"/var/log/pods/ml_p_{pod.uid}"
+    (links / f"p_ml_a-{1:064x}.log").symlink_to(f"{target}/a/0.log")
+    (links / f"p_ml_b-{2:064x}.log").symlink_to(f"{target}/b/0.log")
+    (links / "junk_without_an_id.log").write_text("")  # another form: skipped
+    simulated.set_processes(
+        [
+            ProcessUsage("sim0", 101, 1000 * MIB, 0.1),
+            ProcessUsage("sim0", 102, 3000 * MIB, 0.3),
+            ProcessUsage("sim0", 103, 5000 * MIB, 0.5),
+        ]
+    )
+    m = await scrape(daemon)
+    used = {dict(labels)["container"]: v for (name, labels), v in m.items() if name == USED}
+    assert used == {"a": 1000 * MIB, "b": 3000 * MIB}

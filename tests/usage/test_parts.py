@@ -10,6 +10,7 @@ import pytest
 from hetero_dp import Device, ProcessUsage
 from hetero_dp.usage import checkpoint
 from hetero_dp.usage.cgroups import ContainerRef, Vanished, parse_cgroup, read_cgroup
+from hetero_dp.usage.containerlogs import ContainerNames, parse
 from hetero_dp.usage.podresources import ContainerDevices
 from hetero_dp.usage.view import Inventory, Owner, build
 
@@ -184,3 +185,35 @@ def test_a_container_holding_every_replica_holds_the_device_whole():
     assert build(inv, both, [], [], {}).sole == {"g0": Owner("a", "ns", "c")}
     one = [ContainerDevices("a", "ns", "c", "r/x", ("g0::0",))]
     assert build(inv, one, [], [], {}).sole == {}
+
+
+def test_container_log_link_names_parse_one_way_only():
+    cid = "0123456789abcdef" * 4
+    # legacyLogSymlink: <pod>_<namespace>_<container>-<container ID>.log
+    assert parse(f"web-7d4b9-x2x_team-a_side-car-{cid}.log") == (
+        cid,
+        Owner("web-7d4b9-x2x", "team-a", "side-car"),
+    )
+    assert parse(f"p.v1_ns_c-{cid}.log") == (cid, Owner("p.v1", "ns", "c"))
+    for other in (
+        f"p_ns_c-{cid}",  # no .log
+        f"p_ns_c_{cid}.log",  # four parts
+        f"p_c-{cid}.log",  # two parts
+        f"p_ns_{cid}.log",  # no container
+        "p_ns_c-0123.log",  # an ID cut short (the kubelet cuts names past 255 bytes)
+        f"p_ns_c-{cid[:-1]}!.log",
+        f"_ns_c-{cid}.log",
+    ):
+        assert parse(other) is None, other
+
+
+def test_container_log_links_are_read_again_only_when_the_dir_changes(tmp_path):
+    cid = "ab" * 32
+    names = ContainerNames(str(tmp_path / "none"))
+    assert names.read() == {} and "No such file" in names.problem
+    names = ContainerNames(str(tmp_path))
+    assert names.read() == {} and names.problem == ""
+    (tmp_path / f"p_ns_c-{cid}.log").symlink_to("/nowhere/0.log")  # dangling: fine
+    os.utime(tmp_path, ns=(1, 10**18))  # a new mtime, as creating a link makes
+    assert names.read()[cid].container == "c"
+    assert ContainerNames("").read() == {}  # off
