@@ -1,7 +1,8 @@
 """Every DaemonSet we ship (the NVIDIA chart, the static manifests, the scaffold's) gives
 the plugin what attribution reads (docs/operations.md, "Attribution"): the kubelet's
-pod-resources dir at its own path, where the default socket path points, and the host's
-/proc, both read-only, with HETERO_DP_PROC_ROOT naming where /proc is mounted."""
+pod-resources dir at its own path, where the default socket path points, the host's
+/proc, with HETERO_DP_PROC_ROOT naming where it is mounted, and the kubelet's container
+log links (/var/log/containers) at their own path, all read-only."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from .conftest import DEPLOY
 from .objects import render_values
 
 POD_RESOURCES = "/var/lib/kubelet/pod-resources"
+LOGS = "/var/log/containers"
 
 
 def daemonsets(helm: str, tmp: Path) -> dict[str, dict]:
@@ -43,6 +45,9 @@ def test_every_daemonset_mounts_pod_resources_and_the_hosts_proc_read_only(
         assert mounts[POD_RESOURCES]["mountPath"] == POD_RESOURCES, name
         assert mounts[POD_RESOURCES].get("readOnly") is True, name
         assert mounts["/proc"].get("readOnly") is True, name
+        # the kubelet's log links at their own path, where the default points
+        assert mounts[LOGS]["mountPath"] == LOGS, name
+        assert mounts[LOGS].get("readOnly") is True, name
         proc_at = mounts["/proc"]["mountPath"]
         assert proc_at != "/proc", f"{name}: the host's /proc over the container's own"
         env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
@@ -51,4 +56,5 @@ def test_every_daemonset_mounts_pod_resources_and_the_hosts_proc_read_only(
         cfg = load_config(raw={}, env=env)
         assert cfg.attribution.proc_root == proc_at, name
         assert str(Path(cfg.attribution.pod_resources_socket).parent) == POD_RESOURCES, name
+        assert cfg.attribution.container_logs_dir == LOGS, name
         assert not pod.get("hostPID"), f"{name}: reading /proc/<pid>/cgroup needs no hostPID"

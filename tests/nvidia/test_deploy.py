@@ -192,6 +192,7 @@ def test_least_privilege_by_default():
         NFD_DIR: False,  # the node label file
         "/var/lib/kubelet/pod-resources": True,  # attribution: who holds which GPU
         "/host/proc": True,  # attribution: the pod of a PID NVML reports
+        "/var/log/containers": True,  # attribution: a container ID's container
     }
     assert env(c)["HETERO_DP_PROC_ROOT"] == "/host/proc"
 
@@ -367,7 +368,7 @@ def test_pod_security_context_values_keep_seccomp_unless_they_name_a_profile():
 def test_attribution_off_mounts_neither_the_pod_resources_dir_nor_proc():
     ds, c = container(render_chart(chart_values(attribution={"enabled": False})))
     mounts = {m["mountPath"] for m in c["volumeMounts"]}
-    assert not mounts & {"/var/lib/kubelet/pod-resources", "/host/proc"}
+    assert not mounts & {"/var/lib/kubelet/pod-resources", "/host/proc", "/var/log/containers"}
     assert "HETERO_DP_PROC_ROOT" not in env(c)
     volumes = {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
-    assert not volumes & {"pod-resources", "host-proc"}
+    assert not volumes & {"pod-resources", "host-proc", "container-logs"}
