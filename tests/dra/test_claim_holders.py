@@ -3,6 +3,8 @@ node prepared, one per device and pod in the claim's reservedFor (issue #34 poin
 
 from __future__ import annotations
 
+import logging
+
 from hetero_dp.dra import device_name
 from hetero_dp.testing.dra import ClaimRef, make_claim
 from tests.ops.helpers import scrape, value
@@ -78,3 +80,33 @@ async def test_a_pod_added_later_to_a_shared_claim_appears(dra, kubelet, api_ser
     m = await scrape(daemon)
     pods = {dict(labels)["pod"] for (name, labels) in m if name == INFO}
     assert pods == {"p0", "p1"}
+
+
+async def test_a_claim_that_cannot_be_read_again_keeps_its_pods_with_one_warning(
+    dra, kubelet, api_server, caplog
+):
+    daemon = await dra.start(
+        Npus(2),
+        config={"metrics": {"address": "127.0.0.1:0"}, "attribution": {"interval": 0.1}},
+    )
+    await kubelet.wait_registered(DRIVER)
+    kw = {"driver": DRIVER, "pool": "node-a", "namespace": "ml"}
+    claim = api_server.add_claim(make_claim("shared", [("npu", N0)], **kw, reserved_for=["p0"]))
+    response = await kubelet.node_prepare(DRIVER, [ClaimRef.of(claim)])
+    assert all(c.error == "" for c in response.claims.values())
+    caplog.set_level(logging.INFO, logger="hetero_dp.dra")
+    path = "/namespaces/ml/resourceclaims/shared"
+    with api_server.store.cond:
+        del api_server.claims[("ml", "shared")]  # gone from the server: 404 from now on
+        since = len(api_server.requests)
+
+    def failed_reads() -> int:
+        return sum(
+            1 for r in api_server.requests[since:] if r.path.endswith(path) and r.status == 404
+        )
+
+    await api_server.wait_for(lambda: failed_reads() >= 3)
+    m = await scrape(daemon)
+    assert {dict(labels)["pod"] for (name, labels) in m if name == INFO} == {"p0"}
+    lines = [r.getMessage() for r in caplog.records if "re-reading" in r.getMessage()]
+    assert len(lines) == 1 and "ml/shared" in lines[0], lines
