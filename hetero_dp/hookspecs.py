@@ -300,7 +300,10 @@ def resource_defaults(resource: str) -> Mapping[str, Any] | None:
     Lets a backend map its own options onto framework settings, e.g. a backend
     whose option ``listStrategy: cdi-cri`` means CDI delivery returns
     ``{"deliver": ["cdi-cri"], "cdiKind": "acme.example.com/npu"}``.
-    The config file's ``resources`` section wins over these defaults.
+    The config file's ``resources`` section wins over these defaults, key by key.
+    The answer is read as the file's entries are: an unknown key or a value of the
+    wrong type is logged naming the backend and the field
+    (``resource_defaults(<resource>).<key>``), and none of it is used.
     """
 
 

@@ -136,7 +136,15 @@ def parse_delivery(
     if problem:
         raise ConfigError(problem, field=_sub(field, "cdiAnnotationPrefix"))
     delivery = Delivery(strategies, kind, prefix)
-    if delivery.uses_cdi and kind is None and resource is not None:
+    if resource is not None:
+        check_default_kind(delivery, resource, field)
+    return delivery
+
+
+def check_default_kind(delivery: Delivery, resource: str, field: str = "") -> None:
+    """With a CDI strategy and no ``cdiKind`` the kind is the resource name: a
+    ConfigError (``<field>.cdiKind``) where that name is no CDI kind."""
+    if delivery.uses_cdi and delivery.kind is None:
         problem = kind_problem(resource)
         if problem:
             raise ConfigError(
@@ -144,7 +152,6 @@ def parse_delivery(
                 "set cdiKind",
                 field=_sub(field, "cdiKind"),
             )
-    return delivery
 
 
 def annotation_key(prefix: str, kind: str, ids: Sequence[str]) -> str:

@@ -321,6 +321,6 @@ def report(
         return "no devices found\n"
     policy = DEFAULT_REPLICA_POLICY
     if len(names) == 1:
-        policy = str(cfg.resource_settings(names[0]).get("replicaPolicy") or policy)
+        policy = cfg.resource_settings(names[0]).policy
     header = f"Resource: {', '.join(names)}\n"
     return header + render_topology(devices, links, size, must_include, policy)

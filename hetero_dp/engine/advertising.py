@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Protocol
+from typing import Protocol
 
 from hetero_dp.allocation.cdi import spec_device_problems
-from hetero_dp.allocation.delivery import parse_delivery
 from hetero_dp.allocation.gate import Refused, refusal
 from hetero_dp.allocation.preferred import link_scores
 from hetero_dp.engine.cdi_publisher import CDINames, CDIPublisher
@@ -24,6 +23,7 @@ from hetero_dp.engine.frontend import FrontEnd, Publisher
 from hetero_dp.engine.publishing import OversizeHold, Plan, log_transitions, plan
 from hetero_dp.engine.resource import Resource
 from hetero_dp.engine.runtime import BackendRuntime
+from hetero_dp.engine.settings import ResourceSettings, read_defaults
 from hetero_dp.kits import observe
 from hetero_dp.model.device import Device
 from hetero_dp.model.errors import BackendError, ConfigError
@@ -52,15 +52,23 @@ class Advertiser:
     def __init__(self, engine: Host) -> None:
         self.engine = engine
         self._oversize = OversizeHold()
-        # resource -> the settings defaults its backend's resource_defaults gave
-        self.resource_defaults: dict[str, dict[str, Any]] = {}
+        # resource -> the settings defaults its backend's resource_defaults gave, read
+        self.resource_defaults: dict[str, ResourceSettings] = {}
+        # resource -> (the file's entry, the defaults, those merged): merged once
+        self._merged: dict[
+            str, tuple[ResourceSettings, ResourceSettings | None, ResourceSettings]
+        ] = {}
 
-    def settings_for(self, name: str) -> dict[str, Any]:
+    def settings_for(self, name: str) -> ResourceSettings:
         """A resource's settings: the backend's defaults under the config file's section."""
-        return {
-            **self.resource_defaults.get(name, {}),
-            **self.engine.config.resource_settings(name),
-        }
+        entry = self.engine.config.resource_settings(name)
+        defaults = self.resource_defaults.get(name)
+        kept = self._merged.get(name)
+        if kept is not None and kept[0] is entry and kept[1] is defaults:
+            return kept[2]
+        merged = entry.over(defaults)
+        self._merged[name] = (entry, defaults, merged)
+        return merged
 
     @property
     def owner(self) -> dict[str, str]:
@@ -78,20 +86,18 @@ class Advertiser:
         return name not in self.resource_defaults and rt.backend.implements("resource_defaults")
 
     async def load_defaults(self, name: str, rt: BackendRuntime) -> None:
-        """Ask the backend for ``name``'s settings defaults, once."""
+        """Ask the backend for ``name``'s settings defaults, once, and read them as the
+        file's entries are read (an error names the backend and the key)."""
         if not self._wants_defaults(name, rt):  # loaded already (by a concurrent publish too)
             return
         try:
-            defaults = await rt.backend.call("resource_defaults", resource=name)
-            parse_delivery(
-                {**defaults, **self.engine.config.resource_settings(name)},
-                f"resource_defaults({name})",
-                resource=name,
-            )
+            given = await rt.backend.call("resource_defaults", resource=name)
+            entry = self.engine.config.resource_settings(name)
+            defaults = read_defaults(given, name, rt.backend.name, entry)
         except (BackendError, ConfigError) as e:
             self.engine.hook_error(rt, "resource_defaults", e)
-            defaults = {}
-        self.resource_defaults[name] = dict(defaults)
+            defaults = ResourceSettings()
+        self.resource_defaults[name] = defaults
 
     def _ensure_resource(self, name: str, rt: BackendRuntime) -> Resource | None:
         res = self.engine.resources.get(name)

@@ -28,7 +28,6 @@ from hetero_dp.allocation.cdi import (
     spec_file_name,
     with_edits,
 )
-from hetero_dp.allocation.delivery import parse_delivery
 from hetero_dp.allocation.gate import Refused, edits_problems
 from hetero_dp.kits.atomic import create_unique, write_atomic
 from hetero_dp.kits.foreign import Complaints, ForeignFileError, load_foreign, read_foreign
@@ -36,7 +35,7 @@ from hetero_dp.model.device import Device
 from hetero_dp.model.errors import BackendError, ConfigError
 
 if TYPE_CHECKING:
-    from hetero_dp.engine.settings import CdiSection
+    from hetero_dp.engine.settings import CdiSection, ResourceSettings
 
 log = logging.getLogger(__name__)
 
@@ -302,7 +301,7 @@ class CDIPublisher:
     def __init__(
         self,
         writer: CDIWriter,
-        settings_for: Callable[[str], Mapping[str, Any]],
+        settings_for: Callable[[str], ResourceSettings],
         *,
         check_first: bool = False,
         names: CDINames | None = None,
@@ -353,7 +352,7 @@ class CDIPublisher:
         """The CDI kinds whose specs hold the devices of ``physical``."""
         out = set()
         for name in advertised or {physical}:
-            delivery = parse_delivery(self.settings_for(name), f"resources.{name}")
+            delivery = self.settings_for(name).delivery  # as configured: CDI off or not
             if delivery.uses_cdi:
                 out.add(delivery.kind_for(physical))
         return out
@@ -472,7 +471,7 @@ class CDIPublisher:
 
 def make_cdi_publisher(
     cdi: CdiSection,
-    settings_for: Callable[[str], Mapping[str, Any]],
+    settings_for: Callable[[str], ResourceSettings],
     source: str,
     names: CDINames | None = None,
 ) -> CDIPublisher | None:

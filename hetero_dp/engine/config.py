@@ -6,7 +6,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from hetero_dp.allocation.delivery import parse_delivery
 from hetero_dp.allocation.sharing import SharingConfig, SharingSection, sharing_config
 from hetero_dp.engine.claims import Sections, installed_claims, installed_sections
 from hetero_dp.engine.configfile import NOT_PLAIN, plain_scalar, read_file, set_option
@@ -36,6 +35,7 @@ __all__ = [
     "SECTIONS",
     "SECTION_KEYS",
     "Config",
+    "ResourceSettings",
     "env_name",
     "flag_name",
     "load_config",
@@ -43,6 +43,8 @@ __all__ = [
     "read_file",
     "set_option",
 ]
+
+_NO_SETTINGS = ResourceSettings()
 
 # A socket prefix is part of a file name: it must not leave its dir.
 SOCKET_PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -59,8 +61,8 @@ class Config(CoreSettings, CoreSections):
     source: str = "defaults"
     backends: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     sharing: SharingConfig = field(default_factory=SharingConfig)
-    # resource name -> the keys of ResourceSettings the file gives, typed and checked
-    resources: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # resource name -> its entry of the file's ``resources``, typed and checked
+    resources: Mapping[str, ResourceSettings] = field(default_factory=dict)
     raw: Mapping[str, Any] = field(default_factory=dict)
     # backend name -> where its options were given (``file, field 'backends.x'``,
     # ``flag -o x.key``), for refusing options of a backend that is not loaded
@@ -106,8 +108,9 @@ class Config(CoreSettings, CoreSections):
         key = _under(rest, written)  # the longest: a key may hold dots itself
         return field_name if key is None else written[key] + rest[len(key) :]
 
-    def resource_settings(self, name: str) -> dict[str, Any]:
-        return dict(self.resources.get(name, {}))
+    def resource_settings(self, name: str) -> ResourceSettings:
+        """Resource ``name``'s entry of the file (none: every key left out)."""
+        return self.resources.get(name) or _NO_SETTINGS
 
 
 def _under(rest: str, keys: Iterable[Any]) -> str | None:
@@ -355,21 +358,19 @@ def _backends(
     return backends, origins
 
 
-def _resources(value: Any, source: str, taken: set[str]) -> dict[str, dict[str, Any]]:
-    """``resources``: each entry read as :class:`ResourceSettings` (the keys given,
-    typed), its delivery checked (allocation/delivery.py)."""
-    out: dict[str, dict[str, Any]] = {}
+def _resources(value: Any, source: str, taken: set[str]) -> dict[str, ResourceSettings]:
+    """``resources``: each entry read as :class:`ResourceSettings` (typed, its delivery
+    checked: allocation/delivery.py), keyed by resource name."""
+    out: dict[str, ResourceSettings] = {}
     for name, settings in _mapping(value, "resources", source).items():
         if name in taken:
             continue  # a key a backend claims (no '/': no resource name)
         field = f"resources.{name}"
         validate_resource_name(name, field=field, source=source)
         read = parse_options(ResourceSettings, settings, field=field, source=source, environ={})
-        given = {camel(f.name): getattr(read, f.name) for f in fields(read)}
-        s = {k: v for k, v in given.items() if k in settings}
         try:
-            parse_delivery(s, field, resource=name)
-        except ConfigError as e:  # it names the field, not where the file is
-            raise ConfigError(e.reason, field=e.field, source=source) from None
-        out[name] = s
+            read.check_kind(name)
+        except ConfigError as e:  # it names the key, not where the file is
+            raise ConfigError(e.reason, field=f"{field}.{e.field}", source=source) from None
+        out[name] = read
     return out

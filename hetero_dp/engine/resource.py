@@ -4,18 +4,19 @@ behind the kubelet's calls (the gRPC side only translates)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar, cast
 
 from hetero_dp.allocation.allocate import build_response, show_ids, validate_ids
-from hetero_dp.allocation.delivery import Delivery, apply_delivery, parse_delivery, without_cdi
+from hetero_dp.allocation.delivery import apply_delivery, without_cdi
 from hetero_dp.allocation.gate import response_problems
 from hetero_dp.allocation.preferred import choose_preferred
 from hetero_dp.allocation.sharing import SharingConfig, to_physical
 from hetero_dp.engine.backend import Backend
 from hetero_dp.engine.cdi_publisher import CDINames
+from hetero_dp.engine.settings import ResourceSettings
 from hetero_dp.model.device import Device
-from hetero_dp.model.errors import AllocationError, BackendError, ConfigError
+from hetero_dp.model.errors import AllocationError, BackendError
 from hetero_dp.model.response import ContainerResponse
 from hetero_dp.model.state import ResourceState
 
@@ -49,7 +50,7 @@ class Resource:
         name: str,
         backend: Backend,
         *,
-        settings: Mapping[str, Any] | None = None,
+        settings: ResourceSettings | None = None,
         sharing: SharingConfig | None = None,
         cdi_off: str | None = None,
         cdi_names: CDINames | None = None,
@@ -60,7 +61,7 @@ class Resource:
         self.backend = backend  # (whether it has an allocate hook: known from here on)
         # why the node's container runtime cannot consume CDI (None: it can, or unknown)
         self._cdi_off = cdi_off
-        self.settings = dict(settings or {})
+        self.settings = settings or ResourceSettings()
         self.sharing = sharing or SharingConfig()
         self.state = ResourceState(name)
         self.links: dict[tuple[str, str], float] = {}
@@ -96,20 +97,16 @@ class Resource:
             self.settings = self._settings
 
     @property
-    def settings(self) -> Mapping[str, Any]:
+    def settings(self) -> ResourceSettings:
         return self._settings
 
     @settings.setter
-    def settings(self, value: Mapping[str, Any]) -> None:
-        # Parsed once here, not on every Allocate; invalid settings were refused at
-        # start-up or reload, so None (parse at allocation, which names the error)
-        # only happens for settings nobody validated.
-        self._settings = dict(value)
-        try:
-            self._delivery: Delivery | None = parse_delivery(self._settings, resource=self.name)
-        except ConfigError:
-            self._delivery = None
-        if self._delivery is not None and self._delivery.uses_cdi and self._cdi_off:
+    def settings(self, value: ResourceSettings) -> None:
+        # parsed where they were read (the config, the backend's defaults); here only
+        # the fallback where the runtime cannot consume CDI
+        self._settings = value
+        self._delivery = value.delivery
+        if self._delivery.uses_cdi and self._cdi_off:
             fallback = without_cdi(self._delivery)
             log.warning(
                 "%s: delivery %s needs CDI, but %s: delivering with %s instead, so pods "
@@ -127,7 +124,7 @@ class Resource:
 
     @property
     def preferred_allocation_available(self) -> bool:
-        return bool(self.settings.get("preferredAllocation", True))
+        return self.settings.preferred
 
     def _physical_devices(self, ids: Sequence[str]) -> list[Device]:
         devices = []
@@ -138,7 +135,7 @@ class Resource:
             devices.append(d)
         return devices
 
-    def _stamp(self) -> tuple[int, Mapping[str, Any], SharingConfig, str | None]:
+    def _stamp(self) -> tuple[int, ResourceSettings, SharingConfig, str | None]:
         # the records (every state update), the settings and whether the runtime takes
         # CDI (together: the delivery) and the sharing config decide the answer before
         # the hook
@@ -173,9 +170,7 @@ class Resource:
         validate_ids(self.state, ids)
         self.sharing.check_request(self.name, ids)
         physical = self._physical_devices(ids)
-        response = apply_delivery(
-            build_response(physical), physical, self._delivery or self.settings
-        )
+        response = apply_delivery(build_response(physical), physical, self._delivery)
         # the records passed the gate at discovery; the joined env values may not
         clean = not self._hooked or not response_problems(response)
         return physical, response, clean
@@ -331,7 +326,7 @@ class Resource:
                     size,
                     extra={"resource": self.name},
                 )
-        policy = str(self.settings.get("replicaPolicy", "distributed"))
+        policy = self.settings.policy
         return choose_preferred(
             avail, must, size, self.links, policy, advertised=self.state.devices
         )

@@ -16,13 +16,16 @@ field here and the code that uses it (docs/contributing.md shows one).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from hetero_dp.allocation.sharing import SharingSection
+from hetero_dp.allocation.delivery import Delivery, check_default_kind, parse_delivery
+from hetero_dp.allocation.sharing import DEFAULT_REPLICA_POLICY, SharingSection
+from hetero_dp.model.errors import ConfigError
 from hetero_dp.model.names import DEFAULT_DEVICE_PLUGIN_DIR, DEFAULT_PLUGINS_REGISTRY_DIR
-from hetero_dp.model.options import Declared, camel, declared, option
+from hetero_dp.model.options import Declared, camel, declared, option, parse_options
 
 ENV_PREFIX = "HETERO_DP_"
 
@@ -305,9 +308,13 @@ class CoreSections:
 
 @dataclass(frozen=True)
 class ResourceSettings:
-    """``resources.<name>``: one resource's settings (docs/configuration.md); a key left
-    out keeps the backend's default. ``deliver``, ``cdiKind`` and ``cdiAnnotationPrefix``
-    are checked together (allocation/delivery.py) once read here."""
+    """``resources.<name>``: one resource's settings (docs/configuration.md), as the
+    config file gives them and as a backend's ``resource_defaults`` hook does, read by
+    the same reader. A key left out (or null) is None: it keeps the backend's default
+    (:meth:`over`), then the built-in one (:attr:`delivery`, :attr:`policy`,
+    :attr:`preferred`). ``deliver``, ``cdiKind`` and ``cdiAnnotationPrefix`` are
+    checked together once read, into :attr:`delivery` (allocation/delivery.py);
+    ``deliver`` is kept as the strategies given (a tuple)."""
 
     deliver: Any = option(None, help="delivery strategies, a list (docs/cdi.md)")
     cdi_kind: str | None = option(None, help="the CDI kind (vendor.com/class)", strict=True)
@@ -318,6 +325,68 @@ class ResourceSettings:
         None, help="which replicas a shared device's pick takes (docs/sharing.md)"
     )
     preferred_allocation: bool | None = option(None, help="answer GetPreferredAllocation")
+    #: the delivery these settings give (the built-in defaults for the keys left out),
+    #: parsed once here: what the resource's Allocate and the CDI specs follow
+    delivery: Delivery = dataclasses.field(
+        init=False, compare=False, repr=False, default=Delivery()
+    )
+
+    def __post_init__(self) -> None:
+        given = {camel(k): v for k, v in self.given().items()}
+        delivery = parse_delivery(given)  # ConfigError naming the key (``deliver``)
+        if self.deliver is not None:
+            object.__setattr__(self, "deliver", delivery.strategies)
+        object.__setattr__(self, "delivery", delivery)
+
+    def given(self) -> dict[str, Any]:
+        """The settings given (field name -> value), those left out not."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.init and getattr(self, f.name) is not None
+        }
+
+    def over(self, defaults: ResourceSettings | None) -> ResourceSettings:
+        """These settings over ``defaults`` (a backend's): a key given here wins."""
+        if defaults is None or not defaults.given():
+            return self
+        given = self.given()
+        if not given:
+            return defaults
+        return dataclasses.replace(defaults, **given)
+
+    def check_kind(self, resource: str) -> None:
+        """With a CDI delivery and no ``cdiKind``, the kind is ``resource``'s name:
+        ConfigError (field ``cdiKind``) where that is no CDI kind."""
+        check_default_kind(self.delivery, resource)
+
+    @property
+    def policy(self) -> str:
+        """The replica policy (``distributed`` unless given)."""
+        return self.replica_policy or DEFAULT_REPLICA_POLICY
+
+    @property
+    def preferred(self) -> bool:
+        """Whether GetPreferredAllocation is answered (yes unless turned off)."""
+        return self.preferred_allocation is not False
+
+
+def read_defaults(
+    given: Mapping[str, Any] | None, resource: str, backend: str, entry: ResourceSettings
+) -> ResourceSettings:
+    """A backend's ``resource_defaults`` answer for ``resource``, read as the file's
+    entries are (ConfigError naming ``backend <name>`` and the field
+    ``resource_defaults(<resource>).<key>``); ``entry`` (the file's, which wins) is
+    checked with them for a CDI kind the resource name cannot be."""
+    where, source = f"resource_defaults({resource})", f"backend {backend}"
+    defaults: ResourceSettings = parse_options(
+        ResourceSettings, given, field=where, source=source, environ={}
+    )
+    try:
+        entry.over(defaults).check_kind(resource)
+    except ConfigError as e:
+        raise ConfigError(e.reason, field=f"{where}.{e.field}", source=source) from None
+    return defaults
 
 
 @dataclass(frozen=True)
@@ -348,7 +417,7 @@ SECTION_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
     for f in dataclasses.fields(CoreSections)
 }
 SECTIONS = ("backends", "sharing", "resources", *SECTION_KEYS)
-RESOURCE_KEYS = {camel(f.name) for f in dataclasses.fields(ResourceSettings)}
+RESOURCE_KEYS = {camel(f.name) for f in dataclasses.fields(ResourceSettings) if f.init}
 #: keys a reload cannot change (restart the daemon), and keys read only at start-up
 REFUSED = tuple(s.key for s in SETTINGS if s.info.reload == "refused")
 NEXT_START = tuple(s.key for s in SETTINGS if s.info.reload == "next start")

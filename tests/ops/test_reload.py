@@ -14,7 +14,7 @@ import yaml
 from hetero_dp_simulated.backend import SimulatedBackend
 
 from hetero_dp import hookimpl, option
-from hetero_dp.engine.config import load_config
+from hetero_dp.engine.config import ResourceSettings, load_config
 from hetero_dp.model.errors import ConfigError
 from hetero_dp.ops import operations
 from hetero_dp.ops.reload import ConfigReloader
@@ -67,7 +67,7 @@ async def test_reload_restarts_only_the_changed_resource(fake_kubelet, plugin_ru
     assert fake_kubelet.resources[B] is res_b
     assert res_b.stream_open and not res_b.stream_ended
     assert res_b.updates == updates_b
-    assert daemon.resources[A].settings == {"preferredAllocation": False}
+    assert daemon.resources[A].settings == ResourceSettings(preferred_allocation=False)
 
 
 async def test_reload_with_changed_backend_options_rediscovers_without_restart(
@@ -159,7 +159,7 @@ async def test_file_change_and_sighup_reload_and_invalid_files_are_rejected(
         assert results[2].startswith("applied") and B in results[2]
         await fake_kubelet.wait_registered(B, after=1)
         assert fake_kubelet.registration_count(A) == 1 and res_a.stream_open
-        assert daemon.config.resources[B] == {"preferredAllocation": False}
+        assert daemon.config.resources[B] == ResourceSettings(preferred_allocation=False)
 
         assert reloader._sighup, "SIGHUP handler must be installed in the main thread"
         os.kill(os.getpid(), signal.SIGHUP)  # same bytes: SIGHUP still reloads
@@ -401,7 +401,7 @@ async def test_a_file_that_changes_while_it_is_read_is_read_again(
     reloader = ConfigReloader(daemon, path, loader, handle_sighup=False)
     assert await reloader.reload(force=True) == "applied"
     assert len(reads) == 2
-    assert daemon.config.resources[A] == {"preferredAllocation": False}
+    assert daemon.config.resources[A] == ResourceSettings(preferred_allocation=False)
 
 
 async def test_counters_survive_a_reload_that_removes_and_readds_metrics(

@@ -26,7 +26,7 @@ from hetero_dp.engine.frontend import Reloadable
 from hetero_dp.engine.reconfigure.backends import BackendOptions
 from hetero_dp.engine.reconfigure.cdi import CDISettings
 from hetero_dp.engine.reconfigure.fixed import FixedSettings
-from hetero_dp.engine.reconfigure.resources import ResourceSettings, Restarts
+from hetero_dp.engine.reconfigure.resources import ResourceChanges, Restarts
 from hetero_dp.engine.reconfigure.runtime import RuntimeSettings
 from hetero_dp.engine.reconfigure.target import Target
 from hetero_dp.model.errors import ConfigError
@@ -41,7 +41,7 @@ async def apply_config(engine: Target, new: Config) -> dict[str, list[str]]:
     """
     old = engine.config
     backends = BackendOptions(engine)
-    resources = ResourceSettings(engine, backends)
+    resources = ResourceChanges(engine, backends)
     # prepared in this order, applied in this order
     fixed = FixedSettings()
     components: list[Reloadable] = [

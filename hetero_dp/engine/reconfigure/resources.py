@@ -12,6 +12,7 @@ from hetero_dp.allocation.sharing import SharingConfig
 from hetero_dp.engine.config import Config
 from hetero_dp.engine.reconfigure.backends import BackendOptions
 from hetero_dp.engine.reconfigure.target import Target
+from hetero_dp.engine.settings import ResourceSettings
 from hetero_dp.model.errors import ConfigError
 
 
@@ -24,12 +25,12 @@ def _sharing_view(sharing: SharingConfig, physical: str) -> tuple[Any, ...]:
     return (entry, sharing.shared_name(physical), sharing.fail_requests_greater_than_one)
 
 
-class ResourceSettings:
+class ResourceChanges:
     def __init__(self, engine: Target, backends: BackendOptions) -> None:
         self.engine = engine
         self.backends = backends
         self.restart: set[str] = set()
-        self._before: dict[str, dict[str, Any]] = {}
+        self._before: dict[str, ResourceSettings] = {}
 
     async def prepare(self, old: Config, new: Config) -> None:
         if new.sharing != old.sharing:  # the new sharing must fit the devices there are
@@ -57,9 +58,7 @@ class ResourceSettings:
         affected = self._sharing_affected(old, new)
         for res in engine.resources.values():
             res.sharing = new.sharing
-            res.settings = advertiser.settings_for(
-                res.name
-            )  # backend defaults under the new section
+            res.settings = advertiser.settings_for(res.name)  # defaults under the new entry
         self.restart = restart | (affected & set(engine.resources))
 
     def _sharing_affected(self, old: Config, new: Config) -> set[str]:
@@ -77,7 +76,7 @@ class ResourceSettings:
 class Restarts:
     """After the publishes: the front end serves the changed resources again."""
 
-    def __init__(self, engine: Target, resources: ResourceSettings) -> None:
+    def __init__(self, engine: Target, resources: ResourceChanges) -> None:
         self.engine = engine
         self.resources = resources
 

@@ -19,10 +19,10 @@ what each step returns and how the chain is shown.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from hetero_dp.engine.backend import Backend
 from hetero_dp.engine.config import Config
+from hetero_dp.engine.settings import ResourceSettings
 from hetero_dp.ops.doctor.cdi import check_cdi_specs
 from hetero_dp.ops.doctor.cdi_spec import spec_problems
 from hetero_dp.ops.doctor.daemon import check_daemon
@@ -86,15 +86,13 @@ async def run_doctor(
 
 
 def _needs(
-    config: Config, backends: Sequence[Backend], resources: Mapping[str, Mapping[str, Any]]
+    config: Config, backends: Sequence[Backend], resources: Mapping[str, ResourceSettings]
 ) -> set[str]:
     """What the runtime must offer: ``cdi`` when some resource delivers through CDI."""
     needs = set()
     if config.cdi.enabled:
         needs.add("cdi")
     for settings in [*resources.values(), *config.resources.values()]:
-        deliver = settings.get("deliver") or []
-        deliver = [deliver] if isinstance(deliver, str) else deliver
-        if any(str(s).startswith("cdi") for s in deliver):
+        if settings.delivery.uses_cdi:
             needs.add("cdi")
     return needs

@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Collection, Sequence
-from typing import Any
 
 from hetero_dp.engine.backend import Backend
 from hetero_dp.engine.config import Config
+from hetero_dp.engine.settings import ResourceSettings, read_defaults
 from hetero_dp.model.errors import BackendError, ConfigError, StartError
 from hetero_dp.ops.doctor.findings import Finding
 
 
 async def check_devices(
     config: Config, backends: Sequence[Backend], driver_failed: Collection[str] = ()
-) -> tuple[list[Finding], dict[str, dict[str, Any]]]:
+) -> tuple[list[Finding], dict[str, ResourceSettings]]:
     """Configure and discover each backend once; also each resource's effective settings
     (the backend's ``resource_defaults`` under the config's section). ``driver_failed``:
     the backends whose driver check failed, whose failures here follow from it (said
     once, there)."""
     out: list[Finding] = []
-    resources: dict[str, dict[str, Any]] = {}
+    resources: dict[str, ResourceSettings] = {}
     for b in backends:
         try:
             try:
@@ -63,11 +63,13 @@ async def check_devices(
                 )
                 continue
             for name in sorted({d.resource for d in devices}):
+                entry = config.resource_settings(name)
                 try:
-                    defaults = await b.call("resource_defaults", resource=name)
-                except BackendError:
-                    defaults = {}
-                resources[name] = {**defaults, **config.resource_settings(name)}
+                    given = await b.call("resource_defaults", resource=name)
+                    defaults = read_defaults(given, name, b.name, entry)
+                except (BackendError, ConfigError):  # the daemon logs it and goes on so
+                    defaults = None
+                resources[name] = entry.over(defaults)
         finally:
             with contextlib.suppress(BackendError):
                 await b.call("shutdown")
