@@ -178,27 +178,17 @@ def qualified_names(kind: str, devices: Sequence[Device]) -> list[str]:
 
 
 def apply_delivery(
-    default: ContainerResponse,
-    devices: Sequence[Device],
-    settings: Mapping[str, Any] | Delivery,
+    default: ContainerResponse, devices: Sequence[Device], delivery: Delivery
 ) -> ContainerResponse:
     """Turn the default response into what the resource's strategies ask for.
 
     ``default`` is built from the device records; ``devices`` are the physical
-    devices of the request; ``settings`` is the resource's config section, or its
-    :class:`Delivery` already parsed (the Allocate hot path passes that). Returns
-    a new response; ``default`` is not changed. Annotations and CDI names already
-    in ``default`` stay. Raises AllocationError (``FAILED_PRECONDITION``) for IDs
-    that are not CDI names and for bad settings.
+    devices of the request; ``delivery`` is the resource's, parsed once where its
+    settings were read (engine/settings.py ``ResourceSettings``). Returns a new
+    response; ``default`` is not changed. Annotations and CDI names already in
+    ``default`` stay. Raises AllocationError (``FAILED_PRECONDITION``) for IDs that
+    are not CDI names.
     """
-    resource = devices[0].resource if devices else None
-    if isinstance(settings, Delivery):
-        delivery = settings
-    else:
-        try:
-            delivery = parse_delivery(settings, resource=resource)
-        except ConfigError as e:  # start-up validation should have caught it
-            raise AllocationError(f"{resource}: {e}", code="FAILED_PRECONDITION") from e
     out = ContainerResponse(
         envs=dict(default.envs),
         mounts=list(default.mounts),

@@ -15,6 +15,7 @@ field here and the code that uses it (docs/contributing.md shows one).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -347,13 +348,25 @@ class ResourceSettings:
         }
 
     def over(self, defaults: ResourceSettings | None) -> ResourceSettings:
-        """These settings over ``defaults`` (a backend's): a key given here wins."""
+        """These settings over ``defaults`` (a backend's): a key given here wins. Both
+        were parsed when read: the merged delivery is made of their parts, not parsed
+        again."""
         if defaults is None or not defaults.given():
             return self
         given = self.given()
         if not given:
             return defaults
-        return dataclasses.replace(defaults, **given)
+        merged = copy.copy(defaults)
+        for name, value in given.items():
+            object.__setattr__(merged, name, value)
+        mine, theirs = self.delivery, defaults.delivery
+        delivery = Delivery(
+            mine.strategies if self.deliver is not None else theirs.strategies,
+            merged.cdi_kind,
+            mine.annotation_prefix if self.cdi_annotation_prefix else theirs.annotation_prefix,
+        )
+        object.__setattr__(merged, "delivery", delivery)
+        return merged
 
     def check_kind(self, resource: str) -> None:
         """With a CDI delivery and no ``cdiKind``, the kind is ``resource``'s name:

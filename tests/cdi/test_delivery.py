@@ -26,7 +26,7 @@ _ANNOTATION_KEY = re.compile(
 
 
 def allocate(devices: list[Device], settings: dict) -> ContainerResponse:
-    return apply_delivery(build_response(devices), devices, settings)
+    return apply_delivery(build_response(devices), devices, parse_delivery(settings))
 
 
 def _cdi_keys(r: ContainerResponse, prefix: str = "cdi.k8s.io/") -> list[str]:
@@ -40,7 +40,7 @@ NAMES = [f"nvidia.com/gpu={u}" for u in samples.GPU_UUIDS]
 def test_device_specs_is_the_default_and_changes_nothing() -> None:
     default = build_response(GPUS)
     for settings in ({}, {"deliver": ["device-specs"]}):
-        assert apply_delivery(default, GPUS, settings) == default
+        assert apply_delivery(default, GPUS, parse_delivery(settings)) == default
     assert len(default.devices) == 6  # 4 shared control nodes + 2 GPUs
     assert default.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(samples.GPU_UUIDS)
 
@@ -97,7 +97,7 @@ def test_record_annotations_and_existing_names_stay() -> None:
     devs = [dataclasses.replace(d, annotations={"acme.com/slot": d.id}) for d in GPUS[:1]]
     default = build_response(devs)
     default.cdi_devices.append("acme.com/extra=all")
-    r = apply_delivery(default, devs, {"deliver": ["cdi-cri", "cdi-annotations"]})
+    r = apply_delivery(default, devs, parse_delivery({"deliver": ["cdi-cri", "cdi-annotations"]}))
     assert r.annotations["acme.com/slot"] == samples.GPU_UUIDS[0]
     assert r.cdi_devices == ["acme.com/extra=all", NAMES[0]]
     # the default passed in is not changed
@@ -137,7 +137,8 @@ def test_ids_that_are_not_cdi_names_fail_the_allocation_naming_them() -> None:
 
 
 def test_empty_request_gets_no_names() -> None:
-    assert apply_delivery(ContainerResponse(), [], {"deliver": ["cdi-cri"]}) == ContainerResponse()
+    cdi = parse_delivery({"deliver": ["cdi-cri"]})
+    assert apply_delivery(ContainerResponse(), [], cdi) == ContainerResponse()
 
 
 # --- parse_delivery ----------------------------------------------------------------------
@@ -197,10 +198,13 @@ def test_prefix_with_a_name_start_is_allowed() -> None:
     assert _ANNOTATION_KEY.match(key) and key.startswith("cdi.k8s.io/acme-hetero-dp_")
 
 
-def test_bad_settings_at_allocate_time_fail_the_allocation() -> None:
-    with pytest.raises(AllocationError, match="unknown delivery strategies") as e:
-        allocate(GPUS, {"deliver": ["volume-mounts"]})
-    assert e.value.code == "FAILED_PRECONDITION"
-    devs = [dataclasses.replace(d, resource="acme.com/3d") for d in GPUS]
-    with pytest.raises(AllocationError, match="set cdiKind"):
-        allocate(devs, {"deliver": ["cdi-cri"]})
+def test_bad_settings_are_refused_where_they_are_read_never_at_allocate() -> None:
+    """apply_delivery takes a Delivery parsed when the settings were read (the file's
+    entry, a backend's defaults): a bad one never reaches an Allocate."""
+    from hetero_dp.engine.settings import ResourceSettings
+
+    with pytest.raises(ConfigError, match="unknown delivery strategies") as e:
+        ResourceSettings(deliver=["volume-mounts"])
+    assert e.value.field == "deliver"
+    with pytest.raises(ConfigError, match="set cdiKind"):
+        ResourceSettings(deliver=["cdi-cri"]).check_kind("acme.com/3d")

@@ -109,3 +109,37 @@ async def test_a_backend_s_defaults_are_read_as_typed_values(fake_kubelet, plugi
     res = await fake_kubelet.wait_registered(RES)
     assert res.options.get_preferred_allocation_available is False
     assert daemon.resources[RES].settings.preferred is False
+
+
+def test_a_merged_delivery_is_the_one_the_merged_keys_give():
+    """``over`` builds the merged delivery from the two parsed ones: for every way the
+    keys split between the file and the backend, it is what parsing them together
+    gives (allocation/delivery.py)."""
+    import itertools
+
+    from hetero_dp.allocation.delivery import parse_delivery
+
+    file_keys = {
+        "deliver": "cdi-annotations",
+        "cdiKind": "b.com/ff",
+        "cdiAnnotationPrefix": "x.io/",
+    }
+    backend_keys = {"deliver": ["cdi-cri", "device-specs"], "cdiKind": "a.com/kk"}
+    names = {
+        "deliver": "deliver",
+        "cdiKind": "cdi_kind",
+        "cdiAnnotationPrefix": "cdi_annotation_prefix",
+    }
+
+    def subsets(keys):
+        return [
+            dict(c) for n in range(len(keys) + 1) for c in itertools.combinations(keys.items(), n)
+        ]
+
+    for mine, theirs in itertools.product(subsets(file_keys), subsets(backend_keys)):
+        entry = ResourceSettings(**{names[k]: v for k, v in mine.items()})
+        defaults = ResourceSettings(**{names[k]: v for k, v in theirs.items()})
+        assert entry.over(defaults).delivery == parse_delivery({**theirs, **mine}), (mine, theirs)
+        assert entry.over(defaults) == ResourceSettings(
+            **{names[k]: v for k, v in {**theirs, **mine}.items()}
+        )
