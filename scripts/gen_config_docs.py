@@ -1,6 +1,6 @@
 """Write the settings table of docs/configuration.md from the declarations of every core
-setting (hetero_dp/engine/settings.py): key, environment variable, flag of ``run``,
-default, what a reload does, meaning.
+setting (hetero_dp/engine/settings.py), each ``resources`` entry's keys included: key,
+environment variable, flag of ``run``, default, what a reload does, meaning.
 
     python scripts/gen_config_docs.py          # rewrite the table in place
     python scripts/gen_config_docs.py --check  # exit 1 if it is stale
@@ -23,15 +23,19 @@ END = "<!-- end of the settings table -->"
 
 def table() -> str:
     sys.path.insert(0, str(ROOT))
-    from hetero_dp.engine.settings import BY_KEY, CoreSections, CoreSettings
-    from hetero_dp.model.options import describe
+    from hetero_dp.engine.settings import BY_KEY, CoreSections, CoreSettings, ResourceSettings
+    from hetero_dp.model.options import declared, describe
 
     lines = [
         "| file key | environment variable | flag of `run` | default | reload | meaning |",
         "|---|---|---|---|---|---|",
     ]
-    for row in [*describe(CoreSettings), *describe(CoreSections)]:
-        info = BY_KEY[row.key].info
+    # each `resources` entry's keys, under the entry: unset keeps the backend's default
+    per_resource = "resources.<name>."
+    infos = {**BY_KEY, **{s.key: s for s in declared(ResourceSettings, per_resource)}}
+    rows = [*describe(CoreSettings), *describe(CoreSections)]
+    for row in [*rows, *describe(ResourceSettings, per_resource)]:
+        info = infos[row.key].info
         cells = [
             f"`{row.key}`",
             f"`{row.env}`" if row.env else "—",

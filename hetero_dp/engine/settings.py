@@ -317,15 +317,34 @@ class ResourceSettings:
     checked together once read, into :attr:`delivery` (allocation/delivery.py);
     ``deliver`` is kept as the strategies given (a tuple)."""
 
-    deliver: Any = option(None, help="delivery strategies, a list (docs/cdi.md)")
-    cdi_kind: str | None = option(None, help="the CDI kind (vendor.com/class)", strict=True)
+    deliver: Any = option(
+        None,
+        help="how `Allocate` delivers the devices, a list of `device-specs` (unset: this "
+        "alone), `cdi-cri` (the `cdi_devices` field), `cdi-annotations`, combinable "
+        "(docs/cdi.md)",
+    )
+    cdi_kind: str | None = option(
+        None,
+        help="the CDI kind (`vendor.com/class`) of the resource's CDI names (unset: the "
+        "resource name)",
+        strict=True,
+    )
     cdi_annotation_prefix: str | None = option(
-        None, help="the prefix of CDI annotation keys", strict=True
+        None,
+        help="the prefix of CDI annotation keys, for runtimes that read annotations "
+        "(unset: `cdi.k8s.io/`)",
+        strict=True,
     )
     replica_policy: Literal["distributed", "packed", "spread"] | None = option(
-        None, help="which replicas a shared device's pick takes (docs/sharing.md)"
+        None,
+        help="where replicas of shared devices are taken from: `distributed` (unset: "
+        "this; least-used physical devices first), `packed` (fill one physical device "
+        "first) or `spread` (docs/sharing.md)",
     )
-    preferred_allocation: bool | None = option(None, help="answer GetPreferredAllocation")
+    preferred_allocation: bool | None = option(
+        None,
+        help="whether the kubelet is told to ask for a preferred allocation (unset: true)",
+    )
     #: the delivery these settings give (the built-in defaults for the keys left out),
     #: parsed once here: what the resource's Allocate and the CDI specs follow
     delivery: Delivery = dataclasses.field(

@@ -172,6 +172,10 @@ def test_the_settings_table_in_the_docs_is_generated_from_the_declarations():
     assert gen.render(page) == page, (
         "docs/configuration.md is stale: run scripts/gen_config_docs.py"
     )
+    # each `resources` entry's keys are rows of it too (engine/settings.py ResourceSettings)
+    from hetero_dp.engine.settings import RESOURCE_KEYS
+
+    assert RESOURCE_KEYS and all(f"| `resources.<name>.{k}` |" in page for k in RESOURCE_KEYS)
 
 
 def test_every_core_setting_declares_what_a_reload_does():
