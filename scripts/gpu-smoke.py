@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -141,6 +142,7 @@ async def smoke(options: dict[str, Any]) -> int:
         await runner.stop_all()
         await kubelet.stop()
         backend.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 KIND = "k8s.device-plugin.nvidia.com/gpu"
@@ -214,6 +216,7 @@ async def cdi_smoke(options: dict[str, Any], step: Any) -> int:
         await runner.stop_all()
         await kubelet.stop()
         backend.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 async def command_smoke(step: Any) -> int:
@@ -246,6 +249,7 @@ async def command_smoke(step: Any) -> int:
             proc.send_signal(signal.SIGTERM)
         out, _ = await proc.communicate()
         await kubelet.stop()
+        shutil.rmtree(root, ignore_errors=True)
     if proc.returncode != 0:
         print(out.decode(errors="replace")[-3000:], file=sys.stderr)
         print(f"FAIL: nvidia-device-plugin exited {proc.returncode}", file=sys.stderr)
@@ -384,6 +388,7 @@ async def mps_smoke(options: dict[str, Any], step: Any) -> int:
         if manager is not None:  # whatever happened, leave no daemon behind
             for d in manager.daemons().values():
                 d.stop_quietly()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 async def run_all(options: dict[str, Any], skip_command: bool, skip_mps: bool = False) -> int:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from hetero_dp.testing.runner import SHORT_TEMPDIRS
+from hetero_dp.testing.runner import SHORT_TEMPDIR_LOG, SHORT_TEMPDIRS
 
 #: The host dirs a device plugin writes to on a node: CDI specs (the daemon's default
 #: cdi.dir and the other dir runtimes read), the kubelet's sockets, registry, checkpoints.
@@ -183,13 +183,27 @@ class TmpGuard:
         self.saved = os.environ.get("TMPDIR")
         os.environ["TMPDIR"] = self.base
         tempfile.tempdir = None  # recomputed from TMPDIR
+        # short_tempdir in the processes the tests start notes its dirs here
+        self.log = os.path.join(self.base, ".short-tempdirs")
+        self.saved_log = os.environ.get(SHORT_TEMPDIR_LOG)
+        os.environ[SHORT_TEMPDIR_LOG] = self.log
         self.before: dict[str, set[str]] = {}
         self.pending: dict[str, str] = {}  # entry -> the test during which it appeared
         self.left: list[str] = []
 
     def entries(self) -> set[str]:
-        own = {n for n in os.listdir(self.base) if n != "t" and not n.startswith("pytest-of-")}
-        return own | {str(p) for p in SHORT_TEMPDIRS if os.path.lexists(p)}
+        own = {
+            n
+            for n in os.listdir(self.base)
+            if n not in ("t", ".short-tempdirs") and not n.startswith("pytest-of-")
+        }
+        try:
+            with open(self.log, encoding="utf-8") as f:
+                elsewhere = {line.strip() for line in f if line.strip()}
+        except FileNotFoundError:
+            elsewhere = set()
+        short = {str(p) for p in SHORT_TEMPDIRS} | elsewhere
+        return own | {p for p in short if os.path.lexists(p)}
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -231,4 +245,8 @@ class TmpGuard:
             os.environ.pop("TMPDIR", None)
         else:
             os.environ["TMPDIR"] = self.saved
+        if self.saved_log is None:
+            os.environ.pop(SHORT_TEMPDIR_LOG, None)
+        else:
+            os.environ[SHORT_TEMPDIR_LOG] = self.saved_log
         tempfile.tempdir = None

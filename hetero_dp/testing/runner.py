@@ -20,11 +20,21 @@ from hetero_dp.ops.assembly import assemble
 SHORT_TEMPDIRS: list[Path] = []
 
 
+#: Where a test suite asks every process it starts to note the dirs short_tempdir makes,
+#: one path a line (this project's tests/hostguard.py sets it): a subprocess's dirs
+#: are not in its SHORT_TEMPDIRS.
+SHORT_TEMPDIR_LOG = "HDP_SHORT_TEMPDIR_LOG"
+
+
 def short_tempdir(prefix: str = "hdp-") -> Path:
     """A fresh temp dir with a short path (unix socket paths must stay under 108 bytes),
     under /tmp whatever TMPDIR says. The caller removes it."""
     path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     SHORT_TEMPDIRS.append(path)
+    log = os.environ.get(SHORT_TEMPDIR_LOG)
+    if log:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(f"{path}\n")
     return path
 
 

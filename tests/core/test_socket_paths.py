@@ -7,19 +7,32 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
-import tempfile
+from collections.abc import Iterator
 
 import grpc
 import pytest
 
 from hetero_dp.model.names import KUBELET_SOCKET, MAX_UNIX_PATH
+from hetero_dp.testing import short_tempdir
+
+_BASES: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _remove_bases() -> Iterator[None]:
+    yield
+    while _BASES:
+        shutil.rmtree(_BASES.pop(), ignore_errors=True)
 
 
 def _dir_for(total: int, name: str = KUBELET_SOCKET) -> str:
-    """A dir under /tmp whose ``name`` inside has a path of ``total`` bytes."""
-    base = tempfile.mkdtemp(prefix="hdp", dir="/tmp")
+    """A dir under /tmp whose ``name`` inside has a path of ``total`` bytes (its base
+    is removed after the test)."""
+    base = str(short_tempdir("hdp"))
+    _BASES.append(base)
     pad = total - len(base) - 2 - len(name)
     return os.path.join(base, "d" * pad)
 

@@ -220,6 +220,12 @@ def test_leaks_a_short_dir():
 
 def test_leaks_a_file():
     tempfile.mkstemp(prefix="leaked-")
+
+
+def test_a_subprocess_leaks_a_short_dir():
+    import subprocess, sys
+    code = "from hetero_dp.testing import short_tempdir; short_tempdir('hdp-subleak-')"
+    subprocess.run([sys.executable, "-c", code], check=True)
 """
 
 
@@ -245,8 +251,11 @@ def test_the_temp_guard_names_what_is_left_at_the_end_and_spares_wider_fixtures(
     )
     out = proc.stdout
     assert proc.returncode == 1, out + proc.stderr
-    assert "4 passed" in out and "files left in the temp dir" in out, out
+    assert "5 passed" in out and "files left in the temp dir" in out, out
     assert "(it appeared during test_inner.py::test_leaks_a_short_dir)" in out
     assert "(it appeared during test_inner.py::test_leaks_a_file)" in out
+    # a process the test started (the smoke script's leak: five dirs a run)
+    assert "(it appeared during test_inner.py::test_a_subprocess_leaks_a_short_dir)" in out
     assert "module-" not in out
     assert not list(Path("/tmp").glob("hdp-leak-*"))  # removed once reported
+    assert not list(Path("/tmp").glob("hdp-subleak-*"))

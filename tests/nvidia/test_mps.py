@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from hetero_dp_nvidia.mps_daemon import MpsManager
 
 from hetero_dp import ConfigError, ContainerResponse
 from hetero_dp.allocation.sharing import advertise
+from hetero_dp.testing import short_tempdir
 from tests.nvidia.support import install_fake_mps_control, kill_fake_mps_daemons
 
 GPU = "nvidia.com/gpu"
@@ -32,7 +32,7 @@ def mps_sharing(replicas: int = 4, **extra: object) -> dict[str, object]:
 def mps_root() -> Iterator[Path]:
     # Short: the daemon's socket lives in <root>/<resource>/pipe, and unix socket
     # paths end at 108 bytes (pytest's tmp_path is too long for that).
-    root = Path(tempfile.mkdtemp(prefix="mps", dir="/tmp"))
+    root = short_tempdir("mps")
     yield root
     kill_fake_mps_daemons(root)
     shutil.rmtree(root, ignore_errors=True)
