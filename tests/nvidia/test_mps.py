@@ -30,6 +30,8 @@ def mps_sharing(replicas: int = 4, **extra: object) -> dict[str, object]:
 
 @pytest.fixture
 def mps_root() -> Iterator[Path]:
+    # Asked for before plugin_runner by the tests that use both, so that it is removed
+    # after the daemons stop (a stopping MPS manager writes there).
     # Short: the daemon's socket lives in <root>/<resource>/pipe, and unix socket
     # paths end at 108 bytes (pytest's tmp_path is too long for that).
     root = short_tempdir("mps")
@@ -309,7 +311,7 @@ async def test_allocate_without_mps_adds_nothing(fake_node, mps_root):
 
 
 async def test_kubelet_gets_mps_replicas_limits_and_health(
-    fake_kubelet, plugin_runner, fake_node, mps_root
+    mps_root, fake_kubelet, plugin_runner, fake_node
 ):
     import asyncio
 
@@ -401,7 +403,7 @@ def test_the_charts_env_vars_set_the_root_and_the_control_mode():
 
 
 async def test_a_reload_with_other_replicas_restarts_the_daemon_with_new_limits(
-    fake_kubelet, plugin_runner, fake_node, mps_root
+    mps_root, fake_kubelet, plugin_runner, fake_node
 ):
     from hetero_dp.engine.config import load_config
 
@@ -509,7 +511,7 @@ def test_a_reconcile_that_raises_marks_the_gpus_unhealthy_and_the_monitor_goes_o
 
 
 async def test_a_refused_reload_that_turns_mps_off_leaves_the_daemon_running(
-    fake_kubelet, plugin_runner, fake_node, mps_root, tmp_path
+    mps_root, fake_kubelet, plugin_runner, fake_node, tmp_path
 ):
     """A file that turns MPS off and carries a probe address the daemon refuses: the
     reload is rejected before the backend's configure runs. Before, configure ran with
